@@ -1,0 +1,1 @@
+"""specula.runtime."""

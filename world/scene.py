@@ -1,0 +1,269 @@
+"""Scenes of objects: sampling, rendering, and the scene tasks (short VQA, detailed captions, reasoning)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from PIL import Image
+
+from specula.world.draw import Canvas
+from specula.world.phrasing import article, clean, join_list, maybe, pick, sentence, SHORT_SUFFIX
+from specula.world.sample import IMAGE_SIZE, Sample
+from specula.world.vocab import BACKGROUNDS, COLOURS, COLOUR_NAMES, NUMBER_WORDS, POSITIONS, SHAPES, SIZES
+
+CELL = IMAGE_SIZE // 3
+
+
+@dataclass(frozen=True)
+class Obj:
+    shape: str
+    colour: str
+    size: str
+    cell: tuple[int, int]  # (row, col) in the 3 x 3 layout
+    cx: float
+    cy: float
+    behind: int | None = None  # index of the object this one partly covers (drawn after it)
+
+    @property
+    def name(self) -> str:
+        return f"{self.colour} {self.shape}"
+
+    @property
+    def where(self) -> str:
+        return POSITIONS[self.cell]
+
+
+@dataclass(frozen=True)
+class Scene:
+    objects: tuple[Obj, ...]
+    background: str
+
+
+def sample_scene(rng: random.Random, n_min: int = 1, n_max: int = 5, allow_overlap: bool = True) -> Scene:
+    """Objects with distinct (colour, shape) pairs in distinct cells; sometimes one pair overlaps."""
+    n = rng.randint(n_min, n_max)
+    cells = rng.sample(sorted(POSITIONS), n)
+    pairs: set[tuple[str, str]] = set()
+    objs: list[Obj] = []
+    bg = pick(rng, sorted(BACKGROUNDS))
+    for cell in cells:
+        while True:
+            colour, shape = pick(rng, COLOUR_NAMES), pick(rng, SHAPES)
+            if (colour, shape) not in pairs:
+                break
+        pairs.add((colour, shape))
+        size = pick(rng, sorted(SIZES))
+        jit = 6 if size == "large" else 12
+        cx = cell[1] * CELL + CELL / 2 + rng.uniform(-jit, jit)
+        cy = cell[0] * CELL + CELL / 2 + rng.uniform(-jit, jit)
+        objs.append(Obj(shape, colour, size, cell, cx, cy))
+    if allow_overlap and len(objs) >= 2 and rng.random() < 0.2:
+        # move the last object onto the first one's cell, shifted: it is drawn later, so it covers part of it
+        a = objs[0]
+        dx, dy = rng.choice([(1, 0), (-1, 0), (0, 1), (0, -1)])
+        shift = SIZES[a.size] * 0.55
+        last = objs[-1]
+        objs[-1] = Obj(last.shape, last.colour, "large" if a.size == "small" else last.size, a.cell,
+                       a.cx + dx * shift, a.cy + dy * shift, behind=0)
+    return Scene(tuple(objs), bg)
+
+
+def render_scene(scene: Scene, rng: random.Random) -> tuple[Image.Image, tuple]:
+    canvas = Canvas.new(BACKGROUNDS[scene.background], rng)
+    for o in scene.objects:
+        canvas.shape(o.shape, o.cx, o.cy, SIZES[o.size] / 2, COLOURS[o.colour], (o.colour, o.shape))
+    return canvas.image, canvas.patch_words()
+
+
+def _ref(o: Obj, scene: Scene) -> str:
+    """Shortest unique reference to an object: its shape if unique, else its colour, else both."""
+    shapes = [x.shape for x in scene.objects]
+    colours = [x.colour for x in scene.objects]
+    if shapes.count(o.shape) == 1:
+        return o.shape
+    if colours.count(o.colour) == 1:
+        return f"{o.colour} object"
+    return o.name
+
+
+# ----------------------------------------------------------------------------------------------- short VQA
+
+def vqa(rng: random.Random, scene: Scene) -> tuple[str, str, int]:
+    """One short-answer question about the scene: (question, answer, number of possible answers)."""
+    objs = scene.objects
+    kind = pick(rng, ("colour", "shape", "count", "count_colour", "exists", "where", "size", "relation"))
+    o = objs[rng.randrange(len(objs))]
+    if kind == "colour":
+        if [x.shape for x in objs].count(o.shape) == 1:
+            q = pick(rng, ("What colour is the {s}?", "Which colour does the {s} have?", "What is the colour of the {s}?",
+                           "The {s} is what colour?")).format(s=o.shape)
+            return q, o.colour, len(COLOUR_NAMES)
+        kind = "shape"
+    if kind == "shape":
+        if [x.colour for x in objs].count(o.colour) == 1:
+            q = pick(rng, ("What shape is the {c} object?", "Which shape is {c}?", "What is the shape of the {c} object?",
+                           "The {c} object is what shape?")).format(c=o.colour)
+            return q, o.shape, len(SHAPES)
+        kind = "where"
+    if kind == "count":
+        q = pick(rng, ("How many objects are there?", "How many shapes are in the picture?",
+                       "How many objects can you see?", "Count the objects in the image."))
+        return q, NUMBER_WORDS[len(objs)], 5
+    if kind == "count_colour":
+        c = o.colour if rng.random() < 0.6 else pick(rng, COLOUR_NAMES)
+        n = sum(x.colour == c for x in objs)
+        q = pick(rng, ("How many {c} objects are there?", "How many {c} shapes can you see?",
+                       "Count the {c} objects.")).format(c=c)
+        return q, NUMBER_WORDS[n], 4
+    if kind == "exists":
+        if rng.random() < 0.5:
+            c, s = o.colour, o.shape
+        else:
+            present = {(x.colour, x.shape) for x in objs}
+            while True:
+                # a near miss half the time: a present shape in another colour
+                s = o.shape if rng.random() < 0.5 else pick(rng, SHAPES)
+                c = pick(rng, COLOUR_NAMES)
+                if (c, s) not in present:
+                    break
+        yes = any(x.colour == c and x.shape == s for x in objs)
+        q = pick(rng, ("Is there {a} {c} {s}?", "Is there {a} {c} {s} in the image?", "Can you see {a} {c} {s}?",
+                       "Does the picture contain {a} {c} {s}?")).format(a=article(c), c=c, s=s)
+        return q, "yes" if yes else "no", 2
+    if kind == "size":
+        q = pick(rng, ("Is the {r} large or small?", "Is the {r} small or large?", "What size is the {r}?")).format(r=_ref(o, scene))
+        return q, o.size, 2
+    if kind == "relation" and len(objs) >= 2:
+        a, b = rng.sample(list(objs), 2)
+        if a.cell[1] != b.cell[1] and rng.random() < 0.5:
+            q = pick(rng, ("Is the {a} to the left of the {b}?", "Is the {a} left of the {b}?")).format(a=_ref(a, scene), b=_ref(b, scene))
+            return q, "yes" if a.cx < b.cx else "no", 2
+        if a.cell[0] != b.cell[0]:
+            q = pick(rng, ("Is the {a} above the {b}?", "Is the {a} higher than the {b}?")).format(a=_ref(a, scene), b=_ref(b, scene))
+            return q, "yes" if a.cy < b.cy else "no", 2
+    q = pick(rng, ("Where is the {r}?", "In which part of the image is the {r}?", "Where is the {r} located?")).format(r=_ref(o, scene))
+    return q, o.where, len(POSITIONS)
+
+
+# ----------------------------------------------------------------------------------------------- captions
+
+def _describe(rng: random.Random, o: Obj) -> str:
+    size = o.size
+    where = pick(rng, ("in the {w}", "at the {w}", "near the {w}", "in the {w} area")).format(w=o.where)
+    if o.where == "center":
+        where = pick(rng, ("in the center", "in the middle", "at the center"))
+    body = pick(rng, ("{a} {z} {c} {s}", "{a} {z} {c} {s}", "{a} {c} {s} of {z} size"))
+    body = body.format(a=article(size if "{z} {c}" in body else o.colour), z=size, c=o.colour, s=o.shape)
+    return f"{body} {where}"
+
+
+def caption(rng: random.Random, scene: Scene) -> tuple[str, tuple[str, ...]]:
+    """A detailed caption naming every object's colour, shape, size and place, with optional relations."""
+    objs = list(scene.objects)
+    order = objs[:]
+    rng.shuffle(order)
+    n = len(objs)
+    be = "is" if n == 1 else "are"
+    listed = join_list(rng, [_describe(rng, o) for o in order])
+    count = f"{NUMBER_WORDS[n]} object{'s' if n > 1 else ''}"
+    text = pick(rng, (
+        "The image shows {l}.", "This picture contains {l}.", "In this image there {be} {l}.",
+        "There {be} {k} in this image: {l}.", "We can see {l}.", "The scene has {k}: {l}.",
+    )).format(l=listed, be=be, k=count)
+    text = sentence(text)
+    if rng.random() < 0.6:
+        text += " " + sentence(pick(rng, ("the background is {b}.", "everything sits on a {b} background.",
+                                           "the objects are on a {b} background."))).format(b=scene.background)
+    for o in objs:
+        if o.behind is not None:
+            u = objs[o.behind]
+            text += " " + sentence(pick(rng, ("the {a} partly covers the {b}.", "the {b} is partly hidden behind the {a}.",
+                                               "the {a} overlaps the {b}."))).format(a=o.name, b=u.name)
+    if n >= 2 and rng.random() < 0.5:
+        a, b = rng.sample(objs, 2)
+        if a.cx < b.cx - 20:
+            text += " " + sentence(f"the {a.name} is to the left of the {b.name}.")
+        elif a.cy < b.cy - 20:
+            text += " " + sentence(f"the {a.name} is above the {b.name}.")
+    attrs = tuple(w for o in objs for w in (o.colour, o.shape))
+    return clean(text), attrs
+
+
+CAPTION_PROMPTS = (
+    "Describe the image in detail.", "Describe this picture.", "What do you see in this image?",
+    "Give a detailed description of the image.", "Write a caption for this image.", "Describe the scene.",
+)
+
+
+# ----------------------------------------------------------------------------------------------- reasoning
+
+def reasoning(rng: random.Random, scene: Scene) -> tuple[str, str, str]:
+    """A question that needs a small argument: (question, full response, short answer)."""
+    objs = list(scene.objects)
+    n = len(objs)
+    kind = pick(rng, ("compare", "remove", "leftmost", "same"))
+    if kind == "compare":
+        c1, c2 = rng.sample(COLOUR_NAMES, 2)
+        if rng.random() < 0.6:
+            c1 = pick(rng, [o.colour for o in objs])
+        n1, n2 = sum(o.colour == c1 for o in objs), sum(o.colour == c2 for o in objs)
+        ans = "yes" if n1 > n2 else "no"
+        q = pick(rng, ("Are there more {a} objects than {b} objects?", "Do {a} objects outnumber {b} ones?")).format(a=c1, b=c2)
+        because = f"there {'is' if n1 == 1 else 'are'} {NUMBER_WORDS[n1]} {c1} object{'s' if n1 != 1 else ''} and " \
+                  f"{NUMBER_WORDS[n2]} {c2} object{'s' if n2 != 1 else ''}"
+        concl = (f"so the {c1} ones are more numerous" if n1 > n2 else
+                 f"so they are equal in number" if n1 == n2 else f"so the {c2} ones are more numerous")
+        resp = f"{sentence(ans)}. " + sentence(pick(rng, ("{b}, {c}.", "I count {b}, {c}.", "Looking at the image, {b}, {c}.")).format(b=because, c=concl))
+        return q, resp, ans
+    if kind == "remove":
+        o = rng.choice(objs)
+        q = pick(rng, ("If the {r} were removed, how many objects would remain?", "How many objects would be left without the {r}?")).format(r=o.name)
+        ans = NUMBER_WORDS[n - 1]
+        resp = f"{sentence(ans)}. " + sentence(pick(rng, (
+            "there are {k} objects in total, and taking away the {r} leaves {m}.",
+            "the image has {k} objects; without the {r} only {m} remain{s}.",
+        )).format(k=NUMBER_WORDS[n], r=o.name, m=NUMBER_WORDS[n - 1], s="s" if n - 1 == 1 else ""))
+        return q, resp, ans
+    if kind == "leftmost" and n >= 2:
+        o = min(objs, key=lambda x: x.cx)
+        q = pick(rng, ("Which object is furthest to the left?", "Which shape is closest to the left edge?"))
+        ans = f"the {o.name}"
+        others = join_list(rng, [f"the {x.name}" for x in objs if x is not o])
+        resp = f"{sentence(ans)}. " + sentence(pick(rng, (
+            "it is in the {w} part of the image, while {others} {be} further right.",
+            "{others} {be} all to its right, since it sits at the {w}.",
+        )).format(w=o.where, others=others, be="is" if n == 2 else "are"))
+        return q, resp, ans
+    # same: do two named objects share colour or shape?
+    if n >= 2:
+        a, b = rng.sample(objs, 2)
+        same = a.colour == b.colour
+        q = f"Do the {a.shape} and the {b.shape} have the same colour?" if a.shape != b.shape else \
+            f"Is the {a.name} the same colour as the {b.name}?"
+        ans = "yes" if same else "no"
+        resp = f"{sentence(ans)}. " + sentence(f"the {a.shape} is {a.colour} and the {b.shape} is {b.colour}" +
+                                               (", so they match." if same else ", so they differ."))
+        return q, resp, ans
+    o = objs[0]
+    q = "How many objects are in the image, and what is it?"
+    return q, f"One. It is {article(o.size)} {o.size} {o.colour} {o.shape} in the {o.where}.", "one"
+
+
+# ----------------------------------------------------------------------------------------------- samplers
+
+def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int = 5) -> Sample:
+    scene = sample_scene(rng, n_min, n_max)
+    img, pw = render_scene(scene, rng)
+    if task == "vqa":
+        q, a, k = vqa(rng, scene)
+        prompt = f"<image>{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.8 else f"<image>{q}"
+        return Sample(suite, "vqa", (img,), prompt, a, a, k, (), (pw,))
+    if task == "caption":
+        text, attrs = caption(rng, scene)
+        return Sample(suite, "caption", (img,), "<image>" + pick(rng, CAPTION_PROMPTS), text, None, None, attrs, (pw,))
+    if task == "reasoning":
+        q, resp, a = reasoning(rng, scene)
+        suffix = pick(rng, ("Explain your answer.", "Explain why.", "Give your reasoning.", ""))
+        return Sample(suite, "reasoning", (img,), clean(f"<image>{q} {suffix}"), resp, a, None, (), (pw,))
+    raise ValueError(f"unknown scene task {task!r}")

@@ -1,0 +1,111 @@
+"""Named, seeded suites and the training mix.
+
+Every sample is a pure function of (suite, split, index): ``random.Random`` seeded with that string. The
+``train`` and ``eval`` splits use different seed strings, so evaluation suites are disjoint from training data
+(checked by a test on image bytes). The evaluation suites mirror the seed papers' benchmarks:
+
+| suite | task | mirrors |
+| --- | --- | --- |
+| caption | detailed scene captions | COCO / NoCaps |
+| vqa | short-answer scene questions | GQA / VQAv2 |
+| reasoning | answer + short explanation | ScienceQA / LLaVA-Bench |
+| chart | reading bar / line / pie charts | ChartQA |
+| ocr | reading words and numbers on signs | TextVQA / OCRBench |
+| multi_image | 2-5 images: odd one out, count across, compare | NLVR2 / Mantis |
+| video | 4-8 frames of a moving object | MSVD / MVBench |
+| text | text-only conversations | (text-only stages) |
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from specula.world import charts, multi, scene, signs, text_only
+from specula.world.sample import Sample
+
+Maker = Callable[[random.Random, str, str], Sample]
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    make: Maker
+    task: str
+    mirrors: str
+
+
+SUITES: dict[str, Suite] = {
+    "caption": Suite("caption", scene.make, "caption", "COCO / NoCaps"),
+    "vqa": Suite("vqa", scene.make, "vqa", "GQA / VQAv2"),
+    "reasoning": Suite("reasoning", scene.make, "reasoning", "ScienceQA / LLaVA-Bench"),
+    "chart": Suite("chart", charts.make, "qa", "ChartQA"),
+    "ocr": Suite("ocr", signs.make, "qa", "TextVQA / OCRBench"),
+    "multi_image": Suite("multi_image", multi.make_multi, "qa", "NLVR2 / Mantis"),
+    "video": Suite("video", multi.make_video, "qa", "MSVD / MVBench"),
+    "text": Suite("text", text_only.make, "text", "text-only conversations"),
+}
+
+
+def _single_object_vqa(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make(rng, suite, "vqa", n_min=1, n_max=1)
+
+
+def _few_object_caption(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make(rng, suite, "caption", n_min=1, n_max=2)
+
+
+# (name, maker, task, weight): what the target's training draws from. Captions of charts, signs, image sets and
+# videos are training-only tasks; the curriculum entries (single-object VQA, short captions) start heavy and fade.
+TRAIN_MIX: tuple[tuple[str, Maker, str, float], ...] = (
+    ("vqa", scene.make, "vqa", 3.0),
+    ("vqa_single", _single_object_vqa, "vqa", 1.0),
+    ("caption", scene.make, "caption", 2.0),
+    ("caption_short", _few_object_caption, "caption", 1.0),
+    ("reasoning", scene.make, "reasoning", 1.0),
+    ("chart", charts.make, "qa", 1.0),
+    ("chart_caption", charts.make, "caption", 0.3),
+    ("ocr", signs.make, "qa", 1.0),
+    ("ocr_caption", signs.make, "caption", 0.3),
+    ("multi_image", multi.make_multi, "qa", 0.6),
+    ("multi_caption", multi.make_multi, "caption", 0.2),
+    ("video", multi.make_video, "qa", 0.5),
+    ("video_caption", multi.make_video, "caption", 0.2),
+    ("text", text_only.make, "text", 1.0),
+)
+
+
+def suite_names() -> list[str]:
+    return list(SUITES)
+
+
+def _rng(name: str, split: str, index: int, seed: int) -> random.Random:
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    return random.Random(f"specula-world/{seed}/{split}/{name}/{index}")
+
+
+def generate(suite: str, split: str = "eval", index: int = 0, seed: int = 0) -> Sample:
+    """The index-th sample of a named suite: deterministic in (suite, split, index, seed)."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
+    s = SUITES[suite]
+    return s.make(_rng(suite, split, index, seed), suite, s.task)
+
+
+def generate_many(suite: str, n: int, split: str = "eval", start: int = 0, seed: int = 0) -> list[Sample]:
+    return [generate(suite, split, i, seed) for i in range(start, start + n)]
+
+
+def train_stream(seed: int = 0, start: int = 0, weights: dict[str, float] | None = None) -> Iterator[Sample]:
+    """An endless deterministic stream over TRAIN_MIX; ``weights`` overrides entries' weights by name."""
+    names = [m[0] for m in TRAIN_MIX]
+    w = [(weights or {}).get(m[0], m[3]) for m in TRAIN_MIX]
+    i = start
+    while True:
+        pick_rng = random.Random(f"specula-mix/{seed}/{i}")
+        k = pick_rng.choices(range(len(names)), weights=w)[0]
+        name, maker, task, _ = TRAIN_MIX[k]
+        yield maker(_rng(name, "train", i, seed), name, task)
+        i += 1

@@ -1,0 +1,96 @@
+"""Turn world samples into training tensors: token ids with assistant-only labels, pixels, and dense patch targets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specula.world.sample import Sample
+from specula.world.tokenizer import ASSISTANT, format_turns
+
+
+@dataclass(frozen=True)
+class Encoded:
+    input_ids: torch.Tensor  # [L] int64
+    labels: torch.Tensor  # [L] int64, -100 outside the assistant turn
+    pixel_values: torch.Tensor | None  # [n_img, 3, S, S] fp32
+    patch_targets: torch.Tensor | None  # [n_img, T_img, K] int64 word token ids, -1 = none
+
+
+@dataclass(frozen=True)
+class Batch:
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    labels: torch.Tensor  # [B, L]
+    pixel_values: torch.Tensor | None  # [N_img, 3, S, S]
+    patch_targets: torch.Tensor | None  # [N_img, T_img, K]
+    n_samples: int
+
+
+class Encoder:
+    """Holds the processor and the word -> token map for dense patch targets."""
+
+    def __init__(self, processor, max_words: int = 2):
+        self.processor = processor
+        self.tok = processor.tokenizer
+        self.assistant_id = self.tok.convert_tokens_to_ids(ASSISTANT)
+        self.max_words = max_words
+        self._word_ids: dict[str, int] = {}
+
+    def word_id(self, word: str) -> int:
+        if word not in self._word_ids:
+            ids = self.tok(word, add_special_tokens=False).input_ids
+            self._word_ids[word] = ids[0] if len(ids) == 1 else -1  # only single-token words are targets
+        return self._word_ids[word]
+
+    def encode(self, s: Sample) -> Encoded:
+        text = format_turns(s.prompt, s.response)
+        if s.images:
+            out = self.processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
+            pixels = out["pixel_values"]
+        else:
+            out = self.tok([text], return_tensors="pt", add_special_tokens=False)
+            pixels = None
+        ids = out["input_ids"][0]  # [L]
+        labels = ids.clone()
+        start = int((ids == self.assistant_id).nonzero()[-1]) + 1
+        labels[:start] = -100
+        targets = None
+        if s.images:
+            t = torch.full((len(s.images), len(s.patch_words[0]), self.max_words), -1, dtype=torch.long)
+            for i, per_patch in enumerate(s.patch_words):
+                for j, words in enumerate(per_patch):
+                    for k, w in enumerate(words[: self.max_words]):
+                        t[i, j, k] = self.word_id(w)
+            targets = t
+        return Encoded(ids, labels, pixels, targets)
+
+
+def collate(items: list[Encoded], pad_id: int) -> Batch:
+    L = max(len(e.input_ids) for e in items)
+    B = len(items)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    labels = torch.full((B, L), -100, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for b, e in enumerate(items):
+        n = len(e.input_ids)
+        ids[b, :n], labels[b, :n], mask[b, :n] = e.input_ids, e.labels, 1
+    pix = [e.pixel_values for e in items if e.pixel_values is not None]
+    tgt = [e.patch_targets for e in items if e.patch_targets is not None]
+    return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B)
+
+
+def token_budget_batches(items: list[Encoded], budget: int) -> list[list[Encoded]]:
+    """Group by length so that (rows x longest row) stays under ``budget`` tokens."""
+    items = sorted(items, key=lambda e: len(e.input_ids))
+    groups, cur = [], []
+    for e in items:
+        longest = max([len(x.input_ids) for x in cur] + [len(e.input_ids)])
+        if cur and longest * (len(cur) + 1) > budget:
+            groups.append(cur)
+            cur = []
+        cur.append(e)
+    if cur:
+        groups.append(cur)
+    return groups

@@ -1,0 +1,60 @@
+"""Quality gates of the embedded target: image-grounded accuracy, the same questions on a blank image, caption recall."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+
+from specula.world.sample import IMAGE_SIZE, Sample
+from specula.world.tokenizer import format_turns
+
+
+def normalize(text: str) -> str:
+    return " ".join(text.lower().strip().rstrip(".").split())
+
+
+def blank_like(s: Sample, rng_colour: tuple[int, int, int] = (128, 128, 128)) -> Sample:
+    """The same question with every image replaced by a plain gray image."""
+    blank = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), rng_colour)
+    return Sample(s.suite, s.kind, tuple(blank for _ in s.images), s.prompt, s.response, s.answer, s.n_choices,
+                  s.attributes, s.patch_words)
+
+
+@torch.inference_mode()
+def greedy_answer(model, processor, s: Sample, max_new_tokens: int) -> str:
+    text = format_turns(s.prompt)
+    if s.images:
+        inputs = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
+    else:
+        inputs = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False)
+    inputs = {k: v.to(model.device) for k, v in inputs.items()}
+    out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=processor.tokenizer.eos_token_id, pad_token_id=processor.tokenizer.pad_token_id)
+    return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def short_answer_accuracy(model, processor, samples: list[Sample], blank: bool = False) -> float:
+    """Exact match of the greedy answer (normalised) against the sample's short answer."""
+    hits = 0
+    for s in samples:
+        q = blank_like(s) if blank else s
+        pred = greedy_answer(model, processor, q, max_new_tokens=8)
+        if s.kind.startswith("reasoning") or "." in pred:
+            pred = pred.split(".")[0]
+        hits += normalize(pred) == normalize(s.answer or "")
+    return hits / max(1, len(samples))
+
+
+def chance_level(samples: list[Sample]) -> float:
+    return sum(1.0 / s.n_choices for s in samples if s.n_choices) / max(1, len(samples))
+
+
+def caption_attribute_recall(model, processor, samples: list[Sample], max_new_tokens: int = 96) -> float:
+    """Share of required attribute words (colours, shapes, ...) that the generated caption names."""
+    found = total = 0
+    for s in samples:
+        words = set(normalize(greedy_answer(model, processor, s, max_new_tokens)).replace(",", " ").replace(".", " ").split())
+        for a in s.attributes:
+            total += 1
+            found += all(w in words for w in a.lower().split())
+    return found / max(1, total)

@@ -1,0 +1,219 @@
+"""``specula train target``: train the embedded LLaVA target from scratch on the world's training split.
+
+Recipe (why each part is there is in README, "The embedded target"):
+- one stage, all parameters trained, AdamW with warmup + cosine decay, projector at a higher learning rate;
+- loss = cross-entropy on the assistant turn only
+        + ``aux_in`` * dense patch loss on the projector outputs (through the LM's final norm and tied lm_head:
+          each visual token must look like the words of the object under its patch, e.g. "▁red" + "▁circle")
+        + ``aux_out`` * the same loss on the LM's last hidden state at visual positions;
+  the dense loss makes visual tokens speak the LM's word space, so answering from the image becomes the same
+  copy-from-context skill the text-only "described scene" questions teach;
+- a curriculum: the first ``curriculum`` share of samples is drawn mostly from single-object questions and short
+  captions, then the full mix;
+- image-vs-blank accuracy on held-out VQA questions is logged every ``eval_every_s`` seconds.
+
+Checkpoints (fp32 weights + optimizer + state) go to ``<run_dir>/ckpt`` every ``ckpt_every_s`` seconds; a new run
+with the same ``run_dir`` resumes from there. The data stream is indexed, so a resumed run sees the same samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from specula.world.suites import TRAIN_MIX, generate
+from specula.zoo.batching import Encoder, collate, token_budget_batches
+from specula.zoo.quality import chance_level, short_answer_accuracy
+from specula.zoo.target_config import TargetArch, build_model
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run_dir: str = "runs/target"
+    arch: str = "embedded"
+    total_samples: int = 60_000
+    pool: int = 48  # samples drawn, sorted by length, split into token-budget micro-batches
+    token_budget: int = 4096
+    lr: float = 1e-3
+    projector_lr_mult: float = 3.0
+    warmup_samples: int = 2_000
+    weight_decay: float = 0.01
+    aux_in: float = 0.5
+    aux_out: float = 0.25
+    curriculum: float = 0.15
+    seed: int = 0
+    ckpt_every_s: float = 240.0
+    eval_every_s: float = 600.0
+    eval_n: int = 48
+    threads: int = 2
+
+
+CURRICULUM_WEIGHTS = {"vqa_single": 5.0, "caption_short": 3.0, "text": 1.5, "vqa": 1.5}
+
+
+def mix_weights(frac: float, cfg: TrainConfig) -> list[float]:
+    if frac < cfg.curriculum:
+        return [CURRICULUM_WEIGHTS.get(name, 0.25 * w) for name, _, _, w in TRAIN_MIX]
+    return [w for _, _, _, w in TRAIN_MIX]
+
+
+def sample_at(i: int, frac: float, cfg: TrainConfig):
+    rng = random.Random(f"specula-mix/{cfg.seed}/{i}")
+    k = rng.choices(range(len(TRAIN_MIX)), weights=mix_weights(frac, cfg))[0]
+    name, maker, task, _ = TRAIN_MIX[k]
+    return maker(random.Random(f"specula-world/{cfg.seed}/train/{name}/{i}"), name, task)
+
+
+def lr_at(samples: int, cfg: TrainConfig) -> float:
+    if samples < cfg.warmup_samples:
+        return cfg.lr * max(samples, 1) / cfg.warmup_samples
+    frac = min(1.0, (samples - cfg.warmup_samples) / max(1, cfg.total_samples - cfg.warmup_samples))
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def patch_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Soft cross-entropy against the patch's words.
+
+    logits  # [N, T, V] fp32
+    targets # [N, T, K] int64 token ids, -1 = no word; each present word gets an equal share of the target mass
+    """
+    valid = targets >= 0  # [N, T, K]
+    n_words = valid.sum(-1)  # [N, T]
+    keep = n_words > 0
+    if not keep.any():
+        return logits.new_zeros(())
+    logp = F.log_softmax(logits[keep], dim=-1)  # [M, V]
+    t, v = targets[keep], valid[keep]  # [M, K]
+    picked = logp.gather(-1, t.clamp(min=0)) * v  # [M, K]
+    return -(picked.sum(-1) / v.sum(-1)).mean()
+
+
+def forward_losses(model, batch, cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    lm = model.model.language_model
+    embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
+    img = None
+    if batch.pixel_values is not None:
+        feats = model.model.get_image_features(
+            pixel_values=batch.pixel_values, vision_feature_layer=-1, vision_feature_select_strategy="default"
+        ).pooler_output
+        img = torch.stack(list(feats))  # [N_img, T, H]
+        mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
+        embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
+    hidden = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    # next-token loss on the assistant turn only
+    tgt = batch.labels[:, 1:]  # [B, L-1]
+    sel = tgt != -100
+    logits = model.lm_head(hidden[:, :-1][sel])  # [M, V]
+    losses = {"lm": F.cross_entropy(logits.float(), tgt[sel])}
+    if img is not None and batch.patch_targets is not None:
+        losses["aux_in"] = patch_loss(model.lm_head(lm.norm(img)).float(), batch.patch_targets)
+        vis = hidden[mask.squeeze(-1)].reshape(img.shape)  # [N_img, T, H]
+        losses["aux_out"] = patch_loss(model.lm_head(vis).float(), batch.patch_targets)
+    return losses
+
+
+def _param_groups(model, cfg: TrainConfig):
+    proj = [p for n, p in model.named_parameters() if "multi_modal_projector" in n]
+    proj_ids = {id(p) for p in proj}
+    rest = [p for p in model.parameters() if id(p) not in proj_ids]
+    return [
+        {"params": rest, "lr_mult": 1.0},
+        {"params": proj, "lr_mult": cfg.projector_lr_mult},
+    ]
+
+
+def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
+    samples = [generate("vqa", "eval", 10_000 + i, cfg.seed) for i in range(cfg.eval_n)]
+    model.eval()
+    res = {
+        "vqa_exact": short_answer_accuracy(model, processor, samples),
+        "vqa_exact_blank_image": short_answer_accuracy(model, processor, samples, blank=True),
+        "chance": chance_level(samples),
+    }
+    model.train()
+    return res
+
+
+def train(cfg: TrainConfig, processor, log=print) -> Path:
+    torch.set_num_threads(cfg.threads)
+    run = Path(cfg.run_dir)
+    ckpt = run / "ckpt"
+    run.mkdir(parents=True, exist_ok=True)
+    tok = processor.tokenizer
+    model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
+    opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}
+    if (ckpt / "state.json").exists():
+        model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+        model.tie_weights()
+        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+        state = json.loads((ckpt / "state.json").read_text())
+        log(f"resumed from {ckpt}: {state['samples']} samples, {state['elapsed_s'] / 60:.1f} min")
+    enc = Encoder(processor)
+    model.train()
+
+    def save() -> None:
+        ckpt.mkdir(parents=True, exist_ok=True)
+        tmp = ckpt.with_suffix(".tmp")
+        tmp.mkdir(exist_ok=True)
+        sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        save_file(sd, tmp / "model.safetensors")
+        torch.save(opt.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        for f in tmp.iterdir():
+            f.replace(ckpt / f.name)
+        tmp.rmdir()
+
+    bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)
+    t_last = time.time()
+    last_ckpt = last_eval = time.time()
+    ema: dict[str, float] = {}
+    while state["samples"] < cfg.total_samples:
+        frac = state["samples"] / cfg.total_samples
+        start = state["samples"]
+        items = [enc.encode(sample_at(start + j, frac, cfg)) for j in range(cfg.pool)]
+        for group in token_budget_batches(items, cfg.token_budget):
+            batch = collate(group, tok.pad_token_id)
+            lr = lr_at(state["samples"], cfg)
+            for g in opt.param_groups:
+                g["lr"] = lr * g["lr_mult"]
+            losses = forward_losses(model, batch, cfg)
+            loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            state["steps"] += 1
+            state["samples"] += batch.n_samples
+            bar.update(batch.n_samples)
+            for k, v in losses.items():
+                ema[k] = 0.98 * ema.get(k, float(v)) + 0.02 * float(v)
+        now = time.time()
+        state["elapsed_s"] += now - t_last
+        t_last = now
+        bar.set_postfix({k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
+        if now - last_eval > cfg.eval_every_s:
+            res = _eval(model, processor, cfg)
+            res.update(samples=state["samples"], minutes=round(state["elapsed_s"] / 60, 1), **{f"loss_{k}": round(v, 4) for k, v in ema.items()})
+            state["history"].append(res)
+            log(json.dumps(res))
+            last_eval = t_last = time.time()
+        if now - last_ckpt > cfg.ckpt_every_s:
+            save()
+            last_ckpt = time.time()
+    bar.close()
+    res = _eval(model, processor, cfg)
+    res.update(samples=state["samples"], minutes=round(state["elapsed_s"] / 60, 1))
+    state["history"].append(res)
+    log(json.dumps(res))
+    save()
+    return ckpt
