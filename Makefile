@@ -4,7 +4,7 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specula-installed
-QUESTION ?= What colour is the largest object?
+QUESTION ?= What colour is the star? Answer with one word.
 IMAGE ?= world/assets/sample.png
 
 .PHONY: run test install clean-venv

@@ -27,7 +27,10 @@ def _prompt(rng: random.Random, k: int, q: str) -> str:
 
 def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None) -> Sample:
     k = k or rng.randint(2, 5)
-    qtype = pick(rng, ("odd", "count", "which", "same") if k == 2 else ("odd", "count", "which", "story"))
+    if task == "caption":
+        qtype = "story"
+    else:
+        qtype = pick(rng, ("odd", "count", "which", "same") if k == 2 else ("odd", "count", "which"))
     if qtype == "odd" and k >= 3:
         base = (pick(rng, COLOUR_NAMES), pick(rng, SHAPES))
         odd_i = rng.randrange(k)

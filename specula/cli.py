@@ -1,0 +1,171 @@
+"""The ``specula`` command line. Each subcommand's work lives next to its subject; this file only parses.
+
+    specula generate --image world/assets/sample.png --question "What colour is the circle?"
+    specula world sample --suite vqa --n 4 --out /tmp/world
+    specula bench target --out reports/target
+    specula train target --run-dir runs/target
+    specula zoo list | build | eval --json | export
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _threads(args) -> None:
+    import torch
+
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="answer a prompt about one or more images with a target model",
+                       description="Load a target (the shipped embedded target by default, or a local checkpoint "
+                                   "directory) and answer a question about images; prints the answer and tokens/s.")
+    p.add_argument("--image", action="append", default=[], help="image file (repeat for several images)")
+    p.add_argument("--question", required=True, help="the user's question; one <image> per image is added in front")
+    p.add_argument("--model", default="target", help="zoo entry name or local checkpoint directory (default: target)")
+    p.add_argument("--max-tokens", type=int, default=96, help="maximum new tokens (default: 96)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    p.add_argument("--json", action="store_true", help="print a JSON record instead of text")
+
+    def run(args):
+        _threads(args)
+        from specula.runtime.plain_generate import main as gen_main
+
+        return gen_main(args)
+
+    p.set_defaults(func=run)
+
+
+def _add_world(sub) -> None:
+    p = sub.add_parser("world", help="look at the embedded multimodal world")
+    wsub = p.add_subparsers(dest="world_cmd", required=True)
+    s = wsub.add_parser("sample", help="write example samples (PNGs + prompts/answers) so a person can look at them")
+    s.add_argument("--suite", action="append", default=[], help="suite name (repeatable; default: all suites)")
+    s.add_argument("--n", type=int, default=3, help="samples per suite (default: 3)")
+    s.add_argument("--split", default="eval", choices=["train", "eval"], help="which split (default: eval)")
+    s.add_argument("--out", default="world_samples", help="output directory (default: ./world_samples)")
+    s.add_argument("--seed", type=int, default=0)
+
+    def run_sample(args):
+        from specula.world.show import write_samples
+
+        path = write_samples(args.out, args.suite or None, args.n, args.split, args.seed)
+        print(f"wrote {path}")
+        return 0
+
+    s.set_defaults(func=run_sample)
+    ls = wsub.add_parser("suites", help="list the evaluation suites and what they mirror")
+
+    def run_suites(args):
+        from specula.world.suites import SUITES
+
+        for s in SUITES.values():
+            print(f"{s.name:12s} {s.task:10s} mirrors {s.mirrors}")
+        return 0
+
+    ls.set_defaults(func=run_suites)
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks (JSON + markdown, ratios measured in one run)")
+    bsub = p.add_subparsers(dest="bench_cmd", required=True)
+    t = bsub.add_parser("target", help="target costs: params, T_decode, T_verify(gamma)/T_decode, prefill, vision encode")
+    t.add_argument("--model", default="target", help="zoo entry or local checkpoint directory (default: target)")
+    t.add_argument("--out", default="reports/bench-target", help="output directory for JSON + markdown")
+    t.add_argument("--max-gamma", type=int, default=8, help="largest gamma measured (default: 8)")
+    t.add_argument("--repeats", type=int, default=20, help="timed repeats per figure (median reported; default: 20)")
+    t.add_argument("--device", default="cpu")
+    t.add_argument("--threads", type=int, default=2)
+
+    def run(args):
+        _threads(args)
+        from specula.runtime.bench_target import main as bench_main
+
+        return bench_main(args)
+
+    t.set_defaults(func=run)
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a model of the embedded family (resumable)")
+    tsub = p.add_subparsers(dest="train_cmd", required=True)
+    t = tsub.add_parser("target", help="train the embedded LLaVA target from scratch on the world (resumes from run-dir)")
+    t.add_argument("--run-dir", default="runs/target", help="checkpoints and log go here; an existing run resumes")
+    t.add_argument("--samples", type=int, default=40_000, help="training samples in all (default: 40000)")
+    t.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="model size (tiny: for tests)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--ckpt-every", type=float, default=240.0, help="seconds between checkpoints (default: 240)")
+    t.add_argument("--eval-every", type=float, default=600.0, help="seconds between image-vs-blank checks (default: 600)")
+    t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
+
+    def run(args):
+        from specula.zoo.build import train_target_cli
+
+        return train_target_cli(args)
+
+    t.set_defaults(func=run)
+
+
+def _add_zoo(sub) -> None:
+    p = sub.add_parser("zoo", help="the shipped embedded model family")
+    zsub = p.add_subparsers(dest="zoo_cmd", required=True)
+    ls = zsub.add_parser("list", help="show what is shipped (files, sizes, sha256 check)")
+    ls.set_defaults(func=lambda a: __import__("specula.zoo.manifest", fromlist=["x"]).list_cli(a))
+    b = zsub.add_parser("build", help="regenerate the zoo deterministically from seeds (tokenizer, then the target)")
+    b.add_argument("--run-dir", default="runs/zoo", help="where training runs keep checkpoints (resumable)")
+    b.add_argument("--samples", type=int, default=40_000, help="target training samples (default: 40000)")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).build_cli(a))
+    e = zsub.add_parser("eval", help="quality gates of the shipped target (image vs blank image, captions, suites)")
+    e.add_argument("--model", default="target")
+    e.add_argument("--n", type=int, default=100, help="samples per suite (default: 100)")
+    e.add_argument("--json", action="store_true", help="print JSON")
+    e.add_argument("--threads", type=int, default=2)
+
+    def run_eval(args):
+        _threads(args)
+        from specula.zoo.evaluate import eval_cli
+
+        return eval_cli(args)
+
+    e.set_defaults(func=run_eval)
+    x = zsub.add_parser("export", help="copy a training checkpoint into the shipped zoo (fp16) and update the manifest")
+    x.add_argument("--ckpt", default="runs/target/ckpt", help="checkpoint directory (default: runs/target/ckpt)")
+    x.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).export_cli(a))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specula",
+        description="Specula: lossless speculative decoding for vision-language models. "
+                    "Run `specula <command> --help` for each command.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_world(sub)
+    _add_bench(sub)
+    _add_train(sub)
+    _add_zoo(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"specula: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The embedded world: deterministic, well-formed, disjoint train/eval, with real language entropy."""
+
+import hashlib
+from collections import Counter
+
+import pytest
+
+from specula.world import GRID, IMAGE_SIZE, SUITES, generate, generate_many
+from specula.world.suites import train_stream
+
+
+def _digest(sample) -> str:
+    h = hashlib.sha256()
+    for im in sample.images:
+        h.update(im.tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_same_index_gives_same_sample(suite):
+    a, b = generate(suite, "eval", 7), generate(suite, "eval", 7)
+    assert (a.prompt, a.response, a.answer) == (b.prompt, b.response, b.answer)
+    assert _digest(a) == _digest(b)
+    c = generate(suite, "eval", 7, seed=1)
+    assert (c.prompt, c.response, _digest(c)) != (a.prompt, a.response, _digest(a))
+
+
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_samples_are_well_formed(suite):
+    for s in generate_many(suite, 30):
+        assert s.prompt.count("<image>") == len(s.images)
+        assert s.response.strip()
+        for im in s.images:
+            assert im.size == (IMAGE_SIZE, IMAGE_SIZE) and im.mode == "RGB"
+        assert len(s.patch_words) == len(s.images)
+        assert all(len(pw) == GRID * GRID for pw in s.patch_words)
+        if SUITES[suite].task in ("qa", "vqa"):
+            assert s.answer and s.n_choices and s.n_choices >= 2
+        if suite == "caption":
+            assert s.attributes and all(a in s.response for a in s.attributes)
+
+
+def test_image_counts_per_suite():
+    multi = [len(s.images) for s in generate_many("multi_image", 80)]
+    video = [len(s.images) for s in generate_many("video", 80)]
+    assert min(multi) >= 2 and max(multi) <= 5 and len(set(multi)) >= 3
+    assert min(video) >= 4 and max(video) <= 8 and len(set(video)) >= 3
+    assert all(len(s.images) == 0 for s in generate_many("text", 20))
+
+
+def test_eval_suites_disjoint_from_training():
+    eval_hashes = {_digest(s) for name in SUITES if name != "text" for s in generate_many(name, 60)}
+    stream = train_stream()
+    train_hashes = {_digest(next(stream)) for _ in range(1500)}
+    train_hashes.discard(hashlib.sha256().hexdigest())  # text-only samples have no image bytes
+    assert not (eval_hashes & train_hashes)
+
+
+def test_language_has_entropy():
+    captions = [s.response for s in generate_many("caption", 100)]
+    assert len(set(captions)) == 100
+    openings = Counter(c.split()[0] for c in captions)
+    assert len(openings) >= 4  # several paraphrase templates in use
+    prompts = {s.prompt.split("?")[0] for s in generate_many("vqa", 200)}
+    assert len(prompts) >= 60
+
+
+def test_yes_no_answers_are_balanced():
+    answers = [s.answer for s in generate_many("vqa", 600) if s.answer in ("yes", "no")]
+    assert len(answers) >= 60
+    share = answers.count("yes") / len(answers)
+    assert 0.3 <= share <= 0.7, share
+
+
+def test_patch_words_follow_the_objects():
+    s = generate("vqa", "eval", 50063)  # the bundled sample image: blue star, purple triangle, two squares
+    words = {w for pw in s.patch_words[0] for w in pw}
+    assert {"blue", "star", "purple", "triangle", "green", "orange", "square"} <= words
+    assert sum(1 for pw in s.patch_words[0] if not pw) > 72  # mostly background
+
+
+def test_unknown_suite_and_split_rejected():
+    with pytest.raises(ValueError, match="unknown suite"):
+        generate("nope")
+    with pytest.raises(ValueError, match="split"):
+        generate("vqa", "test")

@@ -1,0 +1,85 @@
+"""``specula zoo build`` / ``export`` / ``train target``: regenerate the shipped zoo from seeds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from specula.zoo import manifest
+from specula.zoo.paths import TARGET_DIR, TOKENIZER_DIR
+
+
+def build_tokenizer(out: Path = TOKENIZER_DIR, seed: int = 0):
+    from specula.targets.processor import build_processor
+    from specula.world.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(out, vocab_size=1024, n_samples=20_000, seed=seed)
+    build_processor(tok).save_pretrained(out)
+    return tok
+
+
+def export(ckpt: Path, out: Path = TARGET_DIR, tokenizer_dir: Path = TOKENIZER_DIR) -> Path:
+    """Checkpoint (fp32 safetensors + state.json) -> a ``from_pretrained`` directory with fp16 weights."""
+    from safetensors.torch import load_file
+
+    from specula.targets.processor import load_processor
+    from specula.zoo.target_config import TargetArch, build_model
+
+    state = json.loads((ckpt / "state.json").read_text())
+    processor = load_processor(tokenizer_dir)
+    model = build_model(TargetArch.from_name(state["config"]["arch"]), processor.tokenizer)
+    model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+    model.tie_weights()
+    if out.exists():
+        shutil.rmtree(out)
+    model.to(torch.float16).save_pretrained(out)
+    processor.save_pretrained(out)
+    # record training facts beside the weights; the config keeps fp32 as the compute dtype
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    info = {
+        "kind": "target", "arch": state["config"]["arch"], "params": sum(p.numel() for p in model.parameters()),
+        "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
+        "history": state["history"], "storage_dtype": "float16",
+    }
+    (out / "specula.json").write_text(json.dumps(info, indent=1) + "\n")
+    manifest.write()
+    return out
+
+
+def export_cli(args) -> int:
+    out = export(Path(args.ckpt))
+    print(f"exported {args.ckpt} -> {out}")
+    return 0
+
+
+def train_target_cli(args) -> int:
+    from specula.targets.processor import load_processor
+    from specula.zoo.train_target import TrainConfig, train
+
+    cfg = TrainConfig(run_dir=args.run_dir, arch=args.arch, total_samples=args.samples, seed=args.seed,
+                      threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every)
+    ckpt = train(cfg, load_processor(TOKENIZER_DIR))
+    if args.export:
+        print(f"exported to {export(ckpt)}")
+    return 0
+
+
+def build_cli(args) -> int:
+    from specula.targets.processor import load_processor
+    from specula.zoo.train_target import TrainConfig, train
+
+    torch.set_num_threads(args.threads)
+    print("1/2 tokenizer")
+    build_tokenizer(seed=args.seed)
+    print("2/2 target (resumable: rerun the same command to continue)")
+    cfg = TrainConfig(run_dir=str(Path(args.run_dir) / "target"), total_samples=args.samples, seed=args.seed,
+                      threads=args.threads)
+    ckpt = train(cfg, load_processor(TOKENIZER_DIR))
+    print(f"exported to {export(ckpt)}")
+    manifest.write()
+    return 0

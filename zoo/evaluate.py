@@ -1,0 +1,77 @@
+"""``specula zoo eval``: the target's quality gates on held-out suites, each beside its blank-image control.
+
+Gates (from the trained-target issue): VQA exact >= 0.90; the same questions with blank images <= chance + 0.10;
+caption attribute recall >= 0.85. Chart, OCR, multi-image and video are reported with their blank controls.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from specula.world.suites import SUITES, generate
+from specula.zoo.quality import blank_like, caption_attribute_recall, chance_level, short_answer_accuracy
+
+GATES = {"vqa_exact_min": 0.90, "blank_margin_max": 0.10, "caption_attribute_recall_min": 0.85}
+EVAL_OFFSET = 20_000  # eval indices used by gates; training-time tracking uses 10_000.. of the same split
+
+
+def load_model(model_ref: str):
+    from transformers import LlavaForConditionalGeneration
+
+    from specula.targets.processor import load_processor
+    from specula.zoo.paths import resolve
+
+    path = resolve(model_ref)
+    model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    return model, load_processor(path)
+
+
+def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, seed: int = 0) -> dict:
+    out: dict = {"n_per_suite": n, "suites": {}}
+    for name in suites or list(SUITES):
+        samples = [generate(name, "eval", EVAL_OFFSET + i, seed) for i in range(n)]
+        r: dict = {}
+        if name == "caption":
+            r["caption_attribute_recall"] = caption_attribute_recall(model, processor, samples)
+            r["caption_attribute_recall_blank_image"] = caption_attribute_recall(model, processor, [blank_like(s) for s in samples])
+        elif name == "text":
+            qa = [s for s in samples if s.answer]
+            r["exact"] = short_answer_accuracy(model, processor, qa)
+        else:
+            r["exact"] = short_answer_accuracy(model, processor, samples)
+            r["exact_blank_image"] = short_answer_accuracy(model, processor, samples, blank=True)
+            r["chance"] = chance_level(samples)
+        out["suites"][name] = r
+    s = out["suites"]
+    if "vqa" in s:
+        out["vqa_exact"] = s["vqa"]["exact"]
+        out["vqa_exact_blank_image"] = s["vqa"]["exact_blank_image"]
+        out["vqa_chance"] = s["vqa"]["chance"]
+    if "caption" in s:
+        out["caption_attribute_recall"] = s["caption"]["caption_attribute_recall"]
+    out["gates"] = gates(out)
+    return out
+
+
+def gates(r: dict) -> dict:
+    g = {}
+    if "vqa_exact" in r:
+        g["vqa_exact"] = r["vqa_exact"] >= GATES["vqa_exact_min"]
+        g["vqa_blank_near_chance"] = r["vqa_exact_blank_image"] <= r["vqa_chance"] + GATES["blank_margin_max"]
+    if "caption_attribute_recall" in r:
+        g["caption_attribute_recall"] = r["caption_attribute_recall"] >= GATES["caption_attribute_recall_min"]
+    return g
+
+
+def eval_cli(args) -> int:
+    model, processor = load_model(args.model)
+    r = evaluate(model, processor, n=args.n)
+    if args.json:
+        print(json.dumps(r, indent=1))
+    else:
+        for name, v in r["suites"].items():
+            print(f"{name:12s} " + "  ".join(f"{k}={x:.3f}" for k, x in v.items()))
+        print("gates: " + ", ".join(f"{k}={'pass' if ok else 'FAIL'}" for k, ok in r["gates"].items()))
+    return 0
