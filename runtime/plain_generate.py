@@ -34,8 +34,8 @@ def main(args) -> int:
         raise ValueError("--max-tokens must be at least 1")
     if args.temperature < 0:
         raise ValueError("--temperature must be >= 0")
-    path = resolve(args.model)
     images = load_images(args.image)
+    path = resolve(args.model)
     processor = load_processor(path)
     model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).to(args.device).eval()
     prompt = "<image>" * len(images) + args.question

@@ -47,7 +47,7 @@ def export(ckpt: Path, out: Path = TARGET_DIR, tokenizer_dir: Path = TOKENIZER_D
         "history": state["history"], "storage_dtype": "float16",
     }
     (out / "specula.json").write_text(json.dumps(info, indent=1) + "\n")
-    manifest.write()
+    manifest.write(out.parent)
     return out
 
 

@@ -196,7 +196,8 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
             state["samples"] += batch.n_samples
             bar.update(batch.n_samples)
             for k, v in losses.items():
-                ema[k] = 0.98 * ema.get(k, float(v)) + 0.02 * float(v)
+                x = float(v.detach())
+                ema[k] = 0.98 * ema.get(k, x) + 0.02 * x
         now = time.time()
         state["elapsed_s"] += now - t_last
         t_last = now

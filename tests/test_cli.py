@@ -1,0 +1,45 @@
+"""The `specula` command: every subcommand explains itself; bad input gives a clear error, not a traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from specula.cli import build_parser, main
+
+COMMANDS = [[], ["generate"], ["world"], ["world", "sample"], ["bench"], ["bench", "target"], ["train"],
+            ["train", "target"], ["zoo"], ["zoo", "eval"], ["zoo", "build"]]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "top")
+def test_help(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(cmd + ["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: specula" in out and len(out) > 120
+
+
+def test_console_script_is_installed():
+    r = subprocess.run([sys.executable, "-m", "specula.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "generate" in r.stdout
+
+
+def test_generate_missing_image_is_a_clear_error(capsys, tmp_path):
+    assert main(["generate", "--image", str(tmp_path / "nope.png"), "--question", "hi"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_generate_unreadable_image_is_a_clear_error(capsys, tmp_path):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    assert main(["generate", "--image", str(bad), "--question", "hi", "--model", "tokenizer"]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+
+
+def test_world_suites_lists_every_suite(capsys):
+    from specula.world import SUITES
+
+    assert main(["world", "suites"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in SUITES)

@@ -1,0 +1,76 @@
+"""The target training recipe on a tiny model: losses fall, checkpoints resume, export loads with from_pretrained."""
+
+import json
+
+import pytest
+import torch
+from transformers import LlavaForConditionalGeneration
+
+from specula.targets.processor import load_processor
+from specula.world import generate
+from specula.zoo.batching import Encoder, collate, token_budget_batches
+from specula.zoo.build import export
+from specula.zoo.manifest import verify
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.quality import greedy_answer
+from specula.zoo.train_target import TrainConfig, patch_loss, train
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return load_processor(TOKENIZER_DIR)
+
+
+def test_labels_cover_only_the_assistant_turn(processor):
+    enc = Encoder(processor)
+    s = generate("vqa", "eval", 3)
+    e = enc.encode(s)
+    labelled = e.labels[e.labels != -100]
+    assert processor.tokenizer.decode(labelled, skip_special_tokens=True) == s.response
+    assert (e.input_ids == processor.tokenizer.convert_tokens_to_ids("<image>")).sum() == 144
+    assert e.patch_targets.shape == (1, 144, 2) and (e.patch_targets >= 0).any()
+
+
+def test_token_budget_batches_respect_budget(processor):
+    enc = Encoder(processor)
+    items = [enc.encode(generate(n, "eval", i)) for n in ("text", "vqa", "video") for i in range(4)]
+    groups = token_budget_batches(items, 2048)
+    assert sum(len(g) for g in groups) == len(items)
+    for g in groups:
+        assert len(g) == 1 or max(len(e.input_ids) for e in g) * len(g) <= 2048
+    b = collate(groups[0], processor.tokenizer.pad_token_id)
+    assert b.input_ids.shape == b.attention_mask.shape == b.labels.shape
+
+
+def test_patch_loss_prefers_the_patch_words():
+    targets = torch.full((1, 3, 2), -1)
+    targets[0, 0] = torch.tensor([4, 7])
+    targets[0, 1, 0] = 2
+    good = torch.full((1, 3, 10), -5.0)
+    good[0, 0, [4, 7]] = 5.0
+    good[0, 1, 2] = 5.0
+    bad = torch.zeros((1, 3, 10))
+    assert patch_loss(good, targets) < 0.75 < patch_loss(bad, targets)
+    assert patch_loss(bad, torch.full((1, 3, 2), -1)) == 0
+
+
+@pytest.mark.slow
+def test_train_resume_and_export(tmp_path, processor):
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=96, pool=48, token_budget=2048,
+                      warmup_samples=10, eval_n=4, eval_every_s=1e9, ckpt_every_s=1e9, threads=1)
+    logs = []
+    ckpt = train(cfg, processor, log=logs.append)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["samples"] >= 96 and state["history"] and "vqa_exact_blank_image" in state["history"][-1]
+    # a longer run over the same directory resumes instead of starting over
+    cfg2 = TrainConfig(**{**cfg.__dict__, "total_samples": 144})
+    train(cfg2, processor, log=logs.append)
+    assert any("resumed" in m for m in logs)
+    state2 = json.loads((ckpt / "state.json").read_text())
+    assert state2["samples"] >= 144 and state2["steps"] > state["steps"]
+    out = export(ckpt, tmp_path / "zoo" / "target")
+    assert not verify(tmp_path / "zoo")
+    model = LlavaForConditionalGeneration.from_pretrained(str(out), dtype=torch.float32)
+    assert next(model.parameters()).dtype == torch.float32
+    answer = greedy_answer(model, load_processor(out), generate("vqa", "eval", 0), max_new_tokens=4)
+    assert isinstance(answer, str)
