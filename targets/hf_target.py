@@ -1,0 +1,423 @@
+"""The engine shared by the HF backends: prefill, verify, commit, release over one batched K/V cache.
+
+It drives the stock language model of a HF VLM (``model.model.language_model``) with inputs_embeds, an explicit
+4-D attention mask, explicit position ids and a DynamicCache, then applies the stock LM head only where logits
+are needed. A backend (llava.py, qwen2_5_vl.py) supplies the vision side and the prompt's position ids.
+
+Per row the engine tracks: the committed tokens whose K/V are cached, the *pending* token (committed, not yet
+cached: the first token after prefill, then each step's corrected/bonus token) and the position id the pending
+token will take. A verify forward feeds ``[pending, node_0, ..., node_{N-1}]``; commit keeps the pending token
+and the accepted path, so the cache always equals prefix + accepted tokens, at the positions one-by-one decoding
+would have used.
+
+Forwards run under ``torch.no_grad`` (not ``inference_mode``): returned tensors are ordinary tensors, so a drafter
+being trained can feed them to modules that require grad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from .checks import check_block, check_prompt, check_visual
+from .images import check_image_groups
+from .kv import BatchedKV, KVPolicy, attention_mask
+from .tree import block_structure, check_path
+from .types import (
+    Accept,
+    DraftBlock,
+    PrefillOutput,
+    PrefillRequest,
+    TargetFeatures,
+    TargetInfo,
+    VerifyOutput,
+    VisualFeatures,
+)
+
+
+@dataclass
+class _Row:
+    tokens: list[int]  # prompt + committed tokens whose K/V are in the cache
+    next_pos: int  # position id of the pending token (text positions; Qwen2.5-VL: after rope_deltas)
+    pending: int | None = None  # committed token not yet in the cache
+
+
+@dataclass
+class _Block:
+    """The verified block waiting for commit: per request id, its nodes on the host."""
+
+    start: int  # first cache slot of the block
+    # request id -> (tokens [N] int64, parents [N] int64, node count)
+    nodes: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
+
+
+class HFTarget:
+    """Base class of the HF backends; see protocol.Target for the contract."""
+
+    model_type = ""
+    adjacent_images_ok = True  # may one run of image tokens hold several images? (see images.check_image_groups)
+    rope_sections = 1  # P: rows of position ids per token (3 for Qwen2.5-VL's mrope)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        device: str | torch.device | None = None,
+        feature_layers: Sequence[int] = (),
+        kv_policy: KVPolicy = KVPolicy(),
+    ):
+        if device is not None:
+            model.to(device)
+        self.model = model.eval()
+        first = next(model.parameters())
+        self.device = first.device
+        self.dtype = first.dtype
+        self._lm = model.model.language_model
+        self._embed = self._lm.get_input_embeddings()
+        self._head = model.get_output_embeddings()
+        cfg = self._lm.config
+        self._attn = cfg._attn_implementation
+        if self._attn not in ("sdpa", "eager"):
+            raise ValueError(
+                f"attention implementation {self._attn!r} does not take custom 4-D masks; load with "
+                f"attn_implementation='sdpa' or 'eager'"
+            )
+        if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+            raise ValueError("sliding-window attention layers are not supported (a custom 4-D mask ignores the window)")
+        n_states = cfg.num_hidden_layers + 1
+        for i in feature_layers:
+            if not -n_states <= i < n_states:
+                raise ValueError(f"feature layer {i} out of range for {cfg.num_hidden_layers} layers")
+        self._layers = tuple(i % n_states for i in feature_layers)
+        self._kv = BatchedKV(lambda: DynamicCache(config=cfg), kv_policy)
+        self._rows: dict[str, _Row] = {}  # insertion order == batch row order of self._kv
+        self._block: _Block | None = None
+        self._info = self._make_info()
+
+    # ---- backend hooks -------------------------------------------------------------------------------------------
+
+    def encode_images(self, pixel_values, variant="projected", *, grid=None, image_grid_thw=None) -> VisualFeatures:
+        raise NotImplementedError
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters of "vision_tower", "projector" and "language_model" (LM head included)."""
+        raise NotImplementedError
+
+    def dummy_image(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One random image in the backend's pixel format: (pixel_values, image_grid_thw or None)."""
+        raise NotImplementedError
+
+    def _vision_info(self) -> dict:
+        """image_token_id, visual_tokens_per_image, vision_hidden_size for TargetInfo."""
+        raise NotImplementedError
+
+    def _image_tokens(self, pixel_values: torch.Tensor, grid: torch.Tensor | None, request_id: str) -> list[int]:
+        """Check pixel shapes; visual tokens per image."""
+        raise NotImplementedError
+
+    def _prompt_positions(
+        self, prompt: torch.Tensor, grid: torch.Tensor | None, request_id: str
+    ) -> tuple[torch.Tensor, int]:
+        """Position ids of a prompt [P, L] int64 (P rope sections) and the position of the next token."""
+        raise NotImplementedError
+
+    def _model_positions(self, pos: torch.Tensor) -> torch.Tensor:
+        """[P, B, T] int64 -> the position_ids tensor the language model takes."""
+        raise NotImplementedError
+
+    # ---- protocol ------------------------------------------------------------------------------------------------
+
+    @property
+    def info(self) -> TargetInfo:
+        return self._info
+
+    @property
+    def live_ids(self) -> tuple[str, ...]:
+        return tuple(self._rows)
+
+    @property
+    def kv(self) -> BatchedKV:
+        """The batched cache (for tests and metrics; do not mutate)."""
+        return self._kv
+
+    def sequence(self, request_id: str) -> list[int]:
+        row = self._row(request_id)
+        return row.tokens + ([] if row.pending is None else [row.pending])
+
+    @torch.no_grad()
+    def prefill(self, requests: Sequence[PrefillRequest]) -> PrefillOutput:
+        requests = list(requests)
+        if not requests:
+            raise ValueError("prefill needs at least one request")
+        if self._block is not None:
+            raise ValueError("a verified block is waiting for commit(); commit it before prefilling new requests")
+        ids = tuple(r.request_id for r in requests)
+        if len(set(ids)) != len(ids) or any(i in self._rows for i in ids):
+            raise ValueError(f"prefill request ids must be new and unique, got {list(ids)} (live: {self.live_ids})")
+        prompts = [check_prompt(r, self._embed.num_embeddings) for r in requests]  # each [L_i] int64, host
+        visual, grids = self._visual_for(requests, prompts)  # each [T_total_i, H] or None
+        placed = [self._prompt_positions(p, g, r.request_id) for r, p, g in zip(requests, prompts, grids)]
+
+        b, lengths = len(requests), [p.shape[0] for p in prompts]
+        seq = max(lengths)
+        sections = placed[0][0].shape[0]
+        tokens = torch.zeros(b, seq, dtype=torch.long)  # [B, L] int64
+        pos = torch.zeros(sections, b, seq, dtype=torch.long)  # [P, B, L] int64
+        for i, (p, (pp, _)) in enumerate(zip(prompts, placed)):
+            tokens[i, : p.shape[0]] = p
+            pos[:, i, : p.shape[0]] = pp
+        lengths_t = torch.tensor(lengths, device=self.device)  # [B]
+        valid = torch.arange(seq, device=self.device)[None, :] < lengths_t[:, None]  # [B, L] bool
+        tokens = tokens.to(self.device)
+        embeds = self._embed(tokens)  # [B, L, H]
+        if any(v is not None for v in visual):
+            image_mask = (tokens == self._info.image_token_id) & valid  # [B, L] bool
+            source = torch.cat([v for v in visual if v is not None]).to(embeds.dtype)  # [sum T, H]
+            embeds = embeds.masked_scatter(image_mask[..., None], source)  # row-major order == concat order
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=self.device).tril()  # [L, L] bool
+        eye = torch.eye(seq, dtype=torch.bool, device=self.device)  # padded queries see themselves only
+        allowed = (causal[None] & valid[:, None, :]) | eye[None]  # [B, L, L] bool
+        cache = self._kv.new_cache()
+        hidden, layer_hidden = self._run_lm(embeds, allowed[:, None], pos.to(self.device), cache)  # [B, L, H]
+        last = hidden[torch.arange(b, device=self.device), lengths_t - 1]  # [B, H]
+        logits = self._head(last).float()  # [B, V] fp32
+        k, v = cache.layers[-1].keys, cache.layers[-1].values  # [B, H_kv, L, D]; never written in place later
+        features = TargetFeatures(hidden, tuple(lengths), self._layers, layer_hidden, k, v)
+        self._kv.join(cache, valid)
+        for r, p, (_, next_pos) in zip(requests, prompts, placed):
+            self._rows[r.request_id] = _Row(tokens=p.tolist(), next_pos=next_pos)
+        return PrefillOutput(ids, logits, features)
+
+    @torch.no_grad()
+    def verify(self, block: DraftBlock) -> VerifyOutput:
+        if self._block is not None:
+            raise ValueError("the previous verified block was not committed; call commit() first")
+        ids = tuple(block.request_ids)
+        tokens, parents, counts = check_block(block, self._embed.num_embeddings)  # host: [Bb, N], [Bb, N], [Bb]
+        for rid in ids:
+            if self._row(rid).pending is None:
+                raise ValueError(f"request {rid!r} has no pending token; commit the first token after prefill")
+        allowed_b, depth_b = block_structure(parents, counts)  # [Bb, n, n] bool, [Bb, n] int64
+        bb, num_nodes = tokens.shape
+        n = num_nodes + 1
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        rows = torch.tensor([index[r] for r in ids], dtype=torch.long)  # [Bb]
+        live = len(self._rows)
+        node_live = torch.arange(num_nodes)[None, :] < counts[:, None]  # [Bb, N] bool
+        # Rows not in the block ride along with one dummy query that nothing will keep.
+        tok = torch.zeros(live, n, dtype=torch.long)  # [B, n] int64
+        tok[rows, 0] = torch.tensor([self._rows[r].pending for r in ids], dtype=torch.long)
+        tok[rows, 1:] = torch.where(node_live, tokens, 0)
+        pos = torch.zeros(live, n, dtype=torch.long)  # [B, n] int64
+        pos[rows] = torch.tensor([self._rows[r].next_pos for r in ids], dtype=torch.long)[:, None] + depth_b
+        allow = torch.eye(n, dtype=torch.bool).expand(live, n, n).clone()  # [B, n, n] bool
+        allow[rows] = allowed_b
+        slot_valid = torch.zeros(live, n, dtype=torch.bool)  # [B, n] bool
+        slot_valid[rows] = torch.arange(n)[None, :] < counts[:, None] + 1
+
+        dev = self.device
+        start = self._kv.seq_len
+        mask = self._kv.block_mask(allow.to(dev))  # [B, 1, n, S + n] bool
+        pos_p = pos.to(dev)[None].expand(self.rope_sections, live, n)  # [P, B, n], text: every section equal
+        hidden, layer_hidden = self._run_lm(self._embed(tok.to(dev)), mask, pos_p, self._kv.cache)
+        self._kv.extend_valid(slot_valid.to(dev))
+        rows_d = rows.to(dev)
+        hidden = hidden.index_select(0, rows_d)  # [Bb, n, H]
+        logits = self._head(hidden).float()  # [Bb, n, V] fp32
+        k_all, v_all = self._kv.last_layer()  # [B, H_kv, S + n, D]
+        k = k_all[:, :, start:].index_select(0, rows_d)  # [Bb, H_kv, n, D], a copy (commit writes in place)
+        v = v_all[:, :, start:].index_select(0, rows_d)  # [Bb, H_kv, n, D]
+        layer_hidden = tuple(h.index_select(0, rows_d) for h in layer_hidden)  # each [Bb, n, H]
+        lengths = tuple(int(c) + 1 for c in counts)
+        self._block = _Block(start, {r: (tokens[i], parents[i], int(counts[i])) for i, r in enumerate(ids)})
+        return VerifyOutput(ids, logits, TargetFeatures(hidden, lengths, self._layers, layer_hidden, k, v))
+
+    @torch.no_grad()
+    def commit(self, accepts: Sequence[Accept]) -> None:
+        accepts = list(accepts)
+        ids = [a.request_id for a in accepts]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"commit lists a request more than once: {ids}")
+        for rid in ids:
+            self._row(rid)
+        blk = self._block
+        in_block = blk.nodes if blk is not None else {}
+        missing = [r for r in in_block if r not in ids]
+        if missing:
+            raise ValueError(f"commit must cover every row of the verified block; missing {missing}")
+        plan = []  # (row, kept block slots, tokens entering the cache, next token)
+        for a in accepts:
+            row = self._rows[a.request_id]
+            nxt = int(a.next_token)
+            if not 0 <= nxt < self._info.vocab_size:
+                raise ValueError(f"accept for {a.request_id!r}: next_token {nxt} outside [0, {self._info.vocab_size})")
+            path = tuple(int(i) for i in a.path)
+            if a.request_id in in_block:
+                node_tokens, node_parents, count = in_block[a.request_id]
+                check_path(node_parents, count, path, a.request_id)
+                keep = [0] + [1 + i for i in path]
+                entering = [row.pending] + [int(node_tokens[i]) for i in path]
+            else:
+                if path:
+                    raise ValueError(f"accept for {a.request_id!r} has a path but the request was not verified")
+                if row.pending is not None:
+                    raise ValueError(
+                        f"request {a.request_id!r} already has a pending token; verify or decode it before "
+                        f"committing another"
+                    )
+                keep, entering = [], []
+            plan.append((row, keep, entering, nxt))
+        if blk is not None:
+            index = {rid: i for i, rid in enumerate(self._rows)}
+            width = max(len(keep) for _, keep, _, _ in plan if keep)
+            keep_t = torch.zeros(len(self._rows), width, dtype=torch.long)  # [B, m] int64 slot offsets
+            keep_v = torch.zeros(len(self._rows), width, dtype=torch.bool)  # [B, m] bool
+            for a, (_, keep, _, _) in zip(accepts, plan):
+                if keep:
+                    keep_t[index[a.request_id], : len(keep)] = torch.tensor(keep)
+                    keep_v[index[a.request_id], : len(keep)] = True
+            self._kv.keep_block(blk.start, keep_t.to(self.device), keep_v.to(self.device))
+            self._block = None
+        for row, keep, entering, nxt in plan:
+            row.tokens.extend(entering)
+            row.next_pos += len(keep)
+            row.pending = nxt
+        self._kv.maybe_compact()
+
+    @torch.no_grad()
+    def release(self, request_ids: Iterable[str]) -> None:
+        drop = set(request_ids)
+        for rid in drop:
+            self._row(rid)
+        if not drop:
+            return
+        keep = [i for i, rid in enumerate(self._rows) if rid not in drop]
+        self._kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
+        for rid in drop:
+            del self._rows[rid]
+        if self._block is not None:
+            for rid in drop:
+                self._block.nodes.pop(rid, None)
+            if not self._block.nodes:
+                self._block = None  # its slots are invalid in every remaining row
+        if self._block is None:
+            self._kv.maybe_compact()
+
+    def decode_step(self, request_ids: Sequence[str]) -> VerifyOutput:
+        ids = tuple(request_ids)
+        return self.verify(DraftBlock.chain(ids, torch.zeros(len(ids), 0, dtype=torch.long)))
+
+    def generate_plain(
+        self, requests: Sequence[PrefillRequest], max_new_tokens: int, eos_token_ids: Iterable[int] | None = None
+    ) -> list[list[int]]:
+        """Greedy decoding, one token per forward; returns new tokens per request (eos included if hit)."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        eos = set(self._info.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        out = self.prefill(requests)
+        ids = list(out.request_ids)
+        first = out.logits.argmax(-1).tolist()
+        generated = {rid: [t] for rid, t in zip(ids, first)}
+        self.commit([Accept(rid, (), t) for rid, t in zip(ids, first)])
+        try:
+            active = [r for r in ids if max_new_tokens > 1 and generated[r][-1] not in eos]
+            self.release([r for r in ids if r not in active])
+            while active:
+                step = self.decode_step(active)
+                nxt = step.logits[:, 0].argmax(-1).tolist()
+                self.commit([Accept(r, (), t) for r, t in zip(active, nxt)])
+                for r, t in zip(active, nxt):
+                    generated[r].append(t)
+                done = [r for r in active if generated[r][-1] in eos or len(generated[r]) >= max_new_tokens]
+                if done:
+                    self.release(done)
+                active = [r for r in active if r not in done]
+        finally:
+            self.release([r for r in ids if r in self._rows])
+        return [generated[r] for r in ids]
+
+    # ---- internals -----------------------------------------------------------------------------------------------
+
+    def _row(self, request_id: str) -> _Row:
+        row = self._rows.get(request_id)
+        if row is None:
+            raise ValueError(f"unknown request id {request_id!r} (live: {list(self._rows)})")
+        return row
+
+    def _run_lm(self, embeds, allowed, pos, cache) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """One language-model forward. embeds [B, T, H], allowed [B, 1, T, S + T] bool, pos [P, B, T] int64."""
+        kwargs = {"output_hidden_states": list(self._layers)} if self._layers else {}
+        out = self._lm(
+            inputs_embeds=embeds,
+            attention_mask=attention_mask(allowed, self._attn, embeds.dtype),
+            position_ids=self._model_positions(pos),
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        )
+        layer_hidden = tuple(out.hidden_states[i] for i in self._layers)  # each [B, T, H]
+        return out.last_hidden_state, layer_hidden  # [B, T, H]
+
+    def _visual_for(self, requests, prompts) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Projected visual tokens per request ([T_total, H] or None) and its Qwen image grid (or None)."""
+        per_request: list[list[torch.Tensor] | None] = [None] * len(requests)
+        grids: list[torch.Tensor | None] = [None] * len(requests)
+        counts: list[list[int]] = []
+        encode = []
+        for i, r in enumerate(requests):
+            if r.pixel_values is not None and r.visual is not None:
+                raise ValueError(f"request {r.request_id!r}: give pixel_values or visual, not both")
+            grid = r.image_grid_thw
+            if isinstance(r.visual, VisualFeatures) and grid is None:
+                grid = r.visual.image_grid_thw
+            grids[i] = None if grid is None else torch.as_tensor(grid).detach().to("cpu", torch.long)
+            if r.pixel_values is not None:
+                counts.append(self._image_tokens(r.pixel_values, grids[i], r.request_id))
+                encode.append(i)
+            elif r.visual is not None:
+                per_request[i] = check_visual(r.visual, r.request_id, self._info.hidden_size)
+                counts.append([x.shape[0] for x in per_request[i]])
+            else:
+                counts.append([])
+            check_image_groups(
+                prompts[i],
+                self._info.image_token_id,
+                counts[-1],
+                request_id=r.request_id,
+                adjacent_ok=self.adjacent_images_ok,
+            )
+        if encode:
+            pixels = torch.cat([requests[i].pixel_values for i in encode])
+            needs_grid = any(grids[i] is not None for i in encode)
+            grid = torch.cat([grids[i] for i in encode]) if needs_grid else None
+            images = iter(self.encode_images(pixels, "projected", image_grid_thw=grid).per_image())
+            for i in encode:
+                per_request[i] = [next(images) for _ in counts[i]]
+        visual = [None if not v else torch.cat(v).to(self.device) for v in per_request]
+        return visual, grids
+
+    def _make_info(self) -> TargetInfo:
+        cfg = self._lm.config
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos is None:
+            eos = getattr(cfg, "eos_token_id", None)
+        eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        heads = cfg.num_attention_heads
+        return TargetInfo(
+            model_type=self.model_type,
+            vocab_size=self._head.out_features,
+            hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            eos_token_ids=eos,
+            feature_layers=self._layers,
+            device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            **self._vision_info(),
+        )

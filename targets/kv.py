@@ -1,0 +1,161 @@
+"""Batched K/V bookkeeping for the live rows: one HF DynamicCache plus a per-slot validity mask.
+
+Layout: every decoder layer holds keys/values ``[B, H_kv, S, D]`` for all live rows; ``valid[b, s]`` says whether
+slot s of row b holds a committed token of that row. Keys are cached after RoPE with their own position, so the
+order of slots inside a row does not matter: attention only needs the mask, and position ids are tracked per row
+by the caller. That is what makes joining, rollback and compaction cheap:
+
+- join (continuous batching): new rows are prefilled into their own cache, both caches are right-padded with
+  invalid slots to the same S and concatenated on the batch dimension.
+- verify: the block's n slots are appended to every row (HF ``DynamicLayer.update`` concatenates).
+- commit: per row, the kept slots (pending token + accepted path) are gathered to the front of the block, the
+  block is cropped to the longest kept run; shorter rows get invalid holes at the end of their block (EAGLE's
+  ``copy(indices, prev_length)``, batched).
+- compaction policy: holes cost attention work and memory, not correctness. ``maybe_compact`` moves every row's
+  valid slots to the front (stable, so order is kept) when the reclaimable columns ``S - max_b(valid_b)`` reach
+  ``max(policy.min_waste, policy.waste_ratio * S)``.
+
+Relies on ``DynamicLayer.keys`` / ``.values`` holding ``[B, H_kv, S, D]`` tensors (transformers 5.20-5.23); the
+target tests fail if that changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass(frozen=True)
+class KVPolicy:
+    """When to compact the holes that rejected drafts leave behind."""
+
+    min_waste: int = 64  # never compact for fewer reclaimable columns than this
+    waste_ratio: float = 0.25  # ... or than this fraction of the cache length
+
+
+def attention_mask(allowed: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """The 4-D mask HF attention expects: bool for sdpa, additive float for eager."""
+    if attn_implementation == "sdpa":
+        return allowed  # [B, 1, q, k] bool, True = attend
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)  # [B, 1, q, k] model dtype
+
+
+class BatchedKV:
+    def __init__(self, make_cache: Callable[[], DynamicCache], policy: KVPolicy = KVPolicy()):
+        self._make_cache = make_cache
+        self.policy = policy
+        self.cache: DynamicCache | None = None
+        self.valid: torch.Tensor | None = None  # [B, S] bool
+
+    @property
+    def batch_size(self) -> int:
+        return 0 if self.valid is None else self.valid.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return 0 if self.valid is None else self.valid.shape[1]
+
+    def new_cache(self) -> DynamicCache:
+        """An empty cache for a prefill forward of joining rows (then ``join`` it)."""
+        return self._make_cache()
+
+    def join(self, cache: DynamicCache, valid: torch.Tensor) -> None:
+        """Append rows prefilled into ``cache`` (valid: [B_new, S_new] bool) after the live rows."""
+        if self.cache is None:
+            self.cache, self.valid = cache, valid
+            return
+        s = max(self.seq_len, valid.shape[1])
+        for live, new in zip(self.cache.layers, cache.layers, strict=True):
+            live.keys = torch.cat([_pad_seq(live.keys, s), _pad_seq(new.keys, s)], dim=0)  # [B + B_new, H_kv, s, D]
+            live.values = torch.cat([_pad_seq(live.values, s), _pad_seq(new.values, s)], dim=0)
+        self.valid = torch.cat([_pad_seq(self.valid, s), _pad_seq(valid, s)], dim=0)  # [B + B_new, s] bool
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` ([B'] int64, device), in that order."""
+        if rows.numel() == 0:
+            self.cache, self.valid = None, None
+            return
+        self.cache.batch_select_indices(rows)
+        self.valid = self.valid[rows]
+
+    def block_mask(self, block_allowed: torch.Tensor) -> torch.Tensor:
+        """Mask for a forward of n new slots per row: every valid cached slot, plus the block's own structure.
+
+        block_allowed: [B, n, n] bool (query x key inside the block). Returns [B, 1, n, S + n] bool.
+        """
+        b, n, _ = block_allowed.shape
+        cached = self.valid[:, None, :].expand(b, n, self.seq_len)  # [B, n, S] bool
+        return torch.cat([cached, block_allowed], dim=2)[:, None]  # [B, 1, n, S + n] bool
+
+    def extend_valid(self, block_valid: torch.Tensor) -> None:
+        """Record the validity of the n slots the last forward appended (block_valid: [B, n] bool)."""
+        self.valid = torch.cat([self.valid, block_valid], dim=1)  # [B, S + n] bool
+
+    def keep_block(self, start: int, keep: torch.Tensor, keep_valid: torch.Tensor) -> None:
+        """Gather kept block slots into place and drop the rest.
+
+        keep: [B, m] int64 slot offsets from ``start`` (padding entries may be any in-range offset);
+        keep_valid: [B, m] bool. After this the cache has ``start + m`` slots.
+        """
+        m = keep.shape[1]
+        for layer in self.cache.layers:
+            layer.keys = _gather_block(layer.keys, start, keep)
+            layer.values = _gather_block(layer.values, start, keep)
+        self.valid = torch.cat([self.valid[:, :start], keep_valid], dim=1)  # [B, start + m] bool
+        assert self.valid.shape[1] == start + m
+
+    def last_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.cache.layers[-1]
+        return layer.keys, layer.values  # each [B, H_kv, S, D]
+
+    def waste(self) -> int:
+        """Columns a compaction would reclaim."""
+        if self.valid is None:
+            return 0
+        return self.seq_len - int(self.valid.sum(dim=1).max())
+
+    def maybe_compact(self) -> bool:
+        waste = self.waste()
+        if waste == 0 or waste < max(self.policy.min_waste, self.policy.waste_ratio * self.seq_len):
+            return False
+        self.compact()
+        return True
+
+    def compact(self) -> None:
+        """Move each row's valid slots to the front, in order, and crop to the longest row."""
+        keep_len = int(self.valid.sum(dim=1).max())
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :keep_len]  # [B, S'] int64
+        for layer in self.cache.layers:
+            layer.keys = _gather_seq(layer.keys, order)
+            layer.values = _gather_seq(layer.values, order)
+        self.valid = torch.gather(self.valid, 1, order)  # [B, S'] bool
+
+
+def _pad_seq(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Right-pad the sequence dim (dim -2 for K/V [B, H_kv, S, D], dim 1 for valid [B, S]) with zeros to s."""
+    dim = 1 if x.dim() == 2 else 2
+    missing = s - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def _gather_seq(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x: [B, H_kv, S, D], index: [B, S'] -> [B, H_kv, S', D]."""
+    b, h, _, d = x.shape
+    idx = index[:, None, :, None].expand(b, h, index.shape[1], d)  # [B, H_kv, S', D]
+    return torch.gather(x, 2, idx)
+
+
+def _gather_block(x: torch.Tensor, start: int, keep: torch.Tensor) -> torch.Tensor:
+    """[B, H_kv, start + n, D] -> [B, H_kv, start + m, D], block slots replaced by the kept ones (m <= n)."""
+    m = keep.shape[1]
+    kept = _gather_seq(x[:, :, start:], keep)  # [B, H_kv, m, D], a copy, so the write below cannot alias
+    x[:, :, start : start + m] = kept  # in place: no O(S) copy of the prefix
+    return x[:, :, : start + m]
