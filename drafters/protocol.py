@@ -1,0 +1,91 @@
+"""The one Drafter protocol every drafting method implements, and the frozen records it exchanges.
+
+A request's life, seen from a drafter::
+
+    drafter.begin([DraftContext(...)])           # prompt ids, images / visual features, target prefill features
+    while not done:
+        prop = drafter.propose(["r1"], gamma=5)  # Proposal: tokens [B, N] (+ parents for trees) and q [B, N, V]
+        ... the target verifies, the sampler decides ...
+        drafter.observe([Verdict(...)])          # accepted path, next token, target features of kept positions
+    drafter.release(["r1"])
+
+``q`` is always the distribution each draft token was actually sampled from (for an ensemble: the weighted
+mixture; for a semi-autoregressive head: the per-position distribution it emitted). A drafter that proposes
+deterministically (n-gram lookup, greedy argmax) returns ``q=None``: the sampler then treats each draft as drawn
+from a one-hot distribution, which keeps sampled decoding lossless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+# Target features a drafter may ask for (DrafterSpec.needs)
+FEATURES = ("hidden", "layer_hidden", "last_kv", "visual", "pre_projector", "pixels")
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    kind: str  # registry key
+    structure: str  # "chain" or "tree"
+    needs: frozenset[str] = frozenset()  # subset of FEATURES
+
+    def __post_init__(self) -> None:
+        if self.structure not in ("chain", "tree"):
+            raise ValueError(f"structure must be 'chain' or 'tree', got {self.structure!r}")
+        unknown = set(self.needs) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown drafter needs {sorted(unknown)}; known: {FEATURES}")
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter gets when a request begins (after the target's prefill)."""
+
+    request_id: str
+    prompt_ids: torch.Tensor  # [L] int64, image tokens expanded
+    first_token: int  # the token sampled from the prefill logits (pending, not yet verified by anything)
+    temperature: float = 0.0  # how the request samples: drafters may sample their drafts at this temperature
+    seed: int | None = None
+    pixel_values: torch.Tensor | None = None  # [N_img, 3, S, S] when "pixels" is needed
+    visual: torch.Tensor | None = None  # [N_img, T_img, H] projected visual embeddings when "visual" is needed
+    hidden: torch.Tensor | None = None  # [L, H] target final hidden states of the prompt when "hidden" is needed
+    extra: dict = field(default_factory=dict)  # other features by name (e.g. "last_k"/"last_v" [H_kv, L, D])
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Draft nodes for each requested row (same order as the call's request ids)."""
+
+    request_ids: tuple[str, ...]
+    tokens: torch.Tensor  # [B, N] int64, rows padded past counts
+    counts: tuple[int, ...]  # nodes per row (0 = nothing to propose: plain decoding for that row)
+    parents: torch.Tensor | None = None  # [B, N] int64 for trees (-1 = child of the pending token); None = chains
+    q: torch.Tensor | None = None  # [B, N, V] fp32 distribution each node was sampled from; None = deterministic
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the verifier decided for one row, plus the target features of the positions now committed."""
+
+    request_id: str
+    accepted: tuple[int, ...]  # accepted node indices, root to leaf
+    tokens: tuple[int, ...]  # the committed tokens of this step: the accepted drafts' tokens, in order
+    next_token: int  # corrected or bonus token (pending: not in the target cache yet)
+    hidden: torch.Tensor | None = None  # [1 + len(accepted), H] target final hidden states at pending + accepted
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    spec: DrafterSpec
+
+    def begin(self, contexts: Sequence[DraftContext]) -> None: ...
+
+    def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal: ...
+
+    def observe(self, verdicts: Sequence[Verdict]) -> None: ...
+
+    def release(self, request_ids: Sequence[str]) -> None: ...
