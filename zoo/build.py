@@ -12,11 +12,11 @@ from specula.zoo import manifest
 from specula.zoo.paths import TARGET_DIR, TOKENIZER_DIR
 
 
-def build_tokenizer(out: Path = TOKENIZER_DIR, seed: int = 0):
+def build_tokenizer(out: Path = TOKENIZER_DIR, seed: int = 0, n_samples: int = 20_000):
     from specula.targets.processor import build_processor
     from specula.world.tokenizer import train_tokenizer
 
-    tok = train_tokenizer(out, vocab_size=1024, n_samples=20_000, seed=seed)
+    tok = train_tokenizer(out, vocab_size=1024, n_samples=n_samples, seed=seed)
     build_processor(tok).save_pretrained(out)
     return tok
 
@@ -70,16 +70,19 @@ def train_target_cli(args) -> int:
 
 
 def build_cli(args) -> int:
+    """Tokenizer, then the target, into ``--zoo-dir`` (default: the shipped zoo). Rerunning resumes training."""
     from specula.targets.processor import load_processor
     from specula.zoo.train_target import TrainConfig, train
 
     torch.set_num_threads(args.threads)
+    zoo = Path(args.zoo_dir) if args.zoo_dir else TARGET_DIR.parent
+    tok_dir = zoo / TOKENIZER_DIR.name
     print("1/2 tokenizer")
-    build_tokenizer(seed=args.seed)
+    build_tokenizer(tok_dir, seed=args.seed, n_samples=args.tokenizer_samples)
     print("2/2 target (resumable: rerun the same command to continue)")
-    cfg = TrainConfig(run_dir=str(Path(args.run_dir) / "target"), total_samples=args.samples, seed=args.seed,
-                      threads=args.threads)
-    ckpt = train(cfg, load_processor(TOKENIZER_DIR))
-    print(f"exported to {export(ckpt)}")
-    manifest.write()
+    cfg = TrainConfig(run_dir=str(Path(args.run_dir) / "target"), arch=args.arch, total_samples=args.samples,
+                      seed=args.seed, threads=args.threads)
+    ckpt = train(cfg, load_processor(tok_dir))
+    print(f"exported to {export(ckpt, zoo / TARGET_DIR.name, tok_dir)}")
+    manifest.write(zoo)
     return 0

@@ -74,3 +74,23 @@ def test_train_resume_and_export(tmp_path, processor):
     assert next(model.parameters()).dtype == torch.float32
     answer = greedy_answer(model, load_processor(out), generate("vqa", "eval", 0), max_new_tokens=4)
     assert isinstance(answer, str)
+
+
+@pytest.mark.slow
+def test_zoo_build_regenerates_deterministically(tmp_path):
+    """`specula zoo build` (tiny arch, few samples) twice from scratch: identical tokenizer and weights."""
+    from specula.cli import main
+    from specula.zoo.manifest import scan
+
+    digests = []
+    for k in range(2):
+        zoo, runs = tmp_path / f"zoo{k}", tmp_path / f"runs{k}"
+        zoo.mkdir()
+        assert main(["zoo", "build", "--zoo-dir", str(zoo), "--run-dir", str(runs), "--arch", "tiny",
+                     "--samples", "48", "--tokenizer-samples", "200", "--threads", "1"]) == 0
+        m = scan(zoo)
+        assert {"tokenizer", "target"} <= set(m["entries"])
+        digests.append({n: {f: v["sha256"] for f, v in e["files"].items() if f != "specula.json"}
+                        for n, e in m["entries"].items()})
+        assert not verify(zoo)
+    assert digests[0] == digests[1]
