@@ -105,6 +105,8 @@ def _add_train(sub) -> None:
     t.add_argument("--ckpt-every", type=float, default=240.0, help="seconds between checkpoints (default: 240)")
     t.add_argument("--eval-every", type=float, default=600.0, help="seconds between image-vs-blank checks (default: 600)")
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
+    t.add_argument("--init-from", default=None,
+                   help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")
 
     def run(args):
         from specula.zoo.build import train_target_cli

@@ -62,7 +62,8 @@ def train_target_cli(args) -> int:
     from specula.zoo.train_target import TrainConfig, train
 
     cfg = TrainConfig(run_dir=args.run_dir, arch=args.arch, total_samples=args.samples, seed=args.seed,
-                      threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every)
+                      threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
+                      init_from=args.init_from)
     ckpt = train(cfg, load_processor(TOKENIZER_DIR))
     if args.export:
         print(f"exported to {export(ckpt)}")

@@ -55,6 +55,7 @@ class TrainConfig:
     eval_every_s: float = 600.0
     eval_n: int = 48
     threads: int = 2
+    init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
 
 
 CURRICULUM_WEIGHTS = {"vqa_single": 5.0, "caption_short": 3.0, "text": 1.5, "vqa": 1.5}
@@ -73,7 +74,10 @@ def sample_at(i: int, frac: float, cfg: TrainConfig):
     return maker(random.Random(f"specula-world/{cfg.seed}/train/{name}/{i}"), name, task)
 
 
-def lr_at(samples: int, cfg: TrainConfig) -> float:
+def lr_at(samples: int, cfg: TrainConfig, warm_restart_at: int = 0) -> float:
+    since = samples - warm_restart_at
+    if warm_restart_at and since < cfg.warmup_samples // 4:  # fresh optimizer moments: short re-warmup
+        return lr_at(samples, cfg) * max(since, 1) / (cfg.warmup_samples // 4)
     if samples < cfg.warmup_samples:
         return cfg.lr * max(samples, 1) / cfg.warmup_samples
     frac = min(1.0, (samples - cfg.warmup_samples) / max(1, cfg.total_samples - cfg.warmup_samples))
@@ -158,6 +162,25 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
         state = json.loads((ckpt / "state.json").read_text())
         log(f"resumed from {ckpt}: {state['samples']} samples, {state['elapsed_s'] / 60:.1f} min")
+    elif cfg.init_from:
+        # continue from exported (fp16) weights when the run directory is gone: optimizer moments restart
+        from safetensors import safe_open
+
+        src = Path(cfg.init_from)
+        weights = {}
+        for f in sorted(src.glob("*.safetensors")):
+            with safe_open(f, "pt") as fh:
+                weights.update({k: fh.get_tensor(k).float() for k in fh.keys()})
+        missing, _ = model.load_state_dict(weights, strict=False)
+        if [k for k in missing if k != "lm_head.weight"]:
+            raise ValueError(f"--init-from {src}: weights missing for {missing[:3]}...")
+        model.tie_weights()
+        info = json.loads((src / "specula.json").read_text()) if (src / "specula.json").exists() else {}
+        state["samples"] = int(info.get("trained_samples", 0))
+        state["elapsed_s"] = 60.0 * float(info.get("train_minutes", 0.0))
+        state["history"] = list(info.get("history", []))
+        state["warm_restart_at"] = state["samples"]
+        log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts)")
     enc = Encoder(processor)
     model.train()
 
@@ -183,7 +206,7 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
         items = [enc.encode(sample_at(start + j, frac, cfg)) for j in range(cfg.pool)]
         for group in token_budget_batches(items, cfg.token_budget):
             batch = collate(group, tok.pad_token_id)
-            lr = lr_at(state["samples"], cfg)
+            lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]
             losses = forward_losses(model, batch, cfg)

@@ -94,3 +94,16 @@ def test_zoo_build_regenerates_deterministically(tmp_path):
                         for n, e in m["entries"].items()})
         assert not verify(zoo)
     assert digests[0] == digests[1]
+
+
+@pytest.mark.slow
+def test_training_continues_from_exported_weights(tmp_path, processor):
+    cfg = TrainConfig(run_dir=str(tmp_path / "a"), arch="tiny", total_samples=48, pool=48, token_budget=2048,
+                      warmup_samples=10, eval_n=2, eval_every_s=1e9, ckpt_every_s=1e9, threads=1)
+    out = export(train(cfg, processor, log=lambda m: None), tmp_path / "zoo" / "target")
+    logs = []
+    cfg2 = TrainConfig(**{**cfg.__dict__, "run_dir": str(tmp_path / "b"), "total_samples": 96, "init_from": str(out)})
+    ckpt = train(cfg2, processor, log=logs.append)
+    assert any("initialised from" in m for m in logs)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["samples"] >= 96 and state["warm_restart_at"] >= 48
