@@ -164,16 +164,12 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
         log(f"resumed from {ckpt}: {state['samples']} samples, {state['elapsed_s'] / 60:.1f} min")
     elif cfg.init_from:
         # continue from exported (fp16) weights when the run directory is gone: optimizer moments restart
-        from safetensors import safe_open
+        from transformers import LlavaForConditionalGeneration
 
         src = Path(cfg.init_from)
-        weights = {}
-        for f in sorted(src.glob("*.safetensors")):
-            with safe_open(f, "pt") as fh:
-                weights.update({k: fh.get_tensor(k).float() for k in fh.keys()})
-        missing, _ = model.load_state_dict(weights, strict=False)
-        if [k for k in missing if k != "lm_head.weight"]:
-            raise ValueError(f"--init-from {src}: weights missing for {missing[:3]}...")
+        loaded = LlavaForConditionalGeneration.from_pretrained(str(src), dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        del loaded
         model.tie_weights()
         info = json.loads((src / "specula.json").read_text()) if (src / "specula.json").exists() else {}
         state["samples"] = int(info.get("trained_samples", 0))
