@@ -91,6 +91,28 @@ def _add_bench(sub) -> None:
         return bench_main(args)
 
     t.set_defaults(func=run)
+    sp = bsub.add_parser("spec", help="speculative vs plain decoding (our engine, HF generate, HF assisted) per suite",
+                         description="Runs every configuration round robin on the same prompts and writes JSON, "
+                                     "markdown and PNG plots (tau per suite, alpha_n, speedup vs gamma).")
+    sp.add_argument("--model", default="target", help="zoo entry or local checkpoint directory (default: target)")
+    sp.add_argument("--drafter", action="append", default=[],
+                    help='drafter kind or JSON config, repeatable (default: ngram), e.g. --drafter \'{"kind": "ngram", "max_n": 3}\'')
+    sp.add_argument("--gamma", action="append", type=int, default=[], help="draft length, repeatable (default: 5)")
+    sp.add_argument("--suite", action="append", default=[], help="evaluation suite, repeatable (default: all)")
+    sp.add_argument("--n", type=int, default=6, help="prompts per suite (default: 6)")
+    sp.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt at most (default: 64)")
+    sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    sp.add_argument("--no-hf", action="store_true", help="skip the HF generate / assisted baselines")
+    sp.add_argument("--out", default="reports/bench-spec", help="output directory (default: reports/bench-spec)")
+    sp.add_argument("--threads", type=int, default=2)
+
+    def run_spec(args):
+        _threads(args)
+        from specula.runtime.bench_spec import main as spec_main
+
+        return spec_main(args)
+
+    sp.set_defaults(func=run_spec)
 
 
 def _add_train(sub) -> None:

@@ -25,3 +25,23 @@ def test_bench_target_writes_json_and_markdown(tmp_path):
         assert key in text
     assert r["machine"]["torch_threads"] == 1
     assert (out / "bench_target.md").read_text().strip()
+
+
+def test_bench_spec_writes_report_and_checks_exactness(tmp_path):
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    model_dir = tmp_path / "tiny"
+    build_model(TargetArch.from_name("tiny"), tok).save_pretrained(model_dir)
+    build_processor(tok).save_pretrained(model_dir)
+    out = tmp_path / "spec"
+    rc = main(["bench", "spec", "--model", str(model_dir), "--out", str(out), "--suite", "vqa", "--suite", "text",
+               "--n", "2", "--max-tokens", "8", "--gamma", "2", "--gamma", "4", "--drafter", "ngram",
+               "--drafter", '{"kind": "random", "peaked": 2.0}', "--threads", "1"])
+    assert rc == 0
+    r = json.loads((out / "bench_spec.json").read_text())
+    assert set(r["configs"]) >= {"plain", "hf", "ngram@2", "ngram@4", "random@2", "random@4"}
+    for name, c in r["configs"].items():
+        if "@" in name:
+            assert c["greedy_exact"] is True and c["tau"] >= 1.0 and c["speedup_vs_plain"] > 0
+    assert "no text_lm drafter" in r["hf_assisted_note"]
+    for f in ("bench_spec.md", "tau_per_suite.png", "alpha_n.png", "speedup_vs_gamma.png"):
+        assert (out / f).stat().st_size > 0

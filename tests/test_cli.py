@@ -7,7 +7,7 @@ import pytest
 
 from specula.cli import build_parser, main
 
-COMMANDS = [[], ["generate"], ["world"], ["world", "sample"], ["bench"], ["bench", "target"], ["train"],
+COMMANDS = [[], ["generate"], ["world"], ["world", "sample"], ["bench"], ["bench", "target"], ["bench", "spec"], ["train"],
             ["train", "target"], ["zoo"], ["zoo", "eval"], ["zoo", "build"]]
 
 
