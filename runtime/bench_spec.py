@@ -149,7 +149,8 @@ def _summarize(cfg, path, times, tokens_out, metrics, exact, assisted_reason) ->
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "python": platform.python_version()}, "configs": {}, "hf_assisted_note": assisted_reason}
     plain_total = sum(times["plain"].values())
-    for name in times:
+    for name in list(times):
+        has_metrics = any(metrics[name][s] for s in suites) if name in metrics else False
         per_suite = {}
         for s in suites:
             m = aggregate(metrics[name][s]) if metrics[name][s] else None
@@ -160,7 +161,7 @@ def _summarize(cfg, path, times, tokens_out, metrics, exact, assisted_reason) ->
                 **({"tau": round(m.tau, 3), "alpha": [round(a, 3) for a in m.alpha[:8]]} if m else {}),
             }
         total = sum(times[name].values())
-        allm = aggregate([x for s in suites for x in metrics[name][s]]) if metrics[name] else None
+        allm = aggregate([x for s in suites for x in metrics[name][s]]) if has_metrics else None
         result["configs"][name] = {
             "suites": per_suite, "seconds": round(total, 4),
             "tokens_per_s": round(sum(tokens_out[name].values()) / total, 2) if total else None,
