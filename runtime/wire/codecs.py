@@ -10,7 +10,8 @@ A codec name is ``<base>`` or ``<base>+<compression>``:
     int8         int8, row-wise symmetric over the last dim, + scales  nothing (|err| <= scale / 2 per element)
     compression  lz4 (frame format) or zstd, both lossless, checksummed
 
-Float bases apply to floating-point tensors only; integer and bool tensors always travel ``raw`` (with the
+fp16 turns |x| > 65504 into inf like any cast (use bf16 for wide-range values). Float bases apply to
+floating-point tensors only; integer and bool tensors always travel ``raw`` (with the
 negotiated compression). Every peer decodes ``raw``, so negotiation only picks the float codec.
 """
 
@@ -85,7 +86,7 @@ def parse_codec(name: object) -> Codec:
         raise WireError(f"codec must be a string, got {type(name).__name__}")
     base, sep, compression = name.partition("+")
     if base not in BASES or (sep and compression not in COMPRESSIONS):
-        raise WireError(f"unknown codec {name[:64]!r}; known: {', '.join(CODECS)}")
+        raise WireError(f"unknown codec {name[:40]!r}; known: {', '.join(CODECS)}")
     return Codec(base, compression if sep else None)
 
 

@@ -22,6 +22,7 @@ ZSTD_LEVEL = 1  # tensors barely compress better at higher levels, and encode ti
 LZ4_LEVEL = 0  # lz4's fast mode
 ZSTD_MAX_WINDOW = 1 << 27  # zstd's own default limit for decoders
 _ZSTD_UNKNOWN = (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR)
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_EMPTY = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(b"")  # 13 bytes
 
 
@@ -46,6 +47,8 @@ def decompress(payload: bytes | memoryview, compression: str, raw_nbytes: int) -
 
 
 def _zstd(payload: bytes | memoryview, raw_nbytes: int) -> bytes:
+    if bytes(payload[:4]) != _ZSTD_MAGIC:  # also refuses skippable frames, which state a "content size" too
+        raise WireError("bad zstd stream: does not start with a zstd frame")
     try:
         params = zstandard.get_frame_parameters(payload)
     except zstandard.ZstdError as e:

@@ -27,7 +27,7 @@ import torch
 
 from specula.protos import load
 
-from .codecs import parse_codec
+from .codecs import Codec, parse_codec
 from .errors import WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 from .tensor import TensorSpec, decode_tensor, encode_tensor, validate_header
@@ -37,7 +37,6 @@ pb = load("specula_dataplane").pb2
 HEADER_VERSION = 1
 MAX_NAME_CHARS = 64
 MAX_REQUEST_ID_CHARS = 256
-BODIES = ("begin", "propose_request", "proposal", "verdict", "release", "error")  # oneof field names
 KIND_OF = {  # oneof field name -> Kind enum value
     "begin": pb.KIND_BEGIN, "propose_request": pb.KIND_PROPOSE_REQUEST, "proposal": pb.KIND_PROPOSAL,
     "verdict": pb.KIND_VERDICT, "release": pb.KIND_RELEASE, "error": pb.KIND_ERROR,
@@ -76,6 +75,9 @@ def encode_message(
 ) -> list:
     """``msg`` -> its DataplaneFrames. Float tensors use ``codecs[name]`` or ``codec``; others travel raw.
 
+    Tensors of ``LOSSLESS_ONLY`` messages (``Proposal.q``) ignore a lossy session ``codec`` and travel raw (same
+    compression); asking for a lossy codec for them by name in ``codecs`` is a WireError.
+
         >>> frames = encode_message(Message("r1", pb.Verdict(accepted=[0, 1], tokens=[5, 7], next_token=9),
         ...                                 {"hidden": torch.randn(3, 64)}, seq=4), codec="fp16")
         >>> len(frames), frames[0].chunk_count, frames[0].WhichOneof("body")
@@ -83,6 +85,8 @@ def encode_message(
     """
     kind = _body_field(msg.body)
     _check_request_id(msg.request_id)
+    if isinstance(msg.seq, bool) or not isinstance(msg.seq, int) or not 0 <= msg.seq < 1 << 64:
+        raise WireError(f"seq must be an int in [0, 2**64), got {msg.seq!r}")
     if len(msg.tensors) > limits.max_tensors:
         raise WireError(f"{len(msg.tensors)} tensors in one message > max_tensors={limits.max_tensors}")
     heads, payloads = [], []
@@ -90,10 +94,13 @@ def encode_message(
         _check_name(name)
         if not isinstance(t, torch.Tensor):
             raise WireError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
-        c = parse_codec((codecs or {}).get(name, codec)).for_dtype(t.dtype)
+        explicit = (codecs or {}).get(name)
+        c = parse_codec(explicit or codec).for_dtype(t.dtype)
         if kind in LOSSLESS_ONLY and not c.is_lossless(t.dtype):
-            raise WireError(f"{kind}.{name} must travel losslessly (it feeds the rejection rule); "
-                            f"{c.name} is lossy for {t.dtype}")
+            if explicit:
+                raise WireError(f"{kind}.{name} must travel losslessly (it feeds the rejection rule); "
+                                f"{c.name} is lossy for {t.dtype}")
+            c = Codec("raw", c.compression)  # the session codec is for features; this tensor goes exact
         h, p = encode_tensor(t, c.name, scale_dtype=scale_dtype, level=level)
         heads.append({"name": name, **h})
         payloads.append(p)
@@ -113,13 +120,11 @@ def encode_message(
     if budget0 < 0:
         raise WireError(f"{kind} body + header ({first.ByteSize()} bytes) exceed max_message_bytes="
                         f"{limits.max_message_bytes}; send large data as tensors")
-    sizes = [min(total, budget0)]
-    left = total - sizes[0]
-    while left > 0:
-        sizes.append(min(left, budget))
-        left -= sizes[-1]
-    if len(sizes) > limits.max_chunks:
-        raise WireError(f"message needs {len(sizes)} chunks > max_chunks={limits.max_chunks}")
+    first_size = min(total, budget0)
+    count = 1 + -(-(total - first_size) // budget)  # ceil
+    if count > limits.max_chunks:
+        raise WireError(f"message needs {count} chunks > max_chunks={limits.max_chunks}")
+    sizes = [first_size] + [min(budget, total - first_size - i * budget) for i in range(count - 1)]
 
     frames, pieces = [], _slices(payloads, sizes)
     for i, data in enumerate(pieces):
@@ -166,7 +171,8 @@ class Reassembler:
     """The receiving side of one direction of a session: ``feed`` frames in arrival order, get ``Message``s.
 
     The first WireError poisons it (a session with a bad frame is over; the peer gets an Error and the stream
-    ends). Call ``close()`` when the stream ends, to catch a message cut off mid-way.
+    ends). Call ``close()`` when the stream ends, to catch a message cut off mid-way. One per stream direction,
+    fed from one thread (a gRPC request iterator is).
 
         >>> r = Reassembler()
         >>> [m for f in frames if (m := r.feed(f)) is not None]  # doctest: +SKIP
@@ -241,7 +247,8 @@ class Reassembler:
         specs = self._parse_header(f.header, body)
         declared = sum(s.payload_nbytes for _, s, _ in specs)
         if declared > self.limits.max_total_bytes:
-            raise WireError(f"message declares {declared} payload bytes > max_total_bytes={self.limits.max_total_bytes}")
+            raise WireError(f"message declares {declared} payload bytes > "
+                            f"max_total_bytes={self.limits.max_total_bytes}")
         self._open = _Partial(f.seq, f.kind, f.request_id, f.chunk_count, getattr(f, body), specs, declared, [])
         self._take(self._open, f.payload)
 
@@ -252,7 +259,7 @@ class Reassembler:
         if (f.kind, f.request_id, f.chunk_count) != (p.kind, p.request_id, p.chunk_count):
             raise WireError(f"seq {p.seq} chunk {f.chunk_index}: kind, request_id or chunk_count differ from chunk 0")
         if f.chunk_index != p.next_index:
-            what = "duplicate" if f.chunk_index < p.next_index else "missing chunk before"
+            what = "duplicate or out of order" if f.chunk_index < p.next_index else "missing or out of order"
             raise WireError(f"seq {p.seq}: expected chunk {p.next_index}, got {f.chunk_index} ({what})")
         if f.header or f.WhichOneof("body") is not None:
             raise WireError(f"seq {p.seq} chunk {f.chunk_index}: only chunk 0 may carry a header or body")
@@ -272,8 +279,11 @@ class Reassembler:
         blob = p.parts[0] if len(p.parts) == 1 else b"".join(p.parts)
         view, off, tensors = memoryview(blob), 0, {}
         for name, spec, header in p.specs:
-            tensors[name] = decode_tensor(header, view[off:off + spec.payload_nbytes],
-                                          max_bytes=self.limits.max_tensor_bytes, device=self.device)
+            try:
+                tensors[name] = decode_tensor(header, view[off:off + spec.payload_nbytes],
+                                              max_bytes=self.limits.max_tensor_bytes, device=self.device)
+            except WireError as e:
+                raise WireError(f"seq {p.seq} tensor {name!r}: {e}") from None
             off += spec.payload_nbytes
         return Message(p.request_id, p.body, tensors, p.seq)
 

@@ -67,6 +67,8 @@ def encode_tensor(
         raise WireError(f"expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in DTYPE_NAMES:
         raise WireError(f"dtype {t.dtype} cannot cross the wire; known: {', '.join(DTYPES)}")
+    if t.layout != torch.strided:
+        raise WireError(f"only dense (strided) tensors cross the wire, got {t.layout}")
     if t.dim() > MAX_RANK:
         raise WireError(f"rank {t.dim()} exceeds MAX_RANK={MAX_RANK}")
     c = parse_codec(codec)
@@ -98,7 +100,7 @@ def validate_header(header: object, *, max_bytes: int) -> TensorSpec:
         raise WireError(f"tensor header keys: missing {missing}, unexpected {[str(k)[:32] for k in extra]}")
     name = header["dtype"]
     if not isinstance(name, str) or name not in DTYPES:
-        raise WireError(f"unknown dtype {str(name)[:32]!r}; known: {', '.join(DTYPES)}")
+        raise WireError(f"unknown dtype {_show(name)}; known: {', '.join(DTYPES)}")
     dtype = DTYPES[name]
     codec.check_dtype(dtype)
     shape = header["shape"]
@@ -108,7 +110,7 @@ def validate_header(header: object, *, max_bytes: int) -> TensorSpec:
         raise WireError(f"shape rank {len(shape)} exceeds MAX_RANK={MAX_RANK}")
     for d in shape:
         if not _is_int(d) or not 0 <= d <= MAX_DIM:
-            raise WireError(f"shape {_short(shape)} has an invalid dim {str(d)[:32]} (ints in [0, {MAX_DIM}])")
+            raise WireError(f"shape {_short(shape)} has an invalid dim {_show(d)} (ints in [0, {MAX_DIM}])")
     numel = math.prod(shape)
     wire_item = codec.wire_dtype(dtype).itemsize
     out_nbytes = numel * dtype.itemsize
@@ -116,16 +118,16 @@ def validate_header(header: object, *, max_bytes: int) -> TensorSpec:
     if codec.base == "int8":
         sname, count = header["scale_dtype"], header["scale_count"]
         if not isinstance(sname, str) or sname not in SCALE_DTYPES:
-            raise WireError(f"scale_dtype must be one of {list(SCALE_DTYPES)}, got {str(sname)[:32]!r}")
+            raise WireError(f"scale_dtype must be one of {list(SCALE_DTYPES)}, got {_show(sname)}")
         sdtype = SCALE_DTYPES[sname]
         rows = 0 if numel == 0 else numel // (shape[-1] if shape else 1)
         if not _is_int(count) or count != rows:
-            raise WireError(f"scale_count {str(count)[:32]} does not match {rows} rows of shape {_short(shape)}")
+            raise WireError(f"scale_count {_show(count)} does not match {rows} rows of shape {_short(shape)}")
         expected += rows * sdtype.itemsize
     raw, pay = header["raw_nbytes"], header["payload_nbytes"]
     for key, v in (("raw_nbytes", raw), ("payload_nbytes", pay)):
         if not _is_int(v) or v < 0:
-            raise WireError(f"{key} must be a non-negative int, got {str(v)[:32]}")
+            raise WireError(f"{key} must be a non-negative int, got {_show(v)}")
     if raw != expected:
         raise WireError(f"raw_nbytes={raw} but shape {_short(shape)} as {codec.name} of {name} needs {expected}")
     if max(raw, out_nbytes) > max_bytes:
@@ -177,6 +179,11 @@ def _as_bytes(t: torch.Tensor) -> bytes:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _show(v: object) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
 
 
 def _short(shape: object) -> str:
