@@ -137,6 +137,31 @@ def _add_train(sub) -> None:
 
     t.set_defaults(func=run)
 
+    x = tsub.add_parser("text_lm", help="distil the text-only drafter LM from the target's own answers (resumable)",
+                        description="Stage 1 asks the target (with the image) for greedy answers on world training "
+                                    "prompts and keeps its top-k log-probs; stage 2 trains a small Llama on the "
+                                    "prompts without their images. Both stages resume from --run-dir.")
+    x.add_argument("--run-dir", default="runs/text_lm", help="data, checkpoints and log (default: runs/text_lm)")
+    x.add_argument("--target", default="target", help="zoo entry or local target directory (default: target)")
+    x.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="drafter size (tiny: for tests)")
+    x.add_argument("--data-samples", type=int, default=30_000, help="target answers to distil from (default: 30000)")
+    x.add_argument("--samples", type=int, default=240_000, help="training samples in all (default: 240000)")
+    x.add_argument("--max-new-tokens", type=int, default=96, help="longest target answer kept (default: 96)")
+    x.add_argument("--seed", type=int, default=0)
+    x.add_argument("--threads", type=int, default=1)
+    x.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    x.add_argument("--ckpt-every", type=float, default=240.0, help="seconds between checkpoints")
+    x.add_argument("--eval-every", type=float, default=600.0, help="seconds between held-out evaluations")
+    x.add_argument("--export", action="store_true", help="when done, export into the zoo (or --out)")
+    x.add_argument("--out", default=None, help="export directory (default: zoo/weights/text_lm)")
+
+    def run_text_lm(args):
+        from specula.drafters.train_text_lm import train_text_lm_cli
+
+        return train_text_lm_cli(args)
+
+    x.set_defaults(func=run_text_lm)
+
 
 def _add_zoo(sub) -> None:
     p = sub.add_parser("zoo", help="the shipped embedded model family")

@@ -1,0 +1,405 @@
+"""``text_lm``: a small LM over the target's tokenizer drafts from the prompt with the images removed.
+
+The text-only drafter of IbED / MASSV and the model HF assisted generation uses: a stock ``LlamaForCausalLM``
+(``zoo/text_lm_config.py``; the shipped one is distilled from the target by ``drafters/train_text_lm.py``) that sees
+the request's prompt with every image token dropped, then the committed tokens.
+
+Drafting. ``structure="chain"``: ``gamma`` tokens, each drawn from q = softmax(logits / T) given the ones before
+(T = the request's temperature; T = 0 takes the argmax and q is one-hot). ``structure="tree"``: ``branching``
+children per node for ``depth`` levels (an int, or one width per level, e.g. ``(3, 2, 1)``), at most ``gamma``
+levels; the children of a node are drawn from its q *without replacement, kept in draw order* (greedy rows: the
+top-b tokens), which is the law ``verify_tree(siblings="without_replacement")`` assumes; a sibling that finds no
+mass left (fewer than b tokens with q > 0) is dropped with its subtree. ``Proposal.q[b, i]`` is the q of node i's
+parent path: exactly the distribution node i was drawn from (one-hot for greedy rows; ``q=None`` when every row
+is greedy). The image token is never proposed (its q is 0). Randomness comes from one generator per request, seeded from the drafter's ``seed`` and the
+request's seed, so a seeded request drafts the same whatever shares its batch.
+
+KV cache (one ``targets.kv.BatchedKV`` over all live rows, keys stored post-RoPE so slot order is free). Per row:
+
+    context  text-only prompt + committed tokens       tail  committed tokens not in the cache yet (the last ones)
+    next_pos position of tail[0]                       draft the unobserved proposal: node tokens, parents, columns
+
+- ``begin`` prefills the text-only prompt; tail = [first_token].
+- ``propose``: one forward feeds every row's tail (width = longest tail; the root q comes from its last token), then
+  one forward per tree level feeds that level's nodes (chain: one token). Every forward appends its columns to all
+  rows; a node attends to the row's valid committed slots, its ancestors' columns and itself. The last level is
+  never fed. Cost: ``depth`` forwards per block (chain: gamma), the first of width max(tail).
+- ``observe``: the accepted path's fed nodes stay valid (their K/V were computed at their final positions); every
+  other column of the proposal is marked invalid; the unfed rest of the path (the last-level node when a whole
+  branch is accepted) and the next token become the new tail. So after ``observe`` the cache holds exactly the
+  committed sequence minus the tail, which the next ``propose`` feeds first.
+- Holes left by rejected drafts cost attention work only; ``BatchedKV.maybe_compact`` reclaims them when no
+  proposal is outstanding (it moves columns).
+
+    drafter = create({"kind": "text_lm", "path": "text_lm", "structure": "tree", "branching": [3, 2, 1]},
+                     target=target)
+    engine = SpecEngine(target, drafter, gamma=4)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
+from specula.drafters.registry import register
+from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
+from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
+
+
+@dataclass
+class _Draft:
+    """A row's unobserved proposal, after compaction (node i of the Proposal row)."""
+
+    tokens: list[int]
+    parents: list[int]  # -1 = off the committed context
+    cols: list[int]  # cache column of node i, -1 = not fed (last level)
+
+
+@dataclass
+class _Row:
+    context: list[int]  # text-only prompt + committed tokens
+    tail: list[int]  # the last committed tokens, not yet in the cache
+    next_pos: int  # position id of tail[0]
+    temperature: float
+    generator: torch.Generator
+    draft: _Draft | None = None
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """Static tree of one proposal: BFS order, a node's children contiguous and in draw order."""
+
+    widths: tuple[int, ...]  # children per node at each level
+    parents: tuple[int, ...]  # [N]
+    offsets: tuple[int, ...]  # first node of each level; nodes before offsets[-1] are fed
+    ancestors: torch.Tensor = field(repr=False)  # [N, N] bool, strict ancestors
+
+    @classmethod
+    def build(cls, widths: Sequence[int]) -> _Tree:
+        parents, offsets, level = [], [], [-1]
+        for k in widths:
+            offsets.append(len(parents))
+            nxt = []
+            for p in level:
+                for _ in range(k):
+                    parents.append(p)
+                    nxt.append(len(parents) - 1)
+            level = nxt
+        anc = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+        for i, p in enumerate(parents):  # parents precede children
+            if p >= 0:
+                anc[i] = anc[p]
+                anc[i, p] = True
+        return cls(tuple(widths), tuple(parents), tuple(offsets), anc)
+
+
+@register("text_lm")
+class TextLMDrafter:
+    """Options: ``path`` (zoo name or directory of a LlamaForCausalLM, default "text_lm") or ``model`` (an
+    instance); ``structure`` "chain" | "tree"; for trees ``branching`` children per node for ``depth`` levels, or
+    a list of widths per level (then ``depth`` is unused);
+    ``seed``; ``image_token_id`` (default: the target's, else the model dir's specula.json); ``kv_policy``;
+    ``device`` / ``dtype``. Resources: ``target`` (checks the vocabulary, gives the image token), ``tokenizer``."""
+
+    def __init__(self, path: str | Path = "text_lm", model: nn.Module | None = None, structure: str = "chain",
+                 branching: int | Sequence[int] = 2, depth: int = 3, seed: int = 0,
+                 image_token_id: int | None = None, kv_policy: KVPolicy | None = None, device: str | None = None,
+                 dtype: str | None = None, attn_implementation: str = "sdpa", target=None, tokenizer=None,
+                 **unknown):
+        if unknown:
+            raise ValueError(f"text_lm: unknown options {sorted(unknown)}")
+        self.spec = DrafterSpec(kind="text_lm", structure=structure)
+        if isinstance(branching, int):
+            if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+                raise ValueError(f"text_lm: depth must be an integer >= 1, got {depth!r}")
+            branching = (branching,) * depth
+        widths = tuple(branching)
+        if not widths or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in widths):
+            raise ValueError(f"text_lm: branching must be an integer >= 1 or a non-empty list of them, "
+                             f"got {branching!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"text_lm: seed must be an integer >= 0, got {seed!r}")
+        self.widths, self.seed = widths, seed
+        if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(f"text_lm: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
+        dtype = getattr(torch, str(dtype)) if dtype is not None else None
+        info = {}
+        if model is None:
+            model, info = _load(path, dtype, attn_implementation)
+        elif dtype is not None:
+            model.to(dtype)
+        if device is not None:
+            model.to(device)
+        self.model = model.eval()
+        if image_token_id is None and target is not None:
+            image_token_id = target.info.image_token_id
+        if image_token_id is None:
+            image_token_id = info.get("image_token_id")
+        if image_token_id is None:
+            raise ValueError("text_lm: give image_token_id (or a target) so image tokens can be dropped")
+        self.image_token_id = int(image_token_id)
+        self._body, self._head = model.model, model.get_output_embeddings()
+        self.vocab_size = self._head.out_features
+        if target is not None and target.info.vocab_size != self.vocab_size:
+            raise ValueError(f"text_lm: drafter vocabulary {self.vocab_size} != target's {target.info.vocab_size}")
+        cfg = model.config
+        self._attn = cfg._attn_implementation
+        if self._attn not in ("sdpa", "eager"):
+            raise ValueError(f"text_lm: attention {self._attn!r} cannot take custom masks; use 'sdpa' or 'eager'")
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self._kv = BatchedKV(lambda: DynamicCache(config=cfg), kv_policy or KVPolicy())
+        self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv
+        self._seeder = torch.Generator().manual_seed(seed)  # for requests without a seed
+
+    # ------------------------------------------------------------------------------------------------ protocol
+
+    @torch.no_grad()
+    def begin(self, contexts: Sequence[DraftContext]) -> None:
+        """Prefill each text-only prompt (image tokens dropped); the first token becomes the tail."""
+        contexts = list(contexts)
+        if not contexts:
+            return
+        ids = [c.request_id for c in contexts]
+        if len(set(ids)) != len(ids) or any(i in self._rows for i in ids):
+            raise ValueError(f"text_lm.begin: request ids must be new and unique, got {ids}")
+        for c in contexts:
+            if not float(c.temperature) >= 0:
+                raise ValueError(f"text_lm.begin: request {c.request_id!r} has temperature {c.temperature!r}")
+        prompts = [c.prompt_ids[c.prompt_ids != self.image_token_id].tolist() for c in contexts]
+        b, seq = len(prompts), max([len(p) for p in prompts] + [1])  # an empty prompt gets one invalid slot
+        tokens = torch.zeros(b, seq, dtype=torch.long)  # [B, L]
+        for i, p in enumerate(prompts):
+            tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        lengths = torch.tensor([len(p) for p in prompts])  # [B]
+        valid = torch.arange(seq)[None, :] < lengths[:, None]  # [B, L] bool
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+        allowed = (causal[None] & valid[:, None, :]) | torch.eye(seq, dtype=torch.bool)[None]  # [B, L, L]
+        pos = torch.arange(seq).expand(b, seq)  # [B, L]
+        cache = self._kv.new_cache()
+        self._forward(tokens, allowed[:, None], pos, cache)
+        self._kv.join(cache, valid.to(self.device))
+        for c, p in zip(contexts, prompts):
+            self._rows[c.request_id] = _Row(p + [int(c.first_token)], [int(c.first_token)], len(p),
+                                            float(c.temperature), self._generator(c))
+
+    @torch.no_grad()
+    def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
+        ids = tuple(request_ids)
+        rows = [self._row(r) for r in ids]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"text_lm.propose: duplicate request ids {list(ids)}")
+        if any(r.draft is not None for r in rows):
+            raise ValueError("text_lm.propose: a row's previous proposal was not observed")
+        widths = (1,) * gamma if self.spec.structure == "chain" else self.widths[: max(gamma, 0)]
+        bc = len(ids)
+        if not widths or not bc:
+            return Proposal(ids, torch.zeros(bc, 1, dtype=torch.long), (0,) * bc)
+        tree = _Tree.build(widths)
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        sel = torch.tensor([index[r] for r in ids], dtype=torch.long)  # [Bc] cache rows of the call
+        greedy = torch.tensor([r.temperature == 0 for r in rows])  # [Bc] bool
+        temps = torch.tensor([r.temperature or 1.0 for r in rows], device=self.device)  # [Bc]
+        gens = [r.generator for r in rows]
+
+        logits = self._feed_tail(rows, sel)[:, None]  # [Bc, 1, V] the root's, after the committed context
+        draft_start = self._kv.seq_len
+        toks, qs, oks = [], [], []
+        parent_ok = torch.ones(bc, 1, dtype=torch.bool)  # [Bc, W_prev]
+        for level, k in enumerate(widths):
+            kids, probs = self._children(logits, k, temps, greedy, gens)  # [Bc, W_prev, k], [Bc, W_prev, V]
+            w = kids.shape[1] * k
+            kids = kids.reshape(bc, w).cpu()  # [Bc, W] BFS: a node's children contiguous, in draw order
+            ok = (kids >= 0) & parent_ok.repeat_interleave(k, dim=1)  # [Bc, W] bool (-1: no mass left)
+            toks.append(kids.clamp_min(0))
+            qs.append(probs.repeat_interleave(k, dim=1) if probs is not None else None)  # [Bc, W, V]
+            oks.append(ok)
+            parent_ok = ok
+            if level + 1 < len(widths):  # the last level is never fed
+                off = tree.offsets[level]
+                logits = self._feed_level(rows, sel, toks[-1], ok, level + 1, tree.ancestors[off:off + w, :off],
+                                          draft_start)  # [Bc, W, V]
+        tokens, ok = torch.cat(toks, 1), torch.cat(oks, 1)  # [Bc, N]
+        n_nodes, fed = tokens.shape[1], tree.offsets[-1]
+        q = None  # every row greedy: deterministic drafts
+        if qs[0] is not None:  # greedy rows among sampled ones: one-hot on their tokens
+            one_hot = torch.nn.functional.one_hot(tokens, self.vocab_size).float().to(self.device)  # [Bc, N, V]
+            q = torch.where(greedy.to(self.device)[:, None, None], one_hot, torch.cat(qs, 1))  # [Bc, N, V]
+        parents = torch.tensor(tree.parents, dtype=torch.long).expand(bc, n_nodes)  # [Bc, N]
+        cols = torch.where(torch.arange(n_nodes) < fed, draft_start + torch.arange(n_nodes), -1).expand(bc, n_nodes)
+        tokens, parents, q, cols, counts = _compact(tokens, parents, q, cols, ok)
+        for r, t, p, c, n in zip(rows, tokens.tolist(), parents.tolist(), cols.tolist(), counts):
+            r.draft = _Draft(t[:n], p[:n], c[:n])
+        chain = self.spec.structure == "chain"
+        return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
+
+    def observe(self, verdicts: Sequence[Verdict]) -> None:
+        for v in verdicts:  # check them all before changing anything
+            d, path = self._row(v.request_id).draft, [int(i) for i in v.accepted]
+            if len(v.tokens) != len(path) or (d is None and path):
+                raise ValueError(f"text_lm.observe: {v.request_id!r}: {len(path)} accepted nodes, {len(v.tokens)} "
+                                 f"tokens, {'a' if d else 'no'} proposal")
+            prev = -1
+            for i in path:
+                if not 0 <= i < len(d.tokens) or d.parents[i] != prev:
+                    raise ValueError(f"text_lm.observe: {v.request_id!r}: path {path} is not a branch")
+                prev = i
+            if [d.tokens[i] for i in path] != [int(t) for t in v.tokens]:
+                raise ValueError(f"text_lm.observe: {v.request_id!r}: verdict tokens differ from the drafts")
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        for v in verdicts:
+            row = self._rows[v.request_id]
+            d, row.draft = row.draft, None
+            kept = []
+            if d is not None:
+                path = [int(i) for i in v.accepted]
+                kept = [i for i in path if d.cols[i] >= 0]  # fed nodes are a prefix of any branch
+                drop = [c for i, c in enumerate(d.cols) if c >= 0 and i not in kept]
+                if drop:
+                    self._kv.valid[index[v.request_id], torch.tensor(drop, device=self.device)] = False
+            row.next_pos += len(kept)
+            # the tail is empty after a propose; without one (a plain step) the new tokens queue behind it
+            row.tail += [int(t) for t in v.tokens[len(kept):]] + [int(v.next_token)]
+            row.context += [int(t) for t in v.tokens] + [int(v.next_token)]
+        if all(r.draft is None for r in self._rows.values()):
+            self._kv.maybe_compact()  # moves columns: only with no proposal outstanding
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        drop = {r for r in request_ids if r in self._rows}
+        if not drop:
+            return
+        keep = [i for i, rid in enumerate(self._rows) if rid not in drop]
+        self._kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
+        for rid in drop:
+            del self._rows[rid]
+        if all(r.draft is None for r in self._rows.values()):
+            self._kv.maybe_compact()
+
+    def context(self, request_id: str) -> list[int]:
+        """The row's committed text-only context (prompt without image tokens + committed tokens)."""
+        return list(self._row(request_id).context)
+
+    # ------------------------------------------------------------------------------------------------ internals
+
+    def _row(self, request_id: str) -> _Row:
+        row = self._rows.get(request_id)
+        if row is None:
+            raise ValueError(f"text_lm: unknown request id {request_id!r}")
+        return row
+
+    def _generator(self, c: DraftContext) -> torch.Generator:
+        if c.seed is None:
+            s = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
+        else:  # a stream of its own, apart from the verifier's (seeded with c.seed itself)
+            s = int.from_bytes(hashlib.blake2b(f"text_lm/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
+        return torch.Generator().manual_seed(s)
+
+    def _forward(self, tokens, allowed, pos, cache) -> torch.Tensor:
+        """tokens [B, T], allowed [B, 1, T, S + T] bool, pos [B, T] -> final hidden [B, T, H]."""
+        out = self._body(
+            input_ids=tokens.to(self.device),
+            attention_mask=attention_mask(allowed.to(self.device), self._attn, self.dtype),
+            position_ids=pos.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state
+
+    def _feed_tail(self, rows: list[_Row], sel: torch.Tensor) -> torch.Tensor:
+        """Feed the call rows' tails (others ride along with an invalid dummy slot) -> logits [Bc, V] fp32."""
+        b = self._kv.batch_size
+        lens = torch.tensor([len(r.tail) for r in rows])  # [Bc]
+        t = int(lens.max())
+        tokens = torch.zeros(b, t, dtype=torch.long)  # [B, T]
+        pos = torch.zeros(b, t, dtype=torch.long)  # [B, T]
+        real = torch.zeros(b, t, dtype=torch.bool)  # [B, T]
+        for i, r in zip(sel.tolist(), rows):
+            tokens[i, : len(r.tail)] = torch.tensor(r.tail, dtype=torch.long)
+            pos[i] = r.next_pos + torch.arange(t)
+            real[i, : len(r.tail)] = True
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        block = (causal[None] & real[:, None, :]) | torch.eye(t, dtype=torch.bool)[None]  # [B, T, T]
+        mask = self._kv.block_mask(block.to(self.device))  # [B, 1, T, S + T]
+        hidden = self._forward(tokens, mask, pos, self._kv.cache)  # [B, T, H]
+        self._kv.extend_valid(real.to(self.device))
+        last = hidden[sel.to(self.device), (lens - 1).to(self.device)]  # [Bc, H]
+        for r in rows:
+            r.next_pos += len(r.tail)
+            r.tail = []
+        return self._head(last).float()  # [Bc, V]
+
+    def _feed_level(self, rows, sel, tokens, ok, depth: int, anc: torch.Tensor, draft_start: int) -> torch.Tensor:
+        """Feed one tree level: tokens/ok [Bc, W], anc [W, S - draft_start] bool -> logits [Bc, W, V] fp32."""
+        b, w = self._kv.batch_size, tokens.shape[1]
+        tok = torch.zeros(b, w, dtype=torch.long)  # [B, W]
+        pos = torch.zeros(b, w, dtype=torch.long)  # [B, W]
+        block_valid = torch.zeros(b, w, dtype=torch.bool)  # [B, W]
+        tok[sel], block_valid[sel] = tokens, ok
+        pos[sel] = torch.tensor([r.next_pos + depth - 1 for r in rows], dtype=torch.long)[:, None]
+        valid = self._kv.valid  # [B, S] bool
+        cached = valid[:, None, :].expand(b, w, valid.shape[1]).clone()  # [B, W, S]
+        # this proposal's columns: a node sees its ancestors' only
+        cached[:, :, draft_start:] = anc.to(self.device)[None] & valid[:, None, draft_start:]
+        eye = torch.eye(w, dtype=torch.bool, device=self.device).expand(b, w, w)
+        mask = torch.cat([cached, eye], dim=2)[:, None]  # [B, 1, W, S + W]
+        hidden = self._forward(tok, mask, pos, self._kv.cache)  # [B, W, H]
+        self._kv.extend_valid(block_valid.to(self.device))
+        return self._head(hidden[sel.to(self.device)]).float()  # [Bc, W, V]
+
+    def _children(self, logits, k: int, temps, greedy, gens):
+        """k children per node, drawn without replacement in draw order (greedy rows: top-k).
+
+        logits [Bc, W, V] fp32 -> tokens [Bc, W, k] int64 (-1 where no mass is left), probs [Bc, W, V] fp32 (the
+        law the children were drawn from) or None if every row is greedy.
+        """
+        logits = logits.clone()
+        logits[..., self.image_token_id] = float("-inf")
+        top = logits.topk(k, dim=-1).indices  # [Bc, W, k]
+        if bool(greedy.all()):
+            return top, None
+        probs = torch.softmax(logits / temps[:, None, None], dim=-1)  # [Bc, W, V]
+        drawn = sample_without_replacement(probs, k, gens)  # [Bc, W, k]
+        return torch.where(greedy.to(logits.device)[:, None, None], top, drawn), probs
+
+
+def _compact(tokens, parents, q, cols, ok):
+    """Drop invalid nodes (and so their subtrees) per row, keeping order; remap parents.
+
+    tokens/parents/cols/ok [B, N], q [B, N, V] or None -> the same, valid nodes first, counts per row.
+    """
+    counts = ok.sum(1).tolist()
+    if all(c == ok.shape[1] for c in counts):
+        return tokens, parents, q, cols, counts
+    order = torch.sort((~ok).to(torch.int8), dim=1, stable=True).indices  # [B, N] valid nodes first
+    new_index = ok.long().cumsum(1) - 1  # [B, N] position of each valid node after compaction
+    par = parents.gather(1, order)  # [B, N] old parent ids
+    par = torch.where(par >= 0, new_index.gather(1, par.clamp_min(0)), -1)
+    live = torch.arange(ok.shape[1])[None, :] < torch.tensor(counts)[:, None]  # [B, N]
+    tokens = torch.where(live, tokens.gather(1, order), 0)
+    par = torch.where(live, par, -1)
+    cols = torch.where(live, cols.gather(1, order), -1)
+    if q is not None:
+        q = q.gather(1, order.to(q.device)[..., None].expand_as(q))
+    return tokens, par, q, cols, counts
+
+
+def _load(path, dtype, attn_implementation):
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    from specula.zoo.paths import resolve
+
+    d = resolve(path)
+    if AutoConfig.from_pretrained(d, local_files_only=True).model_type != "llama":
+        raise ValueError(f"text_lm: {d} is not a Llama causal LM checkpoint")
+    model = LlamaForCausalLM.from_pretrained(d, dtype=dtype or "auto", attn_implementation=attn_implementation,
+                                             local_files_only=True)
+    meta = d / "specula.json"
+    return model, (json.loads(meta.read_text()) if meta.exists() else {})

@@ -1,0 +1,318 @@
+"""The ``text_lm`` drafter on a small random LLaVA target with the world's tokenizer and real world prompts.
+
+The drafter LM is the target's own language model with the images removed (``copy``: exact on text-only prompts,
+off on image prompts) or a noisy version of it (``noisy``: partly right everywhere), so blocks are accepted whole,
+in part and not at all. Greedy output must equal plain decoding (chain and tree, batch 1 and 4); the drafter's
+cache must equal a full recompute of its committed text-only context after any verdicts; sampled output must
+follow the target (slow, chi-square).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
+from specula.drafters.text_lm import TextLMDrafter
+from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.sampling import SamplingParams
+from specula.targets import load_target
+from specula.targets.kv import KVPolicy
+from specula.targets.processor import load_processor
+from specula.world import generate
+from specula.world.tokenizer import format_turns
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.text_lm_config import TextLMArch, compute_ratio
+from specula.zoo.text_lm_config import build_model as build_text_lm
+
+SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def kit():
+    processor = load_processor(TOKENIZER_DIR)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # larger weights than the init: greedy answers vary instead of repeating one token
+        for p in model.model.language_model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3, generator=g)
+    copy = LlamaForCausalLM(model.config.text_config)
+    copy.model.load_state_dict(model.model.language_model.state_dict())
+    copy.tie_weights()
+    noisy = LlamaForCausalLM(model.config.text_config)
+    noisy.load_state_dict(copy.state_dict())
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.015)
+    return {"target": model, "copy": copy.eval(), "noisy": noisy.eval(), "processor": processor}
+
+
+def requests(kit, n: int, params, start: int = 0) -> list[GenerationRequest]:
+    processor = kit["processor"]
+    out = []
+    for i in range(start, start + n):
+        s = generate(SUITES[i % len(SUITES)], "eval", i)
+        text = format_turns(s.prompt)
+        if s.images:
+            enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
+            pix = enc["pixel_values"]
+        else:
+            enc, pix = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False), None
+        p = params[i - start] if isinstance(params, list) else params
+        out.append(GenerationRequest(f"r{i}", enc["input_ids"][0], pix, p))
+    return out
+
+
+def drafter(kit, lm: str = "noisy", **opts) -> TextLMDrafter:
+    return create({"kind": "text_lm", "model": kit[lm], **opts}, target=load_target(kit["target"]))
+
+
+def plain(kit, reqs, batch: int) -> dict:
+    eng = SpecEngine(load_target(kit["target"]), None, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
+    ref = {}
+    for i in range(0, len(reqs), batch):
+        ref.update(eng.generate(reqs[i:i + batch]))
+    return ref
+
+
+def test_compute_is_under_a_sixth_of_the_target_lm():
+    tok = load_processor(TOKENIZER_DIR).tokenizer
+    ratio = compute_ratio(TextLMArch.from_name("embedded"), TargetArch.from_name("embedded"), len(tok))
+    assert ratio <= 1 / 6 and round(ratio, 3) == 0.162  # the figure in zoo/text_lm_config.py
+    model = build_text_lm(TextLMArch.from_name("embedded"), tok)
+    assert model.config.vocab_size == len(tok) == 985
+    assert "text_lm" in kinds()
+
+
+@pytest.mark.parametrize("lm", ["copy", "noisy"])
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("structure", ["chain", "tree"])
+def test_greedy_equals_plain_decoding(kit, structure, batch, lm):
+    reqs = requests(kit, 8, SamplingParams(max_tokens=20))
+    ref = plain(kit, reqs, batch)
+    target = load_target(kit["target"])
+    d = create({"kind": "text_lm", "model": kit[lm], "structure": structure, "branching": [2, 2, 1]}, target=target)
+    assert isinstance(d, Drafter)
+    eng = SpecEngine(target, d, gamma=4, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
+    accepted = 0
+    for i in range(0, len(reqs), batch):
+        got = eng.generate(reqs[i:i + batch])
+        for r in reqs[i:i + batch]:
+            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
+            accepted += got[r.request_id].metrics.accepted_tokens
+    assert accepted > 0  # drafts were accepted, not only rejected
+    assert not target.live_ids and not d._rows  # every row released on both sides
+
+
+def test_greedy_rows_of_a_mixed_batch_equal_plain_decoding(kit):
+    temps = [0.0, 1.0, 0.0, 0.7]
+    params = [SamplingParams(temperature=t, seed=i, max_tokens=16) for i, t in enumerate(temps)]
+    reqs = requests(kit, 4, params)
+    ref = plain(kit, reqs, 4)
+    target = load_target(kit["target"])
+    for structure in ("chain", "tree"):
+        d = drafter(kit, structure=structure)
+        got = SpecEngine(target, d, gamma=3, eos_token_ids=[-1]).generate(reqs)
+        assert got["r0"].tokens == ref["r0"].tokens and got["r2"].tokens == ref["r2"].tokens
+
+
+def _ref_logp(lm, ids: list[int], image: int, temperature: float) -> torch.Tensor:
+    """log q by a full forward over ``ids`` (the text-only context): [V]."""
+    with torch.no_grad():
+        logits = lm(input_ids=torch.tensor([ids])).logits[0, -1].float()
+    logits[image] = float("-inf")
+    return torch.log_softmax(logits / (temperature or 1.0), -1)
+
+
+@pytest.mark.parametrize("structure", ["chain", "tree"])
+def test_cache_holds_the_committed_context(kit, structure):
+    """After rounds of random verdicts (whole, partial and no acceptance; rows joining and leaving; compaction),
+    every node's q equals a full recompute over the committed text-only context plus the node's ancestors."""
+    lm, image = kit["noisy"], kit["target"].config.image_token_id
+    vocab = lm.config.vocab_size
+    d = TextLMDrafter(model=lm, structure=structure, branching=[2, 2, 1], image_token_id=image,
+                      kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+    reqs = requests(kit, 4, SamplingParams())
+    temps = {"r0": 1.0, "r1": 0.0, "r2": 0.8, "r3": 1.0}
+    rng = random.Random(0)
+
+    def ctx(i):
+        return DraftContext(f"r{i}", reqs[i].input_ids, first_token=rng.randrange(10, vocab),
+                            temperature=temps[f"r{i}"], seed=i)
+
+    d.begin([ctx(0), ctx(1), ctx(2)])
+    live, seq_lens, full_accepts = ["r0", "r1", "r2"], [], 0
+    for rnd in range(10):
+        if rnd == 3:
+            d.begin([ctx(3)])
+            live.append("r3")
+        if rnd == 6:
+            d.release(["r0"])
+            live.remove("r0")
+        if rnd in (2, 7):  # a plain step (no proposal): the next token queues behind the unfed tail
+            d.observe([Verdict(rid, (), (), rng.randrange(10, vocab)) for rid in live])
+        prop = d.propose(live, gamma=rng.choice([1, 3, 4]))
+        verdicts = []
+        for b, rid in enumerate(live):
+            n, context = prop.counts[b], d.context(rid)
+            toks = prop.tokens[b, :n].tolist()
+            parents = prop.parents[b, :n].tolist() if prop.parents is not None else list(range(-1, n - 1))
+            assert image not in toks
+            for i in range(n):
+                path, p = [], parents[i]
+                while p >= 0:
+                    path.insert(0, p)
+                    p = parents[p]
+                ref = _ref_logp(lm, context + [toks[j] for j in path], image, temps[rid])
+                if temps[rid] > 0:
+                    got = prop.q[b, i].log()
+                    torch.testing.assert_close(got.clamp_min(-50), ref.clamp_min(-50), atol=1e-4, rtol=0)
+                else:  # greedy row: siblings are the top tokens in order, q one-hot
+                    rank = [j for j in range(n) if parents[j] == parents[i]].index(i)
+                    assert toks[i] == int(ref.topk(rank + 1).indices[rank])
+                    assert prop.q[b, i, toks[i]] == 1.0
+            path, cur = [], -1  # a random branch: stop anywhere, or accept it whole
+            while (kids := [j for j in range(n) if parents[j] == cur]) and rng.random() < 0.8:
+                cur = rng.choice(kids)
+                path.append(cur)
+            full_accepts += bool(n) and not [j for j in range(n) if parents[j] == cur]
+            nxt = rng.choice([t for t in range(10, vocab) if t != image])
+            verdicts.append(Verdict(rid, tuple(path), tuple(toks[j] for j in path), nxt))
+        before = d._kv.seq_len
+        d.observe(verdicts)
+        seq_lens.append((before, d._kv.seq_len))
+        for k, rid in enumerate(d._rows):  # the cache holds the committed context minus the tail, nothing else
+            row = d._rows[rid]
+            assert int(d._kv.valid[k].sum()) == len(row.context) - len(row.tail) == row.next_pos
+    prompt = reqs[1].input_ids
+    assert d.context("r1")[: int((prompt != image).sum())] == prompt[prompt != image].tolist()
+    assert full_accepts > 0 and any(after < before for before, after in seq_lens)  # compaction happened
+
+
+def test_tree_proposals_follow_the_sibling_law(kit):
+    d = drafter(kit, structure="tree", branching=[3, 2, 1])
+    reqs = requests(kit, 2, SamplingParams())
+    d.begin([DraftContext(r.request_id, r.input_ids, first_token=7, temperature=1.0, seed=1) for r in reqs])
+    prop = d.propose(["r0", "r1"], gamma=8)
+    assert prop.tokens.shape == (2, 3 + 6 + 6) and prop.counts == (15, 15)
+    assert prop.parents[0].tolist() == [-1] * 3 + [0, 0, 1, 1, 2, 2] + list(range(3, 9))
+    for b in range(2):
+        for p in range(-1, 9):
+            kids = [i for i in range(15) if prop.parents[b, i] == p]
+            assert len({int(prop.tokens[b, i]) for i in kids}) == len(kids)  # siblings distinct
+            for i in kids[1:]:
+                assert torch.equal(prop.q[b, i], prop.q[b, kids[0]])  # all drawn from the parent's q
+    torch.testing.assert_close(prop.q.sum(-1), torch.ones(2, 15))
+    assert prop.q[..., kit["target"].config.image_token_id].max() == 0
+    with pytest.raises(ValueError, match="not observed"):
+        d.propose(["r0"], gamma=2)
+    with pytest.raises(ValueError, match="differ"):
+        d.observe([Verdict("r0", (0,), (int(prop.tokens[0, 0]) + 1,), 5)])
+    with pytest.raises(ValueError, match="not a branch"):
+        d.observe([Verdict("r0", (3,), (int(prop.tokens[0, 3]),), 5)])
+    d.observe([Verdict("r0", (1, 5), (int(prop.tokens[0, 1]), int(prop.tokens[0, 5])), 5), Verdict("r1", (), (), 6)])
+    short = d.propose(["r1"], gamma=2)  # the tree is cut at gamma levels: no third level
+    assert short.counts == (9,)
+
+
+def test_siblings_without_mass_are_dropped(kit):
+    """At a tiny temperature q is one-hot in fp32: a node gets one child, not three, and the tree is compacted."""
+    reqs = requests(kit, 4, SamplingParams(temperature=1e-4, seed=0, max_tokens=16))
+    d = drafter(kit, structure="tree", branching=[3, 2, 1])
+    d.begin([DraftContext(r.request_id, r.input_ids, first_token=7, temperature=1e-4, seed=1) for r in reqs[:1]])
+    prop = d.propose(["r0"], gamma=3)
+    n = prop.counts[0]
+    assert n == 3  # one child per level
+    assert prop.parents[0, :n].tolist() == [-1, 0, 1] and (prop.tokens[0, :n] >= 0).all()
+    torch.testing.assert_close(prop.q[0, :n].sum(-1), torch.ones(n))
+    # through the engine: p is one-hot too, so the output is the greedy one
+    ref = plain(kit, requests(kit, 4, SamplingParams(max_tokens=16)), 4)
+    target = load_target(kit["target"])
+    got = SpecEngine(target, drafter(kit, structure="tree", branching=[3, 2, 1]), gamma=3,
+                     eos_token_ids=[kit["processor"].tokenizer.eos_token_id]).generate(reqs)
+    assert {k: v.tokens for k, v in got.items()} == {k: v.tokens for k, v in ref.items()}
+
+
+def test_a_seed_reproduces_the_drafts_whatever_the_batch(kit):
+    reqs = requests(kit, 3, SamplingParams())
+
+    def drafts(ids):
+        d = drafter(kit, structure="tree")
+        d.begin([DraftContext(r.request_id, r.input_ids, first_token=9, temperature=1.0, seed=5 + int(r.request_id[1:]))
+                 for r in reqs if r.request_id in ids])
+        p = d.propose(ids, gamma=3)
+        return p.tokens[ids.index("r0")].tolist()
+
+    assert drafts(["r0"]) == drafts(["r1", "r0", "r2"])
+
+
+def test_bad_config_is_refused(kit, tmp_path):
+    lm = kit["noisy"]
+    for opts, match in [({"structure": "graph"}, "structure"), ({"branching": 0}, "branching"),
+                        ({"branching": []}, "branching"), ({"depth": 0}, "depth"), ({"seed": -1}, "seed"),
+                        ({"gamma_max": 3}, "unknown options"),
+                        ({"dtype": "float33"}, "dtype")]:
+        with pytest.raises(ValueError, match=match):
+            create({"kind": "text_lm", "model": lm, "image_token_id": 3, **opts})
+    with pytest.raises(ValueError, match="image_token_id"):
+        create({"kind": "text_lm", "model": lm})
+    small = LlamaForCausalLM(lm.config.__class__(**{**lm.config.to_dict(), "vocab_size": 100}))
+    with pytest.raises(ValueError, match="vocabulary"):
+        create({"kind": "text_lm", "model": small}, target=load_target(kit["target"]))
+    kit["target"].save_pretrained(tmp_path / "llava")
+    with pytest.raises(ValueError, match="not a Llama"):
+        create({"kind": "text_lm", "path": str(tmp_path / "llava"), "image_token_id": 3})
+    with pytest.raises(FileNotFoundError):
+        create({"kind": "text_lm", "path": str(tmp_path / "nowhere"), "image_token_id": 3})
+
+
+def _chi2_same(a: torch.Tensor, b: torch.Tensor) -> float:
+    """p-value of a two-sample chi-square test that token samples a and b share one distribution."""
+    cats = torch.unique(torch.cat([a, b]))
+    ca = torch.stack([(a == c).sum() for c in cats]).double()
+    cb = torch.stack([(b == c).sum() for c in cats]).double()
+    keep = (ca + cb) >= 10
+    rest_a, rest_b = ca[~keep].sum(), cb[~keep].sum()
+    ca, cb = torch.cat([ca[keep], rest_a[None]]), torch.cat([cb[keep], rest_b[None]])
+    if rest_a + rest_b == 0:
+        ca, cb = ca[:-1], cb[:-1]
+    na, nb = ca.sum(), cb.sum()
+    stat = (((ca * (nb / na).sqrt() - cb * (na / nb).sqrt()) ** 2) / (ca + cb)).sum()
+    return float(torch.special.gammaincc(torch.tensor((len(ca) - 1) / 2.0, dtype=torch.double), stat / 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("structure", ["chain", "tree"])
+def test_sampled_tokens_follow_the_target(kit, structure):
+    """Tokens 2-4 (decided by the verifier) under speculative sampling vs plain sampling with other seeds."""
+    n = 1500
+    base = requests(kit, 1, SamplingParams(), start=2)[0]  # a text-only prompt: the drafter is close to p
+
+    def batch(seed0, d):
+        eng = SpecEngine(load_target(kit["target"]), d, gamma=3, eos_token_ids=[-1])
+        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
+                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4))
+                for i in range(n)]
+        res = eng.generate(reqs)
+        accepted = sum(r.metrics.accepted_tokens for r in res.values())
+        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+
+    ref, _ = batch(0, None)
+    spec, accepted = batch(10_000, drafter(kit, structure=structure, branching=[2, 2, 1], seed=3))
+    assert accepted > n // 2  # q overlaps p: acceptance and rejection both happen often
+    assert len(torch.unique(ref[:, 1])) >= 3  # p is not a point mass
+    for pos in (1, 2, 3):
+        assert _chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
