@@ -19,7 +19,7 @@ from specula.world.tokenizer import format_turns
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.target_config import TargetArch, build_model
 
-SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
+SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning", "ocr", "video"]
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +67,8 @@ def _near_tie(model, processor, req, tokens) -> bool:
 @pytest.mark.parametrize("drafter_kind", ["ngram", "random", "random_tree"])
 def test_greedy_equals_plain_decoding(kit, drafter_kind, batch):
     model, processor = kit
-    params = SamplingParams(max_tokens=24)
-    reqs = requests(kit, 8, params)
+    params = SamplingParams(max_tokens=16)
+    reqs = requests(kit, 56, params)  # 7 prompts from each of the 8 evaluation suites
     plain = SpecEngine(load_target(model), None, eos_token_ids=[processor.tokenizer.eos_token_id])
     ref = {}
     for i in range(0, len(reqs), batch):
