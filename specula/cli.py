@@ -126,6 +126,8 @@ def _add_train(sub) -> None:
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--ckpt-every", type=float, default=240.0, help="seconds between checkpoints (default: 240)")
     t.add_argument("--eval-every", type=float, default=600.0, help="seconds between image-vs-blank checks (default: 600)")
+    t.add_argument("--vision-images", type=int, default=4_000,
+                   help="stage 0: images for the tower + projector stage before joint training (default: 4000)")
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")
@@ -176,6 +178,7 @@ def _add_zoo(sub) -> None:
     b.add_argument("--zoo-dir", default=None, help="where the zoo is written (default: the shipped zoo/weights)")
     b.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="target size (tiny: for tests)")
     b.add_argument("--tokenizer-samples", type=int, default=20_000, help="world samples the tokenizer trains on")
+    b.add_argument("--vision-images", type=int, default=4_000, help="target stage 0 images (default: 4000)")
     b.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).build_cli(a))
     e = zsub.add_parser("eval", help="quality gates of the shipped target (image vs blank image, captions, suites)")
     e.add_argument("--model", default="target")

@@ -72,7 +72,9 @@ def sample_scene(rng: random.Random, n_min: int = 1, n_max: int = 5, allow_overl
 def render_scene(scene: Scene, rng: random.Random) -> tuple[Image.Image, tuple]:
     canvas = Canvas.new(BACKGROUNDS[scene.background], rng)
     for o in scene.objects:
-        canvas.shape(o.shape, o.cx, o.cy, SIZES[o.size] / 2, COLOURS[o.colour], (o.colour, o.shape))
+        # patch words: what a caption or answer would say about this object (colour, shape, size, place)
+        words = (o.colour, o.shape, o.size, *o.where.split())
+        canvas.shape(o.shape, o.cx, o.cy, SIZES[o.size] / 2, COLOURS[o.colour], words)
     return canvas.image, canvas.patch_words()
 
 

@@ -16,6 +16,7 @@ class Encoded:
     labels: torch.Tensor  # [L] int64, -100 outside the assistant turn
     pixel_values: torch.Tensor | None  # [n_img, 3, S, S] fp32
     patch_targets: torch.Tensor | None  # [n_img, T_img, K] int64 word token ids, -1 = none
+    patch_classes: torch.Tensor | None = None  # [n_img, T_img, 2] int64 (colour, shape) class, -100 = ignore
 
 
 @dataclass(frozen=True)
@@ -26,12 +27,13 @@ class Batch:
     pixel_values: torch.Tensor | None  # [N_img, 3, S, S]
     patch_targets: torch.Tensor | None  # [N_img, T_img, K]
     n_samples: int
+    patch_classes: torch.Tensor | None = None  # [N_img, T_img, 2]
 
 
 class Encoder:
     """Holds the processor and the word -> token map for dense patch targets."""
 
-    def __init__(self, processor, max_words: int = 2):
+    def __init__(self, processor, max_words: int = 5):
         self.processor = processor
         self.tok = processor.tokenizer
         self.assistant_id = self.tok.convert_tokens_to_ids(ASSISTANT)
@@ -56,15 +58,16 @@ class Encoder:
         labels = ids.clone()
         start = int((ids == self.assistant_id).nonzero()[-1]) + 1
         labels[:start] = -100
-        targets = None
+        targets = classes = None
         if s.images:
+            classes = patch_classes(s.patch_words)
             t = torch.full((len(s.images), len(s.patch_words[0]), self.max_words), -1, dtype=torch.long)
             for i, per_patch in enumerate(s.patch_words):
                 for j, words in enumerate(per_patch):
                     for k, w in enumerate(words[: self.max_words]):
                         t[i, j, k] = self.word_id(w)
             targets = t
-        return Encoded(ids, labels, pixels, targets)
+        return Encoded(ids, labels, pixels, targets, classes)
 
 
 def collate(items: list[Encoded], pad_id: int) -> Batch:
@@ -78,7 +81,30 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
         ids[b, :n], labels[b, :n], mask[b, :n] = e.input_ids, e.labels, 1
     pix = [e.pixel_values for e in items if e.pixel_values is not None]
     tgt = [e.patch_targets for e in items if e.patch_targets is not None]
-    return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B)
+    cls = [e.patch_classes for e in items if e.patch_classes is not None]
+    return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
+                 torch.cat(cls) if cls else None)
+
+
+def patch_classes(patch_words) -> torch.Tensor:
+    """Dense labels for the vision heads: colour index (NONE = background) and shape index per patch.
+
+    A patch covered by something without a colour/shape name (chart text, a sign's word) is ignored (-100).
+    """
+    from specula.world.vocab import COLOUR_NAMES, SHAPES
+
+    out = torch.full((len(patch_words), len(patch_words[0]), 2), -100, dtype=torch.long)  # [n_img, T, 2]
+    for i, per_patch in enumerate(patch_words):
+        for j, words in enumerate(per_patch):
+            if not words:
+                out[i, j] = torch.tensor([len(COLOUR_NAMES), len(SHAPES)])
+                continue
+            for w in words:
+                if w in COLOUR_NAMES:
+                    out[i, j, 0] = COLOUR_NAMES.index(w)
+                if w in SHAPES:
+                    out[i, j, 1] = SHAPES.index(w)
+    return out
 
 
 def token_budget_batches(items: list[Encoded], budget: int) -> list[list[Encoded]]:

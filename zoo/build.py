@@ -63,7 +63,7 @@ def train_target_cli(args) -> int:
 
     cfg = TrainConfig(run_dir=args.run_dir, arch=args.arch, total_samples=args.samples, seed=args.seed,
                       threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
-                      init_from=args.init_from)
+                      init_from=args.init_from, vision_images=args.vision_images)
     ckpt = train(cfg, load_processor(TOKENIZER_DIR))
     if args.export:
         print(f"exported to {export(ckpt)}")
@@ -82,7 +82,7 @@ def build_cli(args) -> int:
     build_tokenizer(tok_dir, seed=args.seed, n_samples=args.tokenizer_samples)
     print("2/2 target (resumable: rerun the same command to continue)")
     cfg = TrainConfig(run_dir=str(Path(args.run_dir) / "target"), arch=args.arch, total_samples=args.samples,
-                      seed=args.seed, threads=args.threads)
+                      seed=args.seed, threads=args.threads, vision_images=args.vision_images)
     ckpt = train(cfg, load_processor(tok_dir))
     print(f"exported to {export(ckpt, zoo / TARGET_DIR.name, tok_dir)}")
     manifest.write(zoo)

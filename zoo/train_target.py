@@ -34,6 +34,7 @@ from specula.world.suites import TRAIN_MIX, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
 from specula.zoo.quality import chance_level, short_answer_accuracy
 from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class TrainConfig:
     eval_every_s: float = 600.0
     eval_n: int = 48
     threads: int = 2
+    vision_images: int = 4_000  # stage 0: tower + projector on dense patch labels before joint training
+    vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
 
 
@@ -101,15 +104,12 @@ def patch_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -(picked.sum(-1) / v.sum(-1)).mean()
 
 
-def forward_losses(model, batch, cfg: TrainConfig) -> dict[str, torch.Tensor]:
+def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torch.Tensor]:
     lm = model.model.language_model
     embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
-    img = None
+    img = feats = None
     if batch.pixel_values is not None:
-        feats = model.model.get_image_features(
-            pixel_values=batch.pixel_values, vision_feature_layer=-1, vision_feature_select_strategy="default"
-        ).pooler_output
-        img = torch.stack(list(feats))  # [N_img, T, H]
+        feats, img = tower_features(model, batch.pixel_values)  # [N_img, T, D_vis], [N_img, T, H]
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
     hidden = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
@@ -122,6 +122,8 @@ def forward_losses(model, batch, cfg: TrainConfig) -> dict[str, torch.Tensor]:
         losses["aux_in"] = patch_loss(model.lm_head(lm.norm(img)).float(), batch.patch_targets)
         vis = hidden[mask.squeeze(-1)].reshape(img.shape)  # [N_img, T, H]
         losses["aux_out"] = patch_loss(model.lm_head(vis).float(), batch.patch_targets)
+    if feats is not None and heads is not None and batch.patch_classes is not None:
+        losses["vis"] = heads.loss(feats, batch.patch_classes)
     return losses
 
 
@@ -178,6 +180,12 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
         state["warm_restart_at"] = state["samples"]
         log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts)")
     enc = Encoder(processor)
+    heads = VisionHeads(model.config.vision_config.hidden_size)
+    heads_opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if (ckpt / "heads.safetensors").exists():
+        heads.load_state_dict(load_file(ckpt / "heads.safetensors"))
+        if (ckpt / "heads_optimizer.pt").exists():
+            heads_opt.load_state_dict(torch.load(ckpt / "heads_optimizer.pt", weights_only=True))
     model.train()
 
     def save() -> None:
@@ -187,11 +195,17 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
         sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
         save_file(sd, tmp / "model.safetensors")
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
+        save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, tmp / "heads.safetensors")
+        torch.save(heads_opt.state_dict(), tmp / "heads_optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         for f in tmp.iterdir():
             f.replace(ckpt / f.name)
         tmp.rmdir()
 
+    if cfg.vision_images > 0 and "vision_stage_at" not in state:
+        vision_stage(model, heads, enc, cfg.vision_images, cfg.seed, lr=cfg.lr, log=log)
+        state["vision_stage_at"] = state["samples"]  # 0 for a fresh run; later when added to a running recipe
+        save()
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)
     t_last = time.time()
     last_ckpt = last_eval = time.time()
@@ -205,12 +219,15 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
             lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]
-            losses = forward_losses(model, batch, cfg)
-            loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0)
+            losses = forward_losses(model, batch, cfg, heads)
+            loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
+                + cfg.vis_weight * losses.get("vis", 0.0)
             opt.zero_grad(set_to_none=True)
+            heads_opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            heads_opt.step()
             state["steps"] += 1
             state["samples"] += batch.n_samples
             bar.update(batch.n_samples)

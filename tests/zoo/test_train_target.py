@@ -28,7 +28,8 @@ def test_labels_cover_only_the_assistant_turn(processor):
     labelled = e.labels[e.labels != -100]
     assert processor.tokenizer.decode(labelled, skip_special_tokens=True) == s.response
     assert (e.input_ids == processor.tokenizer.convert_tokens_to_ids("<image>")).sum() == 144
-    assert e.patch_targets.shape == (1, 144, 2) and (e.patch_targets >= 0).any()
+    assert e.patch_targets.shape == (1, 144, 5) and (e.patch_targets >= 0).any()
+    assert e.patch_classes.shape == (1, 144, 2) and (e.patch_classes[..., 1] >= 0).any()
 
 
 def test_token_budget_batches_respect_budget(processor):
@@ -57,7 +58,8 @@ def test_patch_loss_prefers_the_patch_words():
 @pytest.mark.slow
 def test_train_resume_and_export(tmp_path, processor):
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=96, pool=48, token_budget=2048,
-                      warmup_samples=10, eval_n=4, eval_every_s=1e9, ckpt_every_s=1e9, threads=1)
+                      warmup_samples=10, eval_n=4, eval_every_s=1e9, ckpt_every_s=1e9, threads=1,
+                      vision_images=64)
     logs = []
     ckpt = train(cfg, processor, log=logs.append)
     state = json.loads((ckpt / "state.json").read_text())
@@ -87,7 +89,8 @@ def test_zoo_build_regenerates_deterministically(tmp_path):
         zoo, runs = tmp_path / f"zoo{k}", tmp_path / f"runs{k}"
         zoo.mkdir()
         assert main(["zoo", "build", "--zoo-dir", str(zoo), "--run-dir", str(runs), "--arch", "tiny",
-                     "--samples", "48", "--tokenizer-samples", "200", "--threads", "1"]) == 0
+                     "--samples", "48", "--tokenizer-samples", "200", "--threads", "1",
+                     "--vision-images", "32"]) == 0
         m = scan(zoo)
         assert {"tokenizer", "target"} <= set(m["entries"])
         digests.append({n: {f: v["sha256"] for f, v in e["files"].items() if f != "specula.json"}
@@ -99,7 +102,8 @@ def test_zoo_build_regenerates_deterministically(tmp_path):
 @pytest.mark.slow
 def test_training_continues_from_exported_weights(tmp_path, processor):
     cfg = TrainConfig(run_dir=str(tmp_path / "a"), arch="tiny", total_samples=48, pool=48, token_budget=2048,
-                      warmup_samples=10, eval_n=2, eval_every_s=1e9, ckpt_every_s=1e9, threads=1)
+                      warmup_samples=10, eval_n=2, eval_every_s=1e9, ckpt_every_s=1e9, threads=1,
+                      vision_images=32)
     out = export(train(cfg, processor, log=lambda m: None), tmp_path / "zoo" / "target")
     logs = []
     cfg2 = TrainConfig(**{**cfg.__dict__, "run_dir": str(tmp_path / "b"), "total_samples": 96, "init_from": str(out)})
