@@ -47,20 +47,15 @@ class BenchConfig:
 
 
 def _prompts(processor, suites, n, seed):
+    from specula.runtime.prompts import encode_prompt
     from specula.world import generate
-    from specula.world.tokenizer import format_turns
 
     out = []
     for suite in suites:
         for i in range(n):
             s = generate(suite, "eval", BENCH_OFFSET + i, seed)
-            text = format_turns(s.prompt)
-            if s.images:
-                enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
-                pix = enc["pixel_values"]
-            else:
-                enc, pix = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False), None
-            out.append((suite, f"{suite}-{i}", enc["input_ids"][0], pix))
+            ids, pix = encode_prompt(processor, s.prompt, s.images)
+            out.append((suite, f"{suite}-{i}", ids, pix))
     return out
 
 

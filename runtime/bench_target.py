@@ -13,14 +13,12 @@ def world_prompts(target, processor, n_text_suffix: str = "What colour is the st
     """One real prompt: the bundled sample image and a world question, through the model's own processor."""
     from PIL import Image
 
+    from specula.runtime.prompts import encode_prompt
     from specula.targets import PrefillRequest
-    from specula.world.tokenizer import format_turns
 
     sample = Path(__file__).resolve().parents[1] / "world" / "assets" / "sample.png"
-    image = Image.open(sample).convert("RGB")
-    enc = processor(text=[format_turns("<image>" + n_text_suffix)], images=[image], return_tensors="pt",
-                    add_special_tokens=False)
-    return [PrefillRequest("bench-0", enc["input_ids"][0], enc["pixel_values"])]
+    ids, pix = encode_prompt(processor, "<image>" + n_text_suffix, [Image.open(sample).convert("RGB")])
+    return [PrefillRequest("bench-0", ids, pix)]
 
 
 def main(args) -> int:

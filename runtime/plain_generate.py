@@ -27,7 +27,7 @@ def main(args) -> int:
     from transformers import LlavaForConditionalGeneration
 
     from specula.targets.processor import load_processor
-    from specula.world.tokenizer import format_turns
+    from specula.runtime.prompts import encode_prompt
     from specula.zoo.paths import resolve
 
     if args.max_tokens < 1:
@@ -38,13 +38,10 @@ def main(args) -> int:
     path = resolve(args.model)
     processor = load_processor(path)
     model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).to(args.device).eval()
-    prompt = "<image>" * len(images) + args.question
-    text = format_turns(prompt)
-    if images:
-        inputs = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
-    else:
-        inputs = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False)
-    inputs = {k: v.to(args.device) for k, v in inputs.items()}
+    ids, pix = encode_prompt(processor, "<image>" * len(images) + args.question, images)
+    inputs = {"input_ids": ids[None].to(args.device)}
+    if pix is not None:
+        inputs["pixel_values"] = pix.to(args.device)
     tok = processor.tokenizer
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from specula.world.sample import IMAGE_SIZE, Sample
-from specula.world.tokenizer import format_turns
+from specula.runtime.prompts import encode_prompt
 
 
 def normalize(text: str) -> str:
@@ -22,15 +22,13 @@ def blank_like(s: Sample, rng_colour: tuple[int, int, int] = (128, 128, 128)) ->
 
 @torch.inference_mode()
 def greedy_answer(model, processor, s: Sample, max_new_tokens: int) -> str:
-    text = format_turns(s.prompt)
-    if s.images:
-        inputs = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
-    else:
-        inputs = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False)
-    inputs = {k: v.to(model.device) for k, v in inputs.items()}
+    ids, pix = encode_prompt(processor, s.prompt, s.images)
+    inputs = {"input_ids": ids[None].to(model.device)}
+    if pix is not None:
+        inputs["pixel_values"] = pix.to(model.device)
     out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=processor.tokenizer.eos_token_id, pad_token_id=processor.tokenizer.pad_token_id)
-    return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    return processor.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
 def short_answer_accuracy(model, processor, samples: list[Sample], blank: bool = False) -> float:

@@ -15,7 +15,7 @@ from specula.runtime.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
 from specula.world import generate
-from specula.world.tokenizer import format_turns
+from specula.runtime.prompts import encode_prompt
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.target_config import TargetArch, build_model
 
@@ -35,13 +35,8 @@ def requests(kit, n: int, params: SamplingParams, start: int = 0):
     out = []
     for i in range(start, start + n):
         s = generate(SUITES[i % len(SUITES)], "eval", i)
-        text = format_turns(s.prompt)
-        if s.images:
-            enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
-            pix = enc["pixel_values"]
-        else:
-            enc, pix = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False), None
-        out.append(GenerationRequest(f"r{i}", enc["input_ids"][0], pix, params))
+        ids, pix = encode_prompt(processor, s.prompt, s.images)
+        out.append(GenerationRequest(f"r{i}", ids, pix, params))
     return out
 
 
