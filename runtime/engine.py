@@ -25,7 +25,7 @@ from specula.runtime.metrics import RequestMetrics
 from specula.runtime.rejection import verify_chain
 from specula.runtime.sampling import SamplingParams, logits_to_probs, sample
 from specula.runtime.tree_rejection import verify_tree
-from specula.targets.types import Accept, DraftBlock, PrefillRequest
+from specula.targets.types import Accept, DraftBlock, PrefillRequest, VisualFeatures
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,9 @@ class GenerationRequest:
     pixel_values: torch.Tensor | None = None  # [N_img, 3, S, S] (LLaVA) / flattened patches (Qwen2.5-VL)
     params: SamplingParams = field(default_factory=SamplingParams)
     image_grid_thw: torch.Tensor | None = None  # [N_img, 3] Qwen2.5-VL only
-    visual: torch.Tensor | None = None  # [N_img, T_img, H] precomputed projected visual embeddings
+    # precomputed projected visual embeddings ([N_img, T_img, H] or VisualFeatures, e.g. from a VisionEncoder);
+    # when given, the target consumes these and pixel_values only feed a drafter that needs "pixels"
+    visual: torch.Tensor | VisualFeatures | None = None
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,9 @@ class SpecEngine:
             if r.params.stop and self.decode is None:
                 raise ValueError("stop strings need a decode function (SpecEngine(decode=...))")
         t0 = time.perf_counter()
-        out = self.target.prefill([PrefillRequest(r.request_id, r.input_ids, r.pixel_values, r.image_grid_thw, r.visual)
-                                   for r in requests])
+        out = self.target.prefill([PrefillRequest(r.request_id, r.input_ids,
+                                                  r.pixel_values if r.visual is None else None,
+                                                  r.image_grid_thw, r.visual) for r in requests])
         t1 = time.perf_counter()
         params = [r.params for r in requests]
         gens = [r.params.make_generator() for r in requests]
@@ -138,11 +141,27 @@ class SpecEngine:
             extra["last_k"] = out.features.last_k[b, :, :n]  # [H_kv, L, D]
             extra["last_v"] = out.features.last_v[b, :, :n]
         visual = None
-        if "visual" in needs and r.pixel_values is not None:
+        if "visual" in needs and r.visual is not None:
+            visual = r.visual.features if isinstance(r.visual, VisualFeatures) else r.visual
+        elif "visual" in needs and r.pixel_values is not None:
             visual = self.target.encode_images(r.pixel_values, "projected").features
         return DraftContext(r.request_id, r.input_ids, first, r.params.temperature, r.params.seed,
                             pixel_values=r.pixel_values if "pixels" in needs else None, visual=visual,
                             hidden=hidden, extra=extra)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Drop rows after a failure (no result, no event): free their target and drafter state if held.
+
+        For a driver that caught an exception from ``add`` or ``step``; the rows' callers get the error instead.
+        """
+        ids = list(dict.fromkeys(request_ids))
+        held = set(self.target.live_ids)
+        self.target.release([r for r in ids if r in held])
+        if self.drafter is not None:
+            self.drafter.release([r for r in ids if r in self.rows])
+        for rid in ids:
+            self.rows.pop(rid, None)
+            self._cancelled.discard(rid)
 
     def cancel(self, request_id: str) -> None:
         """Stop a request at the next step boundary; its KV cache and drafter state are freed."""

@@ -143,26 +143,32 @@ def _add_train(sub) -> None:
                         description="Stage 1 asks the target (with the image) for greedy answers on world training "
                                     "prompts and keeps its top-k log-probs; stage 2 trains a small Llama on the "
                                     "prompts without their images. Both stages resume from --run-dir.")
-    x.add_argument("--run-dir", default="runs/text_lm", help="data, checkpoints and log (default: runs/text_lm)")
-    x.add_argument("--target", default="target", help="zoo entry or local target directory (default: target)")
+    _distill_args(x, "text_lm", data=30_000, samples=240_000)
     x.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="drafter size (tiny: for tests)")
-    x.add_argument("--data-samples", type=int, default=30_000, help="target answers to distil from (default: 30000)")
-    x.add_argument("--samples", type=int, default=240_000, help="training samples in all (default: 240000)")
-    x.add_argument("--max-new-tokens", type=int, default=96, help="longest target answer kept (default: 96)")
-    x.add_argument("--seed", type=int, default=0)
-    x.add_argument("--threads", type=int, default=1)
-    x.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    x.add_argument("--ckpt-every", type=float, default=240.0, help="seconds between checkpoints")
-    x.add_argument("--eval-every", type=float, default=600.0, help="seconds between held-out evaluations")
-    x.add_argument("--export", action="store_true", help="when done, export into the zoo (or --out)")
-    x.add_argument("--out", default=None, help="export directory (default: zoo/weights/text_lm)")
+    x.set_defaults(func=lambda a: __import__("specula.drafters.train_text_lm", fromlist=["x"]).train_text_lm_cli(a))
 
-    def run_text_lm(args):
-        from specula.drafters.train_text_lm import train_text_lm_cli
+    e = tsub.add_parser("eagle", help="train the EAGLE head on the target's hidden states (resumable)",
+                        description="Stage 1 caches the target's greedy answers on world training prompts; stage 2 "
+                                    "trains one decoder layer over fc(concat(embedding, hidden)) with SmoothL1 on the "
+                                    "next hidden state + cross-entropy through the frozen lm_head.")
+    _distill_args(e, "eagle", data=10_000, samples=60_000)
+    e.set_defaults(func=lambda a: __import__("specula.drafters.train_eagle", fromlist=["x"]).train_eagle_cli(a))
 
-        return train_text_lm_cli(args)
 
-    x.set_defaults(func=run_text_lm)
+def _distill_args(p, kind: str, data: int, samples: int) -> None:
+    """Arguments shared by the drafter recipes that distil from the target's own answers."""
+    p.add_argument("--run-dir", default=f"runs/{kind}", help=f"data, checkpoints and log (default: runs/{kind})")
+    p.add_argument("--target", default="target", help="zoo entry or local target directory (default: target)")
+    p.add_argument("--data-samples", type=int, default=data, help=f"target answers to distil from (default: {data})")
+    p.add_argument("--samples", type=int, default=samples, help=f"training samples in all (default: {samples})")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="longest target answer kept (default: 96)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--ckpt-every", type=float, default=240.0, help="seconds between checkpoints")
+    p.add_argument("--eval-every", type=float, default=600.0, help="seconds between held-out evaluations")
+    p.add_argument("--export", action="store_true", help="when done, export into the zoo (or --out)")
+    p.add_argument("--out", default=None, help=f"export directory (default: zoo/weights/{kind})")
 
 
 def _add_zoo(sub) -> None:
@@ -198,6 +204,16 @@ def _add_zoo(sub) -> None:
     x.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).export_cli(a))
 
 
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="run the distributed runtime on Ray Serve (vision encoder, drafter, verifier, ingress)",
+                       description="Start (or join) Ray, deploy the Serve application described by --config and block "
+                                   "until interrupted.")
+    from specula.runtime.serve.cli import add_serve_arguments
+
+    add_serve_arguments(p)
+    p.set_defaults(func=lambda a: __import__("specula.runtime.serve.cli", fromlist=["x"]).serve_cli(a))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specula",
@@ -210,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_train(sub)
     _add_zoo(sub)
+    _add_serve(sub)
     return parser
 
 

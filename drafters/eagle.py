@@ -1,0 +1,406 @@
+"""``eagle``: the feature-level baseline (EAGLE-1 head, EAGLE-2 dynamic trees) over the target's hidden states.
+
+The head (``drafters/eagle_head.py``) reads pairs (h_i, x_{i+1}) of a target hidden state and the next token and
+predicts h_{i+1}; the target's lm_head turns a prediction into q. Committed positions use the target's true h
+(``DraftContext.hidden`` at begin, ``Verdict.hidden`` after each block); draft positions use the head's own h^.
+
+Drafting (one head forward per level; the last level is never fed):
+
+- ``structure="chain"``: gamma tokens, token j drawn from q_j = softmax(lm_head(h^) / T) (T = the request's
+  temperature; T = 0 takes the argmax, q one-hot, ``q=None`` when every row is greedy).
+- ``structure="tree"`` (EAGLE-2): level 1 = the root's ``top_k`` children; each later level expands the ``top_k``
+  nodes of the previous level with the highest cumulative confidence (sum of log q along the path) into ``top_k``
+  children each; ``depth`` levels at most (and at most gamma).
+  * Greedy rows (T = 0): children are the top-k tokens; after the last level all nodes are reranked by cumulative
+    confidence and the best ``total_tokens`` are kept (EAGLE-2). A child never outranks its parent (ties go to the
+    lower index), so the kept set is a tree; it is emitted parents-first (level order).
+  * Sampled rows (T > 0): the verifier (``runtime/tree_rejection.py``, "without_replacement") needs each child's
+    token to have law q(parent) given its earlier siblings and everything the tree's shape reveals, so a node's
+    existence must never depend on its own token (EAGLE-2's rerank would prune low-confidence siblings: biased).
+    The rule: a sibling group's existence and size are fixed *before* its tokens are drawn, from tokens drawn
+    earlier (the parents' confidences, the budget left); its tokens are drawn one after another without
+    replacement from the parent's q and kept in draw order; nothing is pruned afterwards. Concretely the budget is
+    spent while building: at each level the ``top_k`` nodes of the previous level by cumulative confidence (log q
+    at T) are expanded, ``top_k`` children each, until ``total_tokens`` nodes exist (the last group may be cut
+    short: a prefix of a without-replacement sequence has the same law). No rerank, so for the same budget a
+    sampled tree is wider and shallower than a greedy one. A draw that finds no mass left (fewer than k tokens
+    with q > 0) is dropped; it is the last of its group.
+  ``Proposal.q[b, i]`` is the q node i was drawn from (its parent's), one-hot for greedy rows in a mixed batch.
+
+Cache (one ``targets.kv.BatchedKV`` for all live rows, keys post-RoPE, positions per row). Per row:
+
+    cache  pairs (h_i, x_{i+1}) of the committed sequence, with the target's h    tail  pairs not fed yet
+    root   head output at the last fed committed pair (valid while the tail is empty)
+
+- ``begin`` feeds the prompt's L pairs (h_0, x_1) .. (h_{L-1}, first_token) -> root.
+- ``propose`` feeds every call row's tail (one forward; rows not in it ride along with an invalid slot) -> root,
+  then one forward per tree level. Draft columns are never marked valid: each draft query's mask names its
+  ancestors' columns explicitly.
+- ``observe`` appends the verdict's pairs (h at the pending token and at each accepted draft, paired with the
+  accepted tokens then ``next_token``) to the tail: the draft's columns, fed with predicted h^, stay invalid
+  holes, so the cache always equals the committed sequence with the target's own features (what EAGLE does).
+  ``BatchedKV.maybe_compact`` reclaims holes when no proposal is outstanding.
+
+    drafter = create({"kind": "eagle", "path": "eagle", "structure": "tree", "top_k": 4, "depth": 5,
+                      "total_tokens": 24}, target=target)
+    engine = SpecEngine(target, drafter, gamma=5)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from specula.drafters.eagle_head import EagleHead, load_eagle
+from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
+from specula.drafters.registry import register
+from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
+from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
+
+
+@dataclass
+class _Row:
+    tail_h: torch.Tensor  # [T, H] target hidden states of the pairs not fed yet
+    tail_x: list[int]  # the token after each of them
+    next_pos: int  # position id of tail[0] (= pairs fed so far)
+    temperature: float
+    generator: torch.Generator
+    root: torch.Tensor | None = None  # [H] head output at the last fed pair; None while the tail is non-empty
+    draft: tuple[list[int], list[int]] | None = None  # outstanding proposal: (tokens, parents)
+
+
+def _int(name: str, v, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"eagle: {name} must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+@register("eagle")
+class EagleDrafter:
+    """Options: ``path`` (zoo name or directory of an exported head, default "eagle") or ``head`` (an
+    ``EagleHead``); ``structure`` "chain" | "tree"; tree: ``top_k``, ``depth``, ``total_tokens``; ``seed``;
+    ``device`` / ``dtype`` of the head (default: the target's device, float32); ``kv_policy``.
+    Resources: ``target`` (its embedding and lm_head are shared with the head; needed unless ``head`` is already
+    attached), ``tokenizer`` (unused)."""
+
+    def __init__(self, path: str | Path = "eagle", head: EagleHead | None = None, structure: str = "chain",
+                 top_k: int = 4, depth: int = 5, total_tokens: int = 24, seed: int = 0,
+                 device: str | None = None, dtype: str | None = None, kv_policy: KVPolicy | None = None,
+                 target=None, tokenizer=None, **unknown):
+        if unknown:
+            raise ValueError(f"eagle: unknown options {sorted(unknown)}")
+        self.spec = DrafterSpec(kind="eagle", structure=structure, needs=frozenset({"hidden"}))
+        self.top_k, self.depth = _int("top_k", top_k, 1), _int("depth", depth, 1)
+        self.total_tokens, self.seed = _int("total_tokens", total_tokens, 1), _int("seed", seed, 0)
+        if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(f"eagle: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
+        dt = getattr(torch, str(dtype)) if dtype is not None else None
+        if head is None:
+            head = load_eagle(path, target, device=device, dtype=dt)
+        else:
+            if dt is not None or device is not None:
+                head.to(device=device, dtype=dt)
+            if target is not None:  # (re)attach to this target's embedding and lm_head
+                model = target.model
+                emb = model.get_input_embeddings()
+                head.attach(emb, model.get_output_embeddings(), copy=head.fc.weight.device != emb.weight.device)
+            if not head.attached:
+                raise ValueError("eagle: give a target (its embedding and lm_head) or an attached head")
+        self.head = head.eval()
+        cfg = head.config
+        self.vocab_size = cfg.vocab_size
+        if target is not None:
+            if target.info.vocab_size != cfg.vocab_size or target.info.hidden_size != cfg.hidden_size:
+                raise ValueError(f"eagle: head (V={cfg.vocab_size}, H={cfg.hidden_size}) does not fit the target "
+                                 f"(V={target.info.vocab_size}, H={target.info.hidden_size})")
+            image = target.info.image_token_id
+        else:
+            image = cfg.image_token_id
+        self.image_token_id = None if image is None else int(image)
+        p = head.fc.weight
+        self.device, self.dtype = p.device, p.dtype
+        self._attn = head.llama_config._attn_implementation
+        lc = head.llama_config
+        self._kv = BatchedKV(lambda: DynamicCache(config=lc), kv_policy or KVPolicy())
+        self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv
+        self._seeder = torch.Generator().manual_seed(seed)  # for requests without a seed
+
+    # ------------------------------------------------------------------------------------------------ protocol
+
+    @torch.no_grad()
+    def begin(self, contexts: Sequence[DraftContext]) -> None:
+        """Feed each prompt's pairs (h_i, x_{i+1}), the last one pairing h_{L-1} with the first token."""
+        contexts = list(contexts)
+        if not contexts:
+            return
+        ids = [c.request_id for c in contexts]
+        if len(set(ids)) != len(ids) or any(i in self._rows for i in ids):
+            raise ValueError(f"eagle.begin: request ids must be new and unique, got {ids}")
+        H = self.head.config.hidden_size
+        for c in contexts:
+            n = int(c.prompt_ids.shape[0])
+            if c.hidden is None or tuple(c.hidden.shape) != (n, H) or n < 1:
+                got = None if c.hidden is None else tuple(c.hidden.shape)
+                raise ValueError(f"eagle.begin: {c.request_id!r} needs hidden [L={n}, H={H}] (target final-norm "
+                                 f"states of the prompt), got {got}")
+            if not float(c.temperature) >= 0:
+                raise ValueError(f"eagle.begin: request {c.request_id!r} has temperature {c.temperature!r}")
+        b, seq = len(contexts), max(int(c.prompt_ids.shape[0]) for c in contexts)
+        nxt = torch.zeros(b, seq, dtype=torch.long)  # [B, L] x_{i+1}
+        hid = torch.zeros(b, seq, H, dtype=self.dtype, device=self.device)  # [B, L, H] h_i
+        lengths = torch.tensor([int(c.prompt_ids.shape[0]) for c in contexts])  # [B]
+        for i, c in enumerate(contexts):
+            n = int(lengths[i])
+            nxt[i, : n - 1], nxt[i, n - 1] = c.prompt_ids[1:].cpu(), int(c.first_token)
+            hid[i, :n] = c.hidden.to(self.device, self.dtype)
+        valid = torch.arange(seq)[None, :] < lengths[:, None]  # [B, L] bool
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+        allowed = (causal[None] & valid[:, None, :]) | torch.eye(seq, dtype=torch.bool)[None]  # [B, L, L]
+        cache = self._kv.new_cache()
+        out = self._forward(nxt, hid, torch.arange(seq).expand(b, seq), allowed[:, None], cache)  # [B, L, H]
+        self._kv.join(cache, valid.to(self.device))
+        for i, c in enumerate(contexts):
+            n = int(lengths[i])
+            self._rows[c.request_id] = _Row(hid.new_zeros(0, H), [], n, float(c.temperature), self._generator(c),
+                                            root=out[i, n - 1].clone())
+
+    @torch.no_grad()
+    def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
+        ids = tuple(request_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"eagle.propose: duplicate request ids {list(ids)}")
+        rows = [self._row(r) for r in ids]
+        if any(r.draft is not None for r in rows):
+            raise ValueError("eagle.propose: a row's previous proposal was not observed")
+        bc = len(ids)
+        if gamma < 1 or not bc:
+            return Proposal(ids, torch.zeros(bc, 1, dtype=torch.long), (0,) * bc)
+        chain = self.spec.structure == "chain"
+        k, depth, budget = (1, gamma, gamma) if chain else (self.top_k, min(self.depth, gamma), self.total_tokens)
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        sel = torch.tensor([index[r] for r in ids], dtype=torch.long, device=self.device)  # [Bc] cache rows
+        self._feed_tails([r for r in rows if r.tail_x], [index[r] for r in ids if self._rows[r].tail_x])
+        tokens, parents, q, counts = self._grow(rows, sel, k, depth, budget)
+        for r, t, p, n in zip(rows, tokens.tolist(), parents.tolist(), counts):
+            r.draft = (t[:n], p[:n])
+        return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
+
+    def observe(self, verdicts: Sequence[Verdict]) -> None:
+        H = self.head.config.hidden_size
+        for v in verdicts:  # check them all before changing anything
+            row, path = self._row(v.request_id), [int(i) for i in v.accepted]
+            if len(v.tokens) != len(path):
+                raise ValueError(f"eagle.observe: {v.request_id!r}: {len(path)} accepted nodes, {len(v.tokens)} tokens")
+            if v.hidden is None or tuple(v.hidden.shape) != (1 + len(path), H):
+                got = None if v.hidden is None else tuple(v.hidden.shape)
+                raise ValueError(f"eagle.observe: {v.request_id!r} needs hidden [1 + {len(path)}, {H}], got {got}")
+            if path:
+                if row.draft is None:
+                    raise ValueError(f"eagle.observe: {v.request_id!r}: accepted nodes but no proposal")
+                toks, parents = row.draft
+                prev = -1
+                for i in path:
+                    if not 0 <= i < len(toks) or parents[i] != prev:
+                        raise ValueError(f"eagle.observe: {v.request_id!r}: path {path} is not a branch")
+                    prev = i
+                if [toks[i] for i in path] != [int(t) for t in v.tokens]:
+                    raise ValueError(f"eagle.observe: {v.request_id!r}: verdict tokens differ from the drafts")
+        for v in verdicts:
+            row = self._rows[v.request_id]
+            row.draft, row.root = None, None
+            row.tail_h = torch.cat([row.tail_h, v.hidden.to(self.device, self.dtype)])  # [T + 1 + k, H]
+            row.tail_x += [int(t) for t in v.tokens] + [int(v.next_token)]
+        if all(r.draft is None for r in self._rows.values()):
+            self._kv.maybe_compact()  # moves columns: only with no proposal outstanding
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        drop = {r for r in request_ids if r in self._rows}
+        if not drop:
+            return
+        keep = [i for i, rid in enumerate(self._rows) if rid not in drop]
+        self._kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
+        for rid in drop:
+            del self._rows[rid]
+        if all(r.draft is None for r in self._rows.values()):
+            self._kv.maybe_compact()
+
+    @torch.no_grad()
+    def root_logits(self, request_ids: Sequence[str]) -> torch.Tensor:
+        """The head's logits for the token after each row's pending token: [B, V] fp32 (feeds pending tails)."""
+        rows = [self._row(r) for r in request_ids]
+        if any(r.draft is not None for r in rows):
+            raise ValueError("eagle.root_logits: a row's proposal was not observed")
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        self._feed_tails([r for r in rows if r.tail_x], [index[r] for r in request_ids if self._rows[r].tail_x])
+        return self.head.logits(torch.stack([r.root for r in rows]))
+
+    # ------------------------------------------------------------------------------------------------ internals
+
+    def _row(self, request_id: str) -> _Row:
+        row = self._rows.get(request_id)
+        if row is None:
+            raise ValueError(f"eagle: unknown request id {request_id!r}")
+        return row
+
+    def _generator(self, c: DraftContext) -> torch.Generator:
+        if c.seed is None:
+            s = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
+        else:  # a stream of its own, apart from the verifier's (seeded with c.seed itself)
+            s = int.from_bytes(hashlib.blake2b(f"eagle/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
+        return torch.Generator().manual_seed(s)
+
+    def _forward(self, nxt, hid, pos, allowed, cache) -> torch.Tensor:
+        """nxt [B, T] int64, hid [B, T, H], pos [B, T], allowed [B, 1, T, S + T] bool -> head output [B, T, H]."""
+        mask = attention_mask(allowed.to(self.device), self._attn, self.dtype)
+        return self.head(nxt.to(self.device), hid, pos.to(self.device), mask, cache)
+
+    def _feed_tails(self, rows: list[_Row], where: list[int]) -> None:
+        """Feed ``rows``' tails (cache rows ``where``; others ride along with an invalid slot); sets their root."""
+        if not rows:
+            return
+        b, H = self._kv.batch_size, self.head.config.hidden_size
+        t = max(len(r.tail_x) for r in rows)
+        nxt = torch.zeros(b, t, dtype=torch.long)  # [B, T]
+        hid = torch.zeros(b, t, H, dtype=self.dtype, device=self.device)  # [B, T, H]
+        pos = torch.zeros(b, t, dtype=torch.long)  # [B, T]
+        real = torch.zeros(b, t, dtype=torch.bool)  # [B, T]
+        for i, r in zip(where, rows):
+            n = len(r.tail_x)
+            nxt[i, :n], hid[i, :n], real[i, :n] = torch.tensor(r.tail_x), r.tail_h, True
+            pos[i] = r.next_pos + torch.arange(t)
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        block = (causal[None] & real[:, None, :]) | torch.eye(t, dtype=torch.bool)[None]  # [B, T, T]
+        out = self._forward(nxt, hid, pos, self._kv.block_mask(block.to(self.device)), self._kv.cache)  # [B, T, H]
+        self._kv.extend_valid(real.to(self.device))
+        for i, r in zip(where, rows):
+            n = len(r.tail_x)
+            r.root, r.next_pos = out[i, n - 1].clone(), r.next_pos + n
+            r.tail_h, r.tail_x = r.tail_h[:0], []
+
+    def _feed_draft(self, sel, nxt, hid, pos, anc, ok, draft_start: int) -> torch.Tensor:
+        """One tree level for the call rows ``sel`` [Bc]: nxt/ok [Bc, W], hid [Bc, W, H], pos [Bc], anc [Bc, W, D]
+        bool (draft columns since ``draft_start`` each node may see: its ancestors') -> head output [Bc, W, H]."""
+        b, (bc, w), s = self._kv.batch_size, nxt.shape, self._kv.seq_len
+        dev = self.device
+        tok = torch.zeros(b, w, dtype=torch.long, device=dev)
+        h = torch.zeros(b, w, hid.shape[-1], dtype=self.dtype, device=dev)
+        p = torch.zeros(b, w, dtype=torch.long, device=dev)
+        tok[sel], h[sel], p[sel] = nxt, hid, pos[:, None].expand(bc, w)
+        cached = self._kv.valid[:, None, :].expand(b, w, s).clone()  # [B, W, S]; draft columns are all invalid
+        cached[sel, :, draft_start:] = anc[:, :, : s - draft_start] & ok[:, :, None]  # a node sees its ancestors
+        eye = torch.eye(w, dtype=torch.bool, device=dev).expand(b, w, w)
+        out = self._forward(tok, h, p, torch.cat([cached, eye], dim=2)[:, None], self._kv.cache)  # [B, W, H]
+        self._kv.extend_valid(torch.zeros(b, w, dtype=torch.bool, device=dev))  # never valid: see the docstring
+        return out[sel]
+
+    def _grow(self, rows: list[_Row], sel: torch.Tensor, k: int, depth: int, budget: int):
+        """Build every call row's draft tree (module docstring). Returns tokens [Bc, N] int64 (CPU), parents
+        [Bc, N] int64 (CPU), q [Bc, N, V] fp32 or None, counts per row."""
+        dev, bc = self.device, len(rows)
+        greedy = torch.tensor([r.temperature == 0 for r in rows], device=dev)  # [Bc] bool
+        temps = torch.tensor([r.temperature or 1.0 for r in rows], device=dev)[:, None, None]  # [Bc, 1, 1]
+        sampled_ids = [i for i, r in enumerate(rows) if r.temperature > 0]
+        draft_start = self._kv.seq_len
+        d_max = k * max(depth - 1, 0)  # draft columns this proposal may feed
+        # the frontier: slots whose children the next level draws; level 1's is the root
+        f_out = torch.stack([r.root for r in rows])[:, None]  # [Bc, W, H] head outputs at the slots
+        f_node = torch.full((bc, 1), -1, dtype=torch.long, device=dev)  # [Bc, W] node index (-1 = root)
+        f_ok = torch.ones(bc, 1, dtype=torch.bool, device=dev)  # [Bc, W]
+        f_score = torch.zeros(bc, 1, device=dev)  # [Bc, W] cumulative log-confidence
+        f_anc = torch.zeros(bc, 1, d_max, dtype=torch.bool, device=dev)  # [Bc, W, D] columns a child may see
+        f_group = torch.where(greedy, k, min(k, budget))[:, None]  # [Bc, W] children per slot
+        count = torch.zeros(bc, dtype=torch.long, device=dev)  # [Bc] nodes so far
+        toks, pars, scores, oks, hins, ancs, qsrc, qs = [], [], [], [], [], [], [], []
+        n_nodes, n_q = 0, 0
+        for level in range(1, depth + 1):
+            logits = self.head.logits(f_out)  # [Bc, W, V] fp32
+            w = logits.shape[1]
+            if self.image_token_id is not None:
+                logits[..., self.image_token_id] = float("-inf")
+            conf = torch.where(greedy[:, None, None], logits.log_softmax(-1), (logits / temps).log_softmax(-1))
+            kids = logits.topk(k, dim=-1).indices  # [Bc, W, k] greedy rows: the top-k tokens
+            probs = None
+            if sampled_ids:
+                probs = (logits / temps).softmax(-1)  # [Bc, W, V] the law sampled rows draw from
+                active = [i for i in sampled_ids if bool(f_ok[i].any())]  # a row draws only when it grows
+                if active:
+                    a = torch.tensor(active, device=dev)
+                    drawn = sample_without_replacement(probs[a], k, [rows[i].generator for i in active])
+                    kids[a] = drawn.to(dev)  # [Ba, W, k] in draw order, -1 = no mass left
+            ok = f_ok[..., None] & (kids >= 0) & (torch.arange(k, device=dev) < f_group[..., None])  # [Bc, W, k]
+            kids = kids.clamp_min(0)
+            score = torch.minimum(f_score[..., None] + conf.gather(-1, kids), f_score[..., None])  # never > parent
+            # this level's nodes, a slot's children contiguous and in draw order
+            toks.append(kids.reshape(bc, w * k))
+            pars.append(f_node.repeat_interleave(k, dim=1))
+            scores.append(torch.where(ok, score, float("-inf")).reshape(bc, w * k))
+            oks.append(ok.reshape(bc, w * k))
+            hins.append(f_out.repeat_interleave(k, dim=1))  # [Bc, W*k, H] a child is fed with its parent's h^
+            ancs.append(f_anc.repeat_interleave(k, dim=1))  # [Bc, W*k, D]
+            qsrc.append(n_q + torch.arange(w, device=dev).repeat_interleave(k).expand(bc, w * k))
+            if probs is not None:
+                qs.append(probs)
+            n_q += w
+            count += oks[-1].sum(1)
+            start, n_nodes = n_nodes, n_nodes + w * k
+            if level == depth:
+                break
+            # the next frontier: the best k nodes of this level by cumulative confidence (invalid ones sort last)
+            lvl_score, lvl_ok = scores[-1], oks[-1]
+            order = lvl_score.sort(dim=1, descending=True, stable=True).indices[:, :k]  # [Bc, k]
+            slot = torch.arange(k, device=dev)
+            left = (budget - count).clamp_min(0)  # [Bc] sampled rows: the budget decides before drawing
+            n_slots = torch.where(greedy, k, (left + k - 1) // k)  # [Bc]
+            f_ok = lvl_ok.gather(1, order) & (slot[None] < n_slots[:, None])  # [Bc, k]
+            f_group = torch.where(greedy[:, None], k, (left[:, None] - k * slot[None]).clamp(0, k))
+            if not bool(f_ok.any()):
+                break
+            f_node = start + order  # [Bc, k]
+            f_score = lvl_score.gather(1, order)
+            nxt = toks[-1].gather(1, order)
+            hid = hins[-1].gather(1, order[..., None].expand(-1, -1, hins[-1].shape[-1]))
+            anc = ancs[-1].gather(1, order[..., None].expand(-1, -1, d_max))  # [Bc, k, D]
+            col = self._kv.seq_len - draft_start  # the slots' draft columns: col .. col + k - 1
+            pos = torch.tensor([r.next_pos + level - 1 for r in rows], device=dev)  # level-l nodes: next_pos + l - 1
+            f_out = self._feed_draft(sel, nxt, hid, pos, anc, f_ok, draft_start)  # [Bc, k, H]
+            f_anc = anc.clone()
+            f_anc[:, slot, col + slot] = True  # a child also sees its parent's column
+        tokens, parents, score, ok = (torch.cat(x, 1) for x in (toks, pars, scores, oks))  # [Bc, M]
+        # greedy rows: EAGLE-2's rerank to the best `budget` nodes; sampled rows keep everything they drew
+        rank = torch.empty_like(score, dtype=torch.long)
+        order = score.sort(dim=1, descending=True, stable=True).indices
+        rank.scatter_(1, order, torch.arange(score.shape[1], device=dev).expand_as(order))
+        keep = ok & (~greedy[:, None] | (rank < budget))  # [Bc, M]
+        q = None
+        if qs:
+            src = torch.cat(qsrc, 1)  # [Bc, M] which slot's q each node was drawn from
+            allq = torch.cat(qs, 1)  # [Bc, n_q, V]
+            q = allq.gather(1, src[..., None].expand(-1, -1, allq.shape[-1]))  # [Bc, M, V]
+            one_hot = torch.nn.functional.one_hot(tokens, self.vocab_size).to(q.dtype)
+            q = torch.where(greedy[:, None, None], one_hot, q)
+        return _compact(tokens, parents, q, keep)
+
+
+def _compact(tokens, parents, q, keep):
+    """Keep the ``keep`` nodes of each row in index order (parents first), remap parents.
+
+    tokens/parents/keep [B, M] (parents: node index, -1 = root), q [B, M, V] or None -> tokens/parents [B, N] on
+    the CPU, q [B, N, V] or None, counts (N = the largest count).
+    """
+    counts = keep.sum(1).tolist()
+    n = max(max(counts), 1)
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :n]  # [B, N] kept nodes first
+    new_index = keep.long().cumsum(1) - 1  # [B, M] position of each kept node after compaction
+    par = parents.gather(1, order)  # [B, N] old parent ids
+    par = torch.where(par >= 0, new_index.gather(1, par.clamp_min(0)), -1)
+    live = torch.arange(n, device=keep.device)[None, :] < torch.tensor(counts, device=keep.device)[:, None]
+    tok = torch.where(live, tokens.gather(1, order), 0)
+    par = torch.where(live, par, -1)
+    if q is not None:
+        q = q.gather(1, order[..., None].expand(-1, -1, q.shape[-1]))
+    return tok.cpu(), par.cpu(), q, counts

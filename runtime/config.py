@@ -1,0 +1,322 @@
+"""The runtime's configuration: one validated document (pydantic v2, YAML on disk) for the whole application.
+
+Every field has a description and unknown keys are an error, so a typo fails at load time with the field's path::
+
+    cfg = load_config("specula.yaml")          # or a dict, or an already built SpeculaConfig
+    cfg.deployments.target_verifier.device     # "cpu" | "cuda" | "cuda:N"
+
+A minimal file (everything else has a default)::
+
+    model: {path: target}                      # a zoo entry name or a local checkpoint directory
+    drafter: {kind: ngram, options: {max_n: 3}, gamma: 4}
+    deployments:
+      target_verifier: {device: cuda, ray_actor_options: {num_gpus: 1}}
+
+``specula.runtime.serve.builder.build_app`` turns it into the Serve application; the same document is the
+``args`` of a ``serve deploy`` config (see cluster.yaml).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+)$")
+
+
+class ConfigError(ValueError):
+    """A configuration that does not validate; the message names every bad field by its dotted path."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# ----------------------------------------------------------------------------------------------- deployments
+
+
+class AutoscalingConfig(_Strict):
+    """Serve's replica autoscaling on ongoing requests (the subset Specula sets; Serve's defaults for the rest)."""
+
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas kept running (0 allows scaling to zero).")
+    max_replicas: int = Field(1, ge=1, description="Most replicas the autoscaler may start.")
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Ongoing requests per replica the autoscaler aims for; more scales up, fewer down.")
+    upscale_delay_s: float = Field(30.0, ge=0, description="How long demand must stay high before adding replicas.")
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="How long demand must stay low before removing replicas.")
+
+    @model_validator(mode="after")
+    def _order(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
+        return self
+
+
+class ActorOptions(_Strict):
+    """Resources Ray reserves for each replica; ``num_gpus`` is what puts the deployments on separate GPUs."""
+
+    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica (0 = do not reserve).")
+    num_gpus: float = Field(
+        0.0, ge=0, description="GPUs reserved per replica; Ray sets CUDA_VISIBLE_DEVICES to them, so 'cuda' in "
+                               "the replica means its own GPU. Needed (>0) for a cuda device.")
+
+
+class DeploymentSettings(_Strict):
+    """Placement and scaling of one Serve deployment."""
+
+    num_replicas: int | None = Field(
+        1, ge=1, description="Fixed replica count; set to null when autoscaling_config is given.")
+    autoscaling_config: AutoscalingConfig | None = Field(
+        None, description="Autoscale on ongoing requests instead of a fixed num_replicas.")
+    ray_actor_options: ActorOptions = Field(
+        default_factory=ActorOptions, description="Ray resources reserved per replica.")
+    max_ongoing_requests: int = Field(
+        16, ge=1, description="Requests one replica takes at once; more wait in Serve's queue (backpressure).")
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads in each replica (null = torch's default).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _autoscaling_replaces_replicas(cls, data: Any) -> Any:
+        # giving autoscaling_config without num_replicas means "autoscale": drop the fixed default
+        if isinstance(data, dict) and data.get("autoscaling_config") is not None and "num_replicas" not in data:
+            data = {**data, "num_replicas": None}
+        return data
+
+    @model_validator(mode="after")
+    def _one_way_to_scale(self) -> DeploymentSettings:
+        if (self.num_replicas is None) == (self.autoscaling_config is None):
+            raise ValueError("give exactly one of num_replicas and autoscaling_config")
+        return self
+
+    def serve_options(self) -> dict:
+        """Keyword arguments for ``Deployment.options`` (what the builder passes to Serve)."""
+        opts: dict[str, Any] = {
+            "ray_actor_options": self.ray_actor_options.model_dump(),
+            "max_ongoing_requests": self.max_ongoing_requests,
+        }
+        if self.autoscaling_config is not None:
+            opts["autoscaling_config"] = self.autoscaling_config.model_dump()
+        else:
+            opts["num_replicas"] = self.num_replicas
+        return opts
+
+
+class DeviceDeploymentSettings(DeploymentSettings):
+    """A deployment that runs a model: placement and scaling plus the torch device it uses."""
+
+    device: str = Field("cpu", description="Torch device of the replica's model: 'cpu', 'cuda' or 'cuda:N' "
+                                           "(N counts the GPUs Ray gave this replica).")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not _DEVICE.match(v):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _gpu_reserved(self) -> DeviceDeploymentSettings:
+        if self.device != "cpu":
+            gpus = self.ray_actor_options.num_gpus
+            if gpus <= 0:
+                raise ValueError(f"device {self.device!r} needs ray_actor_options.num_gpus > 0 (Ray hides unreserved "
+                                 "GPUs from a replica)")
+            index = int(self.device.split(":")[1]) if ":" in self.device else 0
+            if index >= math.ceil(gpus):
+                raise ValueError(f"device {self.device!r} is beyond the {gpus:g} GPU(s) reserved per replica")
+        return self
+
+
+class VisionSettings(DeviceDeploymentSettings):
+    """The VisionEncoder deployment: pixels -> projected visual embeddings, batched across requests."""
+
+    max_batch_size: int = Field(8, ge=1, description="Images of concurrent requests encoded in one forward pass.")
+    batch_wait_timeout_s: float = Field(
+        0.005, ge=0, description="How long the first request of a batch waits for company.")
+
+
+class VerifierSettings(DeviceDeploymentSettings):
+    """The TargetVerifier deployment: prefill, then the decode loop of each request (its KV cache stays here)."""
+
+    max_batch_size: int = Field(
+        16, ge=1, description="Live requests decoded together (continuous batching); more wait to join.")
+
+
+class Deployments(_Strict):
+    """The four Serve deployments of the application."""
+
+    ingress: DeploymentSettings = Field(
+        default_factory=lambda: DeploymentSettings(max_ongoing_requests=64),
+        description="HTTP ingress: validation, chat template, tokenization, streaming the answer.")
+    vision_encoder: VisionSettings = Field(default_factory=VisionSettings, description="VisionEncoder deployment.")
+    drafter_ensemble: DeviceDeploymentSettings = Field(
+        default_factory=DeviceDeploymentSettings,
+        description="DrafterEnsemble deployment: each replica runs a DrafterService gRPC server.")
+    target_verifier: VerifierSettings = Field(
+        default_factory=VerifierSettings, description="TargetVerifier deployment.")
+
+
+# ----------------------------------------------------------------------------------------------- the rest
+
+
+class ModelConfig(_Strict):
+    """The target model."""
+
+    path: str = Field("target", description="A shipped zoo entry name (e.g. 'target') or a local HF checkpoint "
+                                            "directory (LLaVA, Qwen2.5-VL); never fetched from a hub.")
+    dtype: str | None = Field(None, description="Compute dtype ('float32', 'float16', 'bfloat16'); null = the "
+                                                "checkpoint's.")
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str | None) -> str | None:
+        if v is not None and v not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {v!r}")
+        return v
+
+
+class DrafterConfig(_Strict):
+    """Which drafter the DrafterEnsemble runs and how the verifier uses it."""
+
+    kind: str = Field("ngram", description="Drafter registry key (specula.drafters.kinds()), e.g. 'ngram'.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword options of that drafter (see its class); 'vocab_size' and "
+                                          "'image_token_id' default to the target's when the drafter takes them.")
+    gamma: int = Field(4, ge=0, le=64, description="Draft tokens per block (nodes for tree drafters); 0 = no "
+                                                   "drafting (plain target decoding).")
+    accept_codecs: list[str] = Field(
+        default_factory=lambda: ["fp32", "fp16", "bf16", "int8", "fp16+lz4", "int8+zstd"],
+        description="Codecs the drafter decodes for the target features it receives (raw is always accepted).")
+    codec_preference: list[str] = Field(
+        default_factory=lambda: ["fp32"],
+        description="The verifier's codec order for features it sends; the first one the drafter accepts wins. "
+                    "Lossy codecs only change what the drafter sees, never the output.")
+    propose_timeout_s: float = Field(
+        2.0, gt=0, description="How long the verifier waits for a block's proposals; a drafter session slower "
+                               "than this is dropped and its request decodes alone (gamma = 0), output unchanged.")
+    connect_timeout_s: float = Field(
+        2.0, gt=0, description="Deadline for reaching a drafter replica (Describe) before decoding alone.")
+    address_timeout_s: float = Field(
+        5.0, gt=0, description="Deadline for asking Serve which drafter replica serves a new request.")
+
+    @field_validator("accept_codecs", "codec_preference")
+    @classmethod
+    def _codecs(cls, v: list[str]) -> list[str]:
+        from specula.runtime.wire import WireError, parse_codec
+
+        if not v:
+            raise ValueError("needs at least one codec")
+        try:
+            return [parse_codec(c).name for c in v]
+        except WireError as e:
+            raise ValueError(str(e)) from None
+
+
+class DataplaneConfig(_Strict):
+    """The verifier <-> drafter gRPC stream (DrafterService in protos/specula_dataplane.proto)."""
+
+    host: str = Field("127.0.0.1", description="Address a DrafterService server binds; '0.0.0.0' on a cluster so "
+                                               "verifiers on other nodes reach it.")
+    port: int = Field(0, ge=0, le=65535, description="Port to bind; 0 = a free port picked per replica (needed "
+                                                     "when several replicas share a node).")
+    advertise_host: str | None = Field(
+        None, description="Host the server reports to verifiers; null = host, or the node's IP when host is a "
+                          "wildcard address.")
+    max_message_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, lt=1 << 31, description="Largest serialized frame either side sends or accepts "
+                                                          "(gRPC limit); bigger messages are chunked.")
+    max_sessions: int = Field(64, ge=1, description="Concurrent sessions (requests) one drafter replica serves; "
+                                                    "more are refused and those requests decode alone.")
+
+
+class LimitsConfig(_Strict):
+    """What the ingress accepts; a request outside these gets HTTP 400 naming the limit."""
+
+    max_images: int = Field(8, ge=0, description="Images per request.")
+    max_image_bytes: int = Field(8 * 1024 * 1024, ge=1, description="Encoded (decoded base64) bytes per image.")
+    max_image_pixels: int = Field(4096 * 4096, ge=1, description="Width x height per image, checked before decoding.")
+    max_request_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Bytes of one HTTP request body.")
+    max_prompt_tokens: int = Field(4096, ge=1, description="Prompt tokens after the chat template and image "
+                                                           "expansion.")
+    max_tokens: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
+
+
+class HttpConfig(_Strict):
+    """Where Serve's HTTP proxy listens (used by `specula serve`, and by tests through serve.start)."""
+
+    host: str = Field("127.0.0.1", description="Bind address of the HTTP proxy ('0.0.0.0' to serve the network).")
+    port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP proxy.")
+    route_prefix: str = Field("/", description="Path prefix of the application; POST {prefix}generate.")
+
+    @field_validator("route_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"route_prefix must start with '/', got {v!r}")
+        return v
+
+
+class SpeculaConfig(_Strict):
+    """The whole application: model, drafter, data plane, request limits, HTTP, and the four deployments."""
+
+    name: str = Field("specula", min_length=1, description="Serve application name.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The target model.")
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig, description="The drafter and how it is used.")
+    dataplane: DataplaneConfig = Field(default_factory=DataplaneConfig,
+                                       description="Verifier <-> drafter gRPC settings.")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits at the ingress.")
+    http: HttpConfig = Field(default_factory=HttpConfig, description="Serve HTTP proxy settings.")
+    deployments: Deployments = Field(default_factory=Deployments, description="Placement and scaling.")
+
+
+def load_config(source: SpeculaConfig | dict | str | os.PathLike) -> SpeculaConfig:
+    """A validated ``SpeculaConfig`` from a YAML file path, a dict, or a config (returned as is).
+
+    Raises ``ConfigError`` naming each bad field by its dotted path, e.g.
+    ``deployments.vision_encoder.devise: unknown key``.
+    """
+    if isinstance(source, SpeculaConfig):
+        return source
+    where = "config"
+    if isinstance(source, (str, os.PathLike)):
+        import yaml
+
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        where = str(path)
+        try:
+            source = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{where}: not valid YAML: {e}") from None
+        if source is None:
+            source = {}
+    if not isinstance(source, dict):
+        raise ConfigError(f"{where}: must be a mapping, got {type(source).__name__}")
+    try:
+        return SpeculaConfig.model_validate(source)
+    except ValidationError as e:
+        raise ConfigError(f"{where}: {_explain(e)}") from None
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{path}: {msg}")
+    return "; ".join(lines)
+
+
+__all__ = [
+    "ActorOptions", "AutoscalingConfig", "ConfigError", "DataplaneConfig", "DeploymentSettings",
+    "DeviceDeploymentSettings", "Deployments", "DrafterConfig", "HttpConfig", "LimitsConfig", "ModelConfig",
+    "SpeculaConfig", "VerifierSettings", "VisionSettings", "load_config",
+]

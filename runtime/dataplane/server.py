@@ -1,0 +1,263 @@
+"""``DrafterServer``: one drafter replica's DrafterService (protos/specula_dataplane.proto) on gRPC.
+
+Each ``Session`` stream is one request's drafter session (DESIGN.md "Where state lives")::
+
+    verifier -> drafter   Begin  ProposeRequest  Verdict  ProposeRequest  Verdict ...  Release
+    drafter -> verifier          Proposal                 Proposal
+
+The server owns one drafter instance (a ``specula.drafters.Drafter``) shared by all its sessions: the protocol is
+batched over request ids, so a session is a request id in that drafter (named by the server, unique per replica,
+so two verifiers' ids never collide) and the stream's end frees it, however it ends (Release, a broken or cancelled
+stream, a bad frame). Drafter calls are serialized by a lock; batching proposals across streams is the next step.
+
+A bad frame, a message out of protocol order or a drafter failure ends that session with an ``Error`` frame; the
+server and its other sessions go on. gRPC runs the server on its own threads, so it lives beside whatever owns the
+process (a Serve replica's event loop, a test)::
+
+    with DrafterServer(create({"kind": "ngram"}), host="127.0.0.1") as server:   # port 0: a free port
+        address = server.address                                                 # "127.0.0.1:43127"
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import torch
+
+from specula.drafters.protocol import DraftContext, Verdict
+from specula.protos import load
+from specula.runtime.wire import DEFAULT_LIMITS, FrameEncoder, Message, Reassembler, WireError, WireLimits, pb
+from specula.runtime.wire.codecs import parse_codec
+
+log = logging.getLogger(__name__)
+_pb2_grpc = load("specula_dataplane").pb2_grpc
+_WILDCARD = ("0.0.0.0", "::", "")
+_BEGIN_FIELDS = ("pixel_values", "visual", "hidden")  # DraftContext fields a Begin tensor may fill; others -> extra
+
+
+class SessionError(Exception):
+    """A session broke the protocol or the drafter failed it: answered with an Error frame of ``code``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DrafterServer:
+    """A gRPC DrafterService over one drafter instance.
+
+    Args:
+        drafter: the drafter every session of this replica uses (``specula.drafters.create(...)``).
+        host, port: where to bind; port 0 picks a free port (``address`` says which).
+        advertise_host: the host put in ``address`` (default: ``host``, or this machine's IP for a wildcard host).
+        accept_codecs: codecs this replica decodes (DrafterInfo.accepted_codecs); "raw" is always accepted.
+        limits: frame and message limits, both directions (max_message_bytes goes to DrafterInfo).
+        max_sessions: concurrent streams; more are refused (RESOURCE_EXHAUSTED) and those requests decode alone.
+        device: where decoded features go before the drafter sees them.
+    """
+
+    def __init__(self, drafter, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
+                 accept_codecs: Sequence[str] = ("fp32",), limits: WireLimits = DEFAULT_LIMITS,
+                 max_sessions: int = 64, device: str | torch.device = "cpu") -> None:
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        self.drafter, self.limits, self.device = drafter, limits, torch.device(device)
+        self.host, self.port, self.max_sessions = host, port, max_sessions
+        self._advertise = advertise_host
+        codecs = [parse_codec(c).name for c in accept_codecs]
+        spec = drafter.spec
+        self.info = pb.DrafterInfo(kind=spec.kind, structure=spec.structure, needs=sorted(spec.needs),
+                                   accepted_codecs=codecs, max_message_bytes=limits.max_message_bytes)
+        self._accepts = frozenset(codecs) | {"raw"}
+        self._lock = threading.Lock()  # drafter calls
+        self._ids = itertools.count()
+        self._live: set[str] = set()
+        self._server: grpc.Server | None = None
+        self._address: str | None = None
+        self._stopped = False
+
+    @classmethod
+    def from_config(cls, config, *, advertise_host: str | None = None) -> DrafterServer:
+        """The drafter of ``config.drafter`` on the DrafterEnsemble's device, bound as ``config.dataplane`` says."""
+        from specula.runtime.serve.factory import make_drafter
+
+        dp, settings = config.dataplane, config.deployments.drafter_ensemble
+        return cls(make_drafter(config), host=dp.host, port=dp.port,
+                   advertise_host=dp.advertise_host or advertise_host, accept_codecs=config.drafter.accept_codecs,
+                   limits=WireLimits(max_message_bytes=dp.max_message_bytes), max_sessions=dp.max_sessions,
+                   device=settings.device)
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> str:
+        """Bind and serve (on gRPC's threads); returns ``address``."""
+        if self._server is not None:
+            raise RuntimeError("DrafterServer already started")
+        slots = self.max_sessions + 2  # Describe calls need a worker too
+        server = grpc.server(ThreadPoolExecutor(max_workers=slots, thread_name_prefix="drafter-session"),
+                             options=self.limits.grpc_options(), maximum_concurrent_rpcs=slots)
+        _pb2_grpc.add_DrafterServiceServicer_to_server(_Servicer(self), server)
+        bind = f"[{self.host}]" if ":" in self.host else self.host
+        port = server.add_insecure_port(f"{bind}:{self.port}")
+        if port == 0:
+            raise OSError(f"DrafterServer could not bind {bind}:{self.port}")
+        server.start()
+        self._server, self.port = server, port
+        host = self._advertise or (_own_ip() if self.host in _WILDCARD else self.host)
+        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        log.info("DrafterService (%s, %s) serving on %s", self.info.kind, self.info.structure, self._address)
+        return self._address
+
+    @property
+    def address(self) -> str:
+        if self._address is None:
+            raise RuntimeError("DrafterServer is not started")
+        return self._address
+
+    @property
+    def live_sessions(self) -> int:
+        return len(self._live)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop serving; open sessions end (their verifiers decode alone) and their drafter state is freed."""
+        self._stopped = True
+        if self._server is not None:
+            self._server.stop(grace).wait()
+
+    def check_health(self) -> None:
+        if self._server is None or self._stopped:
+            raise RuntimeError("DrafterServer is not serving")
+
+    def __enter__(self) -> DrafterServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------------------------------- one session
+
+    def session(self, frames: Iterator, context: grpc.ServicerContext | None = None) -> Iterator:
+        """Serve one stream: request frames in, response frames out (the Session RPC's body)."""
+        state = _Session(f"s{next(self._ids)}")
+        enc = FrameEncoder("raw", self.limits)  # Proposal.q must be exact; nothing else carries floats this way
+        self._live.add(state.key)
+        try:
+            for msg in Reassembler(self.limits, device=self.device).feed_all(frames):
+                yield from self._handle(state, msg, enc)
+                if state.done:
+                    return
+            if state.begun:
+                log.info("session %s (%s) ended without Release", state.key, state.request_id)
+        except grpc.RpcError:  # the verifier cancelled or went away: nothing to answer
+            return
+        except WireError as e:
+            log.warning("session %s: invalid frame: %s", state.key, e)
+            yield from enc.encode(state.request_id, pb.Error(code=pb.Error.CODE_INVALID_FRAME, message=str(e)[:4096]))
+        except SessionError as e:
+            log.warning("session %s: %s", state.key, e)
+            yield from enc.encode(state.request_id, pb.Error(code=e.code, message=str(e)[:4096]))
+        except Exception as e:  # a drafter failure ends this session only
+            log.exception("session %s: drafter failed", state.key)
+            yield from enc.encode(state.request_id, pb.Error(code=pb.Error.CODE_INTERNAL,
+                                                             message=f"{type(e).__name__}: {e}"[:4096]))
+        finally:
+            self._live.discard(state.key)
+            if state.begun and not state.released:
+                with self._lock:
+                    self.drafter.release([state.key])
+
+    def _handle(self, s: _Session, msg: Message, enc: FrameEncoder) -> Iterator:
+        kind = msg.kind
+        if s.begun and msg.request_id != s.request_id:
+            raise SessionError(pb.Error.CODE_INVALID_FRAME,
+                               f"frame for request {msg.request_id!r} in the session of {s.request_id!r}")
+        if kind == "begin":
+            if s.begun:
+                raise SessionError(pb.Error.CODE_INVALID_FRAME, "a second Begin in one session")
+            s.request_id = msg.request_id
+            ctx = self._context(s.key, msg)
+            with self._lock:
+                self.drafter.begin([ctx])
+            s.begun = True
+            return
+        if kind == "error":  # the verifier gave up on this session
+            s.done = True
+            return
+        if not s.begun:
+            raise SessionError(pb.Error.CODE_INVALID_FRAME, f"{kind} before Begin")
+        if kind == "propose_request":
+            yield from enc.encode(s.request_id, *self._propose(s.key, msg.body.gamma))
+        elif kind == "verdict":
+            b = msg.body
+            v = Verdict(s.key, tuple(int(i) for i in b.accepted), tuple(int(t) for t in b.tokens), int(b.next_token),
+                        msg.tensors.get("hidden"))
+            with self._lock:
+                self.drafter.observe([v])
+        elif kind == "release":
+            with self._lock:
+                self.drafter.release([s.key])
+            s.released = s.done = True
+        else:
+            raise SessionError(pb.Error.CODE_INVALID_FRAME, f"a {kind} is not sent to a drafter")
+
+    def _context(self, key: str, msg: Message) -> DraftContext:
+        b = msg.body
+        if b.codec and b.codec not in self._accepts:
+            raise SessionError(pb.Error.CODE_UNSUPPORTED, f"codec {b.codec!r} is not one this drafter accepts "
+                                                          f"({sorted(self._accepts)})")
+        if not b.prompt_ids:
+            raise SessionError(pb.Error.CODE_INVALID_FRAME, "Begin without prompt_ids")
+        t = dict(msg.tensors)
+        fields = {name: t.pop(name, None) for name in _BEGIN_FIELDS}
+        seed = int(b.sampling.seed) if b.sampling.HasField("seed") else None
+        return DraftContext(key, torch.tensor(list(b.prompt_ids), dtype=torch.long), int(b.first_token),
+                            float(b.sampling.temperature), seed, extra=t, **fields)
+
+    def _propose(self, key: str, gamma: int) -> tuple:
+        if gamma == 0:
+            return pb.Proposal(), {}
+        with self._lock:
+            prop = self.drafter.propose([key], int(gamma))
+        n = int(prop.counts[0])
+        tokens = prop.tokens[0, :n].tolist()
+        parents = prop.parents[0, :n].tolist() if prop.parents is not None else []
+        tensors = {}
+        if prop.q is not None and n:
+            tensors["q"] = prop.q[0, :n].float().contiguous()  # [N, V] fp32
+        return pb.Proposal(tokens=tokens, parents=parents), tensors
+
+
+class _Session:
+    __slots__ = ("key", "request_id", "begun", "released", "done")
+
+    def __init__(self, key: str) -> None:
+        self.key, self.request_id = key, ""
+        self.begun = self.released = self.done = False
+
+
+class _Servicer(_pb2_grpc.DrafterServiceServicer):
+    def __init__(self, server: DrafterServer) -> None:
+        self._s = server
+
+    def Describe(self, request, context):  # noqa: N802 (gRPC method name)
+        return self._s.info
+
+    def Session(self, request_iterator, context):  # noqa: N802
+        return self._s.session(request_iterator, context)
+
+
+def _own_ip() -> str:
+    """This machine's address as other machines see it (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"

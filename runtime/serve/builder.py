@@ -1,0 +1,85 @@
+"""``build_app``: a validated config -> the Serve application. The only place that calls ``.bind``.
+
+The same deployment, in Python::
+
+    from ray import serve
+    from specula.runtime.config import load_config
+    from specula.runtime.serve.builder import build_app
+
+    cfg = load_config({
+        "model": {"path": "target"},
+        "drafter": {"kind": "ngram", "options": {"max_n": 3}, "gamma": 4},
+        "dataplane": {"host": "0.0.0.0"},
+        "deployments": {
+            "vision_encoder": {"device": "cuda", "ray_actor_options": {"num_cpus": 1, "num_gpus": 1}},
+            "drafter_ensemble": {"device": "cuda", "ray_actor_options": {"num_cpus": 1, "num_gpus": 1}},
+            "target_verifier": {"device": "cuda", "ray_actor_options": {"num_cpus": 1, "num_gpus": 1},
+                                "autoscaling_config": {"min_replicas": 1, "max_replicas": 4,
+                                                       "target_ongoing_requests": 8}},
+        },
+    })
+    serve.run(build_app(cfg), name=cfg.name, route_prefix=cfg.http.route_prefix)
+
+and in YAML, as a ``serve deploy`` config (``args`` is the same document; Serve calls ``app_builder(args)``)::
+
+    applications:
+      - name: specula
+        route_prefix: /
+        import_path: specula.runtime.serve.builder:app_builder
+        args:
+          model: {path: target}
+          drafter: {kind: ngram, options: {max_n: 3}, gamma: 4}
+          dataplane: {host: 0.0.0.0}
+          deployments:
+            vision_encoder: {device: cuda, ray_actor_options: {num_cpus: 1, num_gpus: 1}}
+            drafter_ensemble: {device: cuda, ray_actor_options: {num_cpus: 1, num_gpus: 1}}
+            target_verifier:
+              device: cuda
+              ray_actor_options: {num_cpus: 1, num_gpus: 1}
+              autoscaling_config: {min_replicas: 1, max_replicas: 4, target_ongoing_requests: 8}
+
+Placement, replicas and autoscaling come from the config's ``deployments`` section only (a ``deployments:`` list in
+the Serve config would override them; cluster.yaml does not use one). With ``drafter.gamma: 0`` no DrafterEnsemble
+is deployed and the verifier decodes alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ray.serve import Application
+
+from specula.runtime.config import SpeculaConfig, load_config
+from specula.runtime.serve.deployments import DrafterEnsemble, Ingress, TargetVerifier, VisionEncoder
+
+
+def build_app(config: SpeculaConfig | dict | str | os.PathLike, *,
+              engine_classes: Mapping[str, type] | None = None) -> Application:
+    """The Specula application: Ingress -> VisionEncoder, TargetVerifier <-> DrafterEnsemble.
+
+    ``engine_classes`` replaces an engine by deployment key ("ingress", "vision_encoder", "drafter_ensemble",
+    "target_verifier"); each class needs ``from_config(config)`` (the drafter's also takes ``advertise_host=``).
+    """
+    cfg = load_config(config)
+    args = cfg.model_dump(mode="json")  # plain data: it is shipped to every replica and re-validated there
+    engines = dict(engine_classes or {})
+    unknown = set(engines) - set(type(cfg.deployments).model_fields)
+    if unknown:
+        raise ValueError(f"engine_classes has unknown deployment keys {sorted(unknown)}")
+    d = cfg.deployments
+
+    def kw(key: str) -> dict:
+        return {"engine_cls": engines[key]} if key in engines else {}
+
+    vision = VisionEncoder.options(**d.vision_encoder.serve_options()).bind(args, **kw("vision_encoder"))
+    drafter = None
+    if cfg.drafter.gamma > 0:
+        drafter = DrafterEnsemble.options(**d.drafter_ensemble.serve_options()).bind(args, **kw("drafter_ensemble"))
+    verifier = TargetVerifier.options(**d.target_verifier.serve_options()).bind(args, drafter, **kw("target_verifier"))
+    return Ingress.options(**d.ingress.serve_options()).bind(args, vision, verifier, **kw("ingress"))
+
+
+def app_builder(args: dict) -> Application:
+    """Entry point of ``import_path: specula.runtime.serve.builder:app_builder`` in a ``serve deploy`` config."""
+    return build_app(dict(args))

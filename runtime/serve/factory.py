@@ -1,0 +1,65 @@
+"""Config -> the objects the engines wrap (target, processor, drafter). No Ray; every deployment and the in-process
+app build through here, so a replica and a test load the same thing the same way."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from specula.runtime.config import DeploymentSettings, SpeculaConfig
+
+
+def model_dir(config: SpeculaConfig) -> Path:
+    from specula.zoo.paths import resolve
+
+    return resolve(config.model.path)
+
+
+def load_target_for(config: SpeculaConfig, device: str):
+    from specula.targets import load_target
+
+    return load_target(model_dir(config), device=device, dtype=config.model.dtype)
+
+
+def load_processor_for(config: SpeculaConfig):
+    from specula.targets.processor import load_processor
+
+    return load_processor(model_dir(config))
+
+
+def target_facts(config: SpeculaConfig) -> dict:
+    """What a drafter may need to know of the target without loading it: vocab_size, image_token_id."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(model_dir(config), local_files_only=True)
+    facts = {"vocab_size": int(hf.get_text_config().vocab_size)}
+    image = getattr(hf, "image_token_id", None)
+    if image is None:
+        image = getattr(hf, "image_token_index", None)
+    if image is not None:
+        facts["image_token_id"] = int(image)
+    return facts
+
+
+def make_drafter(config: SpeculaConfig):
+    """The drafter of ``config.drafter``; options it leaves out that its class takes by name (``vocab_size``,
+    ``image_token_id``, ``device``) come from the target and the DrafterEnsemble's device."""
+    from specula.drafters import create, registry
+
+    kind, opts = config.drafter.kind, dict(config.drafter.options)
+    registry.kinds()  # registers the built-in drafters
+    cls = registry._REGISTRY.get(kind)  # noqa: SLF001 (no public lookup yet; see the session report)
+    if cls is not None:
+        named = inspect.signature(cls).parameters
+        defaults = {**target_facts(config), "device": config.deployments.drafter_ensemble.device}
+        for name, value in defaults.items():
+            if name in named and name not in opts:
+                opts[name] = value
+    return create({"kind": kind, **opts})
+
+
+def set_threads(settings: DeploymentSettings) -> None:
+    if settings.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)

@@ -1,0 +1,64 @@
+"""``LocalApp``: the application in one process, without Ray: the same four engines the deployments wrap, wired
+directly; the drafter still runs a real DrafterService on loopback gRPC, so the data plane is the deployed one::
+
+    with LocalApp.from_config(load_config("specula.yaml")) as app:
+        app.generate({"prompt": "What colour is the circle?", "images": [b64_png], "max_tokens": 32})
+        for record in app.stream({...}): ...          # the NDJSON records of POST /generate with stream: true
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+
+from specula.runtime.dataplane import DrafterServer
+from specula.runtime.serve.ingress import IngressEngine
+from specula.runtime.serve.verifier import VerifierEngine
+from specula.runtime.serve.vision import VisionEngine
+
+
+class LocalApp:
+    def __init__(self, ingress: IngressEngine, vision: VisionEngine, verifier: VerifierEngine,
+                 drafter: DrafterServer | None = None) -> None:
+        self.ingress, self.vision, self.verifier, self.drafter = ingress, vision, verifier, drafter
+
+    @classmethod
+    def from_config(cls, config) -> LocalApp:
+        drafter = None
+        if config.drafter.gamma > 0:
+            drafter = DrafterServer.from_config(config)
+            drafter.start()
+        return cls(IngressEngine.from_config(config), VisionEngine.from_config(config),
+                   VerifierEngine.from_config(config), drafter)
+
+    def stream(self, body: dict | bytes) -> Iterator[dict]:
+        """The records of ``POST /generate`` with ``stream: true`` (RequestError / VerifierError on failure)."""
+        resp, chunks = self._start(body)
+        for chunk in chunks:
+            yield from resp.add(chunk)
+
+    def generate(self, body: dict | bytes) -> dict:
+        """The JSON of ``POST /generate`` with ``stream: false``."""
+        resp, chunks = self._start(body)
+        for chunk in chunks:
+            resp.add(chunk)
+        return resp.result()
+
+    def _start(self, body: dict | bytes):
+        req = self.ingress.prepare(self.ingress.parse(body), uuid.uuid4().hex)
+        if req.pixel_values is not None:  # the VisionEncoder's step
+            req = replace(req, visual=self.vision.encode(req.pixel_values, req.image_grid_thw))
+        address = self.drafter.address if self.drafter is not None else None
+        return self.ingress.response(req), self.verifier.stream(req, drafter_address=address)
+
+    def close(self) -> None:
+        self.verifier.close()
+        if self.drafter is not None:
+            self.drafter.stop()
+
+    def __enter__(self) -> LocalApp:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,283 @@
+"""``VerifierEngine``: the TargetVerifier deployment's engine (no Ray): each request's decode loop, on one target.
+
+One thread (the loop) owns the target and a ``SpecEngine`` whose drafter is a ``RemoteDrafter``: the speculative
+step is the single-process one, only the drafts come over gRPC. Requests join and leave the live batch between
+steps (continuous batching), so a request's KV cache never leaves this engine::
+
+    engine = VerifierEngine(target, drafter=RemoteDrafter(vocab_size=V), gamma=4)
+    for chunk in engine.stream(GenerationRequest("r1", ids, params=SamplingParams(max_tokens=32)),
+                               drafter_address="127.0.0.1:43127"):
+        chunk["tokens"]       # tokens this step added; the last chunk has finished=True, finish_reason, metrics
+
+    async for chunk in engine.astream(request, drafter_address=...):   # the same, for an event loop (Serve)
+
+If the drafter is unreachable, slow or broken the request decodes alone (the plain step), output unchanged, and its
+last chunk says why under "drafter". If the target fails, every request in the failed step gets ``VerifierError``
+(never a truncated answer) and the engine goes on with the next requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+
+from specula.runtime.dataplane import RemoteDrafter
+from specula.runtime.engine import GenerationRequest, SpecEngine, TokenEvent
+
+log = logging.getLogger(__name__)
+Sink = Callable[[object], None]  # gets chunk dicts, then (instead of a finished chunk) maybe a VerifierError
+
+
+class VerifierError(RuntimeError):
+    """The target failed this request (or the engine stopped): the client must see an error, not a short answer."""
+
+
+class VerifierEngine:
+    """Continuous-batching speculative decoding on one target, drafts from remote drafter replicas.
+
+    Args:
+        target: a ``specula.targets.Target`` (only the loop thread touches it).
+        drafter: the ``RemoteDrafter`` sessions go through, or None for plain decoding.
+        gamma: draft tokens per block.
+        eos_token_ids: default the target's.
+        max_batch_size: live requests decoded together; more wait in arrival order.
+    """
+
+    def __init__(self, target, drafter: RemoteDrafter | None = None, *, gamma: int = 4,
+                 eos_token_ids=None, max_batch_size: int = 16) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.target, self.remote, self.max_batch_size = target, drafter, max_batch_size
+        self.engine = SpecEngine(target, drafter, gamma=gamma if drafter is not None else 0,
+                                 eos_token_ids=eos_token_ids)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", request, sink) | ("cancel", id) | ("stop",)
+        self._waiting: deque[tuple[GenerationRequest, Sink]] = deque()
+        self._sinks: dict[str, Sink] = {}
+        self._ids: set[str] = set()  # submitted and not finished (guards duplicates across threads)
+        self._ids_lock = threading.Lock()
+        self._fatal: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="verifier-loop", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config) -> VerifierEngine:
+        from specula.runtime.serve.factory import load_target_for, set_threads
+        from specula.runtime.wire import WireLimits
+
+        settings, d = config.deployments.target_verifier, config.drafter
+        set_threads(settings)
+        target = load_target_for(config, settings.device)
+        remote = None
+        if d.gamma > 0:
+            remote = RemoteDrafter(vocab_size=target.info.vocab_size, codec_preference=d.codec_preference,
+                                   limits=WireLimits(max_message_bytes=config.dataplane.max_message_bytes),
+                                   propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s)
+        return cls(target, remote, gamma=d.gamma, max_batch_size=settings.max_batch_size)
+
+    # ------------------------------------------------------------------------------------------- callers' side
+
+    def submit(self, request: GenerationRequest, sink: Sink, drafter_address: str | None = None) -> None:
+        """Queue ``request``; ``sink`` gets its chunks on the loop thread. Blocks while the drafter is described."""
+        if self._closed or self._fatal is not None:
+            raise VerifierError("the verifier is not running")
+        with self._ids_lock:
+            if request.request_id in self._ids:
+                raise ValueError(f"request id {request.request_id!r} is already live")
+            self._ids.add(request.request_id)
+        if self.remote is not None:
+            self.remote.attach(request.request_id, drafter_address)
+            if request.visual is not None and "pixels" not in self.remote.spec.needs:
+                request = replace(request, pixel_values=None)  # the target reads the visual features
+        self._inbox.put(("add", request, sink))
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request at the next step; its last chunk has finish_reason "cancelled"."""
+        self._inbox.put(("cancel", request_id))
+
+    def stream(self, request: GenerationRequest, drafter_address: str | None = None) -> Iterator[dict]:
+        """Chunks of one request, as the loop produces them; raises VerifierError if the target failed it."""
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        self.submit(request, q.put, drafter_address)
+        done = False
+        try:
+            while True:
+                item = q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item["finished"]:
+                    done = True
+                    return
+        finally:
+            if not done:
+                self.cancel(request.request_id)
+
+    async def astream(self, request: GenerationRequest, drafter_address: str | None = None) -> AsyncIterator[dict]:
+        """``stream`` for an event loop: nothing blocks the loop; leaving early cancels the request."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        def sink(item) -> None:
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, item)
+            except RuntimeError:  # the caller's loop is gone
+                pass
+
+        await asyncio.to_thread(self.submit, request, sink, drafter_address)
+        done = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item["finished"]:
+                    done = True
+                    return
+        finally:
+            if not done:
+                self.cancel(request.request_id)
+
+    def generate(self, request: GenerationRequest, drafter_address: str | None = None) -> dict:
+        """Run one request to the end: {"tokens", "finish_reason", "metrics", "drafter"}."""
+        tokens: list[int] = []
+        for chunk in self.stream(request, drafter_address):
+            tokens.extend(chunk["tokens"])
+        return {**chunk, "tokens": tokens}
+
+    def check_health(self) -> None:
+        if self._fatal is not None:
+            raise VerifierError(f"the verifier loop died: {self._fatal!r}")
+        if not self._thread.is_alive() and not self._closed:
+            raise VerifierError("the verifier loop is not running")
+
+    def close(self) -> None:
+        """Stop the loop; requests still queued or live get VerifierError."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(("stop",))
+        self._thread.join(timeout=30)
+        if self.remote is not None:
+            self.remote.close()
+
+    # ------------------------------------------------------------------------------------------- the loop
+
+    def _loop(self) -> None:
+        try:
+            while self._take(block=not self.engine.rows and not self._waiting):
+                self._admit()
+                if self.engine.rows:
+                    ids = list(self.engine.rows)
+                    try:
+                        events = self.engine.step()
+                    except Exception as e:
+                        self._fail(ids, e)
+                        continue
+                    self._dispatch(events)
+        except BaseException as e:  # a bug in the loop itself: fail everyone, report unhealthy
+            self._fatal = e
+            log.exception("verifier loop died")
+        finally:
+            why = "stopped" if self._fatal is None else f"failed: {self._fatal!r}"
+            err = VerifierError(f"the verifier {why}")
+            self._fail(list(self.engine.rows), err)
+            while self._waiting:
+                self._send_error(self._waiting.popleft()[0].request_id, err)
+
+    def _take(self, block: bool) -> bool:
+        """Move inbox items into the engine's view; False once asked to stop."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if item[0] == "stop":
+                return False
+            if item[0] == "add":
+                _, request, sink = item
+                self._sinks[request.request_id] = sink
+                self._waiting.append((request, sink))
+            else:
+                self._cancel(item[1])
+
+    def _cancel(self, rid: str) -> None:
+        for i, (r, _) in enumerate(self._waiting):
+            if r.request_id == rid:
+                del self._waiting[i]
+                if self.remote is not None:
+                    self.remote.release([rid])  # forget its drafter assignment; no session was opened
+                self._dispatch([TokenEvent(rid, (), True, "cancelled")])
+                return
+        self.engine.cancel(rid)
+
+    def _admit(self) -> None:
+        room = self.max_batch_size - len(self.engine.rows)
+        new = []
+        while self._waiting and len(new) < room:
+            new.append(self._waiting.popleft()[0])
+        if not new:
+            return
+        try:
+            self._dispatch(self.engine.add(new))
+        except Exception as e:
+            self.engine.abort([r.request_id for r in new])
+            if len(new) == 1:
+                self._fail([new[0].request_id], e)
+                return
+            for r in new:  # find the request that broke the batched prefill; the others go on
+                try:
+                    self._dispatch(self.engine.add([r]))
+                except Exception as e1:
+                    self.engine.abort([r.request_id])
+                    self._fail([r.request_id], e1)
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        for ev in events:
+            chunk = {"request_id": ev.request_id, "tokens": list(ev.tokens), "finished": ev.finished,
+                     "finish_reason": ev.finish_reason}
+            if ev.finished:
+                result = self.engine.finished.pop(ev.request_id, None)
+                chunk["metrics"] = result.metrics.to_dict() if result is not None else None
+                chunk["drafter"] = self._drafter_status(ev.request_id)
+                sink = self._sinks.pop(ev.request_id, None)
+                with self._ids_lock:
+                    self._ids.discard(ev.request_id)
+            else:
+                sink = self._sinks.get(ev.request_id)
+            if sink is not None:
+                sink(chunk)
+
+    def _drafter_status(self, rid: str) -> str:
+        if self.remote is None:
+            return "off"
+        reason = self.remote.fallbacks.pop(rid, None)
+        return "ok" if reason is None else f"fallback: {reason}"
+
+    def _fail(self, ids: list[str], exc: BaseException) -> None:
+        if not ids:
+            return
+        log.error("verifier failed requests %s: %r", ids, exc)
+        try:
+            self.engine.abort(ids)
+        except Exception:  # the target is in an unknown state; its rows are gone either way
+            log.exception("abort after a failure failed")
+        err = exc if isinstance(exc, VerifierError) else VerifierError(f"target failed: {type(exc).__name__}: {exc}")
+        for rid in ids:
+            self._send_error(rid, err)
+
+    def _send_error(self, rid: str, err: VerifierError) -> None:
+        sink = self._sinks.pop(rid, None)
+        with self._ids_lock:
+            self._ids.discard(rid)
+        if self.remote is not None:
+            self.remote.fallbacks.pop(rid, None)
+        if sink is not None:
+            sink(err)

@@ -1,0 +1,108 @@
+"""The DrafterService server on its own, driven frame by frame over real gRPC: a malformed or out-of-protocol
+stream ends that session with an Error frame and frees it, while the server keeps serving other sessions."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+import torch
+
+from specula.drafters import create
+from specula.protos import load
+from specula.runtime.dataplane import DrafterServer, DrafterUnavailable, SessionStream
+from specula.runtime.wire import DEFAULT_LIMITS, encode_message, Message, pb
+
+pb2_grpc = load("specula_dataplane").pb2_grpc
+
+
+@pytest.fixture()
+def server():
+    drafter = create({"kind": "ngram", "max_n": 3})
+    with DrafterServer(drafter, accept_codecs=["fp32", "fp16"]) as s:
+        yield s
+
+
+@pytest.fixture()
+def stub(server):
+    channel = grpc.insecure_channel(server.address, options=DEFAULT_LIMITS.grpc_options())
+    yield pb2_grpc.DrafterServiceStub(channel)
+    channel.close()
+
+
+def _frames(*messages: Message) -> list:
+    out = []
+    for m in messages:
+        out += encode_message(m)
+    return out
+
+
+def _answer(stub, frames) -> list:
+    """Send ``frames`` (then half-close) and collect what the server answers until it ends the stream."""
+    return list(stub.Session(iter(frames), timeout=10))
+
+
+def _begin(seq=0, rid="r1", **tensors):
+    return Message(rid, pb.Begin(prompt_ids=[5, 6, 7, 5, 6], first_token=7, codec="fp32"), tensors, seq)
+
+
+def _wait_free(server, timeout=5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while server.live_sessions and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return server.live_sessions == 0
+
+
+def test_describe_reports_the_drafter(stub):
+    info = stub.Describe(pb.DescribeRequest(), timeout=5)
+    assert (info.kind, info.structure, list(info.accepted_codecs)) == ("ngram", "chain", ["fp32", "fp16"])
+    assert info.max_message_bytes == DEFAULT_LIMITS.max_message_bytes
+
+
+def test_a_session_proposes_observes_and_releases(server, stub):
+    got = _answer(stub, _frames(_begin(), Message("r1", pb.ProposeRequest(gamma=3), {}, 1),
+                                Message("r1", pb.Verdict(accepted=[0, 1], tokens=[5, 6], next_token=9), {}, 2),
+                                Message("r1", pb.Release(reason="done"), {}, 3)))
+    assert [f.kind for f in got] == [pb.KIND_PROPOSAL]
+    assert list(got[0].proposal.tokens) == [5, 6, 7]  # continuation of the latest "6 7" ... "5 6 7" match
+    assert _wait_free(server) and server.drafter._tokens == {}
+
+
+@pytest.mark.parametrize("case", ["garbage_header", "propose_before_begin", "wrong_seq", "proposal_to_drafter",
+                                  "two_begins", "lossy_codec_not_accepted"])
+def test_malformed_stream_ends_the_session_with_an_error_and_the_server_stays_up(server, stub, case):
+    if case == "garbage_header":
+        f = encode_message(_begin())[0]
+        f.header = b"\xc1\xc1 not msgpack"
+        frames = [f]
+    elif case == "propose_before_begin":
+        frames = _frames(Message("r1", pb.ProposeRequest(gamma=2), {}, 0))
+    elif case == "wrong_seq":
+        frames = _frames(_begin(), Message("r1", pb.ProposeRequest(gamma=2), {}, 5))
+    elif case == "proposal_to_drafter":
+        frames = _frames(_begin(), Message("r1", pb.Proposal(tokens=[1]), {}, 1))
+    elif case == "two_begins":
+        frames = _frames(_begin(), _begin(seq=1))
+    else:
+        frames = _frames(Message("r1", pb.Begin(prompt_ids=[1, 2], first_token=3, codec="int8"), {}, 0))
+    got = _answer(stub, frames)
+    assert len(got) == 1 and got[0].kind == pb.KIND_ERROR, case
+    want = pb.Error.CODE_UNSUPPORTED if case == "lossy_codec_not_accepted" else pb.Error.CODE_INVALID_FRAME
+    assert got[0].error.code == want, got[0].error.message
+    assert _wait_free(server) and server.drafter._tokens == {}  # the session's drafter state is gone
+    # the server still serves a well-formed session
+    ok = _answer(stub, _frames(_begin(rid="r2"), Message("r2", pb.ProposeRequest(gamma=2), {}, 1)))
+    assert [f.kind for f in ok] == [pb.KIND_PROPOSAL] and list(ok[0].proposal.tokens) == [5, 6]
+
+
+def test_a_broken_stream_frees_the_session(server, stub):
+    s = SessionStream(stub, "r1", "fp16", DEFAULT_LIMITS)
+    s.send(pb.Begin(prompt_ids=[5, 6, 7, 5, 6], first_token=7, codec="fp16"), {"hidden": torch.randn(6, 8)})
+    s.send(pb.ProposeRequest(gamma=2))
+    assert s.receive(5).kind == "proposal"
+    assert server.live_sessions == 1 and len(server.drafter._tokens) == 1
+    s.abort()  # the verifier vanishes: no Release
+    assert _wait_free(server) and server.drafter._tokens == {}
+    with pytest.raises(DrafterUnavailable):
+        s.receive(1)

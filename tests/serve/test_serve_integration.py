@@ -1,0 +1,140 @@
+"""The application on a real (local, 2-CPU) Ray Serve: four deployments built by build_app, one request through the
+HTTP ingress, and the answer must equal the in-process engines' (LocalApp) token for token, streamed or not; and a
+verifier that fails mid-answer reaches the HTTP client as an error (500, or an error record with no "finished").
+
+Ray 2.60 turns token authentication on for a new local cluster (and writes ~/.ray/auth_token) unless RAY_AUTH_MODE
+is set, so the fixture sets RAY_AUTH_MODE=disabled before ray.init (the workers inherit it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+import pytest
+
+from specula.runtime.serve import LocalApp, VerifierEngine
+
+from serve_kit import make_config, world_body
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")]  # Ray's own pydantic use
+
+
+class _BrokenTarget:
+    """A target whose decode steps all fail (prefill works): the verifier fails mid-answer."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def verify(self, block):
+        raise RuntimeError("simulated GPU failure")
+
+    decode_step = verify
+
+
+class BrokenVerifierEngine(VerifierEngine):
+    @classmethod
+    def from_config(cls, config):
+        from specula.runtime.dataplane import RemoteDrafter
+        from specula.runtime.serve.factory import load_target_for
+
+        target = load_target_for(config, "cpu")
+        return cls(_BrokenTarget(target), RemoteDrafter(vocab_size=target.info.vocab_size), gamma=config.drafter.gamma)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(model_dir):
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from specula.runtime.serve.builder import build_app
+
+    port = _free_port()
+    cfg = make_config(model_dir, http={"host": "127.0.0.1", "port": port})
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit in 107 bytes
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
+                 log_to_driver=False, configure_logging=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(cfg), name=cfg.name, route_prefix="/")
+        # a second application whose verifier fails after prefill; its classes travel by value (tests/ is not on
+        # the replicas' import path)
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        broken = make_config(model_dir, name="broken")
+        serve.run(build_app(broken, engine_classes={"target_verifier": BrokenVerifierEngine}), name="broken",
+                  route_prefix="/broken")
+        yield cfg, f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_http_generate_equals_the_in_process_app(served):
+    cfg, url = served
+    body = world_body(0, max_tokens=16)  # a VQA prompt with one image
+    with LocalApp.from_config(cfg) as local:
+        want = local.generate(body)
+    status, raw = _post(f"{url}/generate", body)
+    assert status == 200, raw[:500]
+    got = json.loads(raw)
+    assert got["tokens"] == want["tokens"] and got["text"] == want["text"]
+    assert got["finish_reason"] == want["finish_reason"]
+    assert got["drafter"] == "ok"  # drafts came from the DrafterEnsemble replica over gRPC
+    assert got["metrics"]["accepted_tokens"] == want["metrics"]["accepted_tokens"]
+
+    status, raw = _post(f"{url}/generate", {**body, "stream": True})
+    assert status == 200
+    records = [json.loads(line) for line in raw.decode().splitlines()]
+    assert records[-1]["finished"] is True
+    assert [t for r in records[:-1] for t in r["tokens"]] == want["tokens"]
+
+    status, raw = _post(f"{url}/generate", {**body, "max_tokens": 0})
+    assert status == 400 and "max_tokens" in json.loads(raw)["error"]["message"]
+
+
+def test_verifier_failure_reaches_the_client_as_an_error(served):
+    _, url = served
+    body = world_body(2, max_tokens=8)  # text only
+    status, raw = _post(f"{url}/broken/generate", body)
+    assert status == 500 and "simulated GPU failure" in json.loads(raw)["error"]["message"]
+    status, raw = _post(f"{url}/broken/generate", {**body, "stream": True})
+    records = [json.loads(line) for line in raw.decode().splitlines()]
+    assert status == 200 and records[0]["tokens"]  # the prefill token went out before the failure ...
+    assert "simulated GPU failure" in records[-1]["error"]["message"]  # ... then an error, never "finished"
+    assert not any(r.get("finished") for r in records)
