@@ -10,7 +10,8 @@ Layout of a data folder (written by ``make_answers``, resumable):
     meta.json                     what defines the answers (recipe settings + sha256 of the target's weights);
                                   a rerun that differs is refused
     train-00000000.safetensors    chunks of ``chunk`` answers to ``train_stream(seed, start + i)`` prompts,
-    ...                           written whole then renamed: a rerun skips the chunks it has
+    ...                           written whole then renamed: a rerun skips the chunks it has (``split="text"`` /
+                                  ``"vision"``: text-00000000... / vision-00000000..., see ``world_sample``)
     eval.safetensors              answers to ``eval_samples`` prompts of the evaluation suites (``eval_sample``)
 
     key = {"target_sha256": target_fingerprint(target_dir), "max_new_tokens": 96, "seed": 0, "start": 2_000_000}
@@ -35,23 +36,32 @@ EVAL_SUITES = ("caption", "vqa", "reasoning", "chart", "ocr", "multi_image", "vi
 EVAL_OFFSET = 20_000  # eval prompts are the evaluation suites' samples from this index on
 
 
+TRAIN_SPLITS = ("train", "text", "vision")  # what make_answers can draw training prompts from (world_sample)
+
+
 @dataclass(frozen=True)
 class Answer:
-    split: str  # "train" (index into train_stream) or "eval" (index into eval_sample)
+    split: str  # "train" / "text" / "vision" (world_sample) or "eval" (the evaluation suites)
     index: int
     prompt: torch.Tensor  # [Lp] int64, image tokens expanded
     response: torch.Tensor  # [Lr] int64, the target's greedy answer (EOS included when reached)
 
 
 def world_sample(split: str, index: int, seed: int):
-    """The world prompt behind an answer."""
+    """The world prompt behind an answer: "train" the index-th sample of the world's training mix (``train_stream``);
+    "text" the text-only conversations of that mix (the ``text`` suite's training split); "vision" the training mix
+    without them (every prompt has images); "eval" the evaluation suites, round robin."""
     from specula.world.suites import generate, train_stream
 
     if split == "train":
         return next(train_stream(seed=seed, start=index))
+    if split == "text":
+        return generate("text", "train", index, seed)
+    if split == "vision":
+        return next(train_stream(seed=seed, start=index, weights={"text": 0.0}))
     if split == "eval":
         return generate(EVAL_SUITES[index % len(EVAL_SUITES)], "eval", EVAL_OFFSET + index, seed)
-    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    raise ValueError(f"split must be one of {TRAIN_SPLITS + ('eval',)}, got {split!r}")
 
 
 def encode(processor, sample) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -158,10 +168,13 @@ def read_answers(path: Path) -> list[Answer]:
 
 def make_answers(folder: Path, target, processor, *, key: dict, n: int, eval_n: int = 0, start: int = 0,
                  seed: int = 0, max_new_tokens: int = 96, chunk: int = 64, gen_batch: int = 16,
-                 desc: str = "target answers", log=print) -> Path:
-    """Generate (or finish generating) ``n`` training answers (prompts ``start .. start + n - 1`` of the training
-    stream) and ``eval_n`` held-out ones into ``folder``; ``key`` (what defines the answers, with the target's
-    fingerprint) is recorded in meta.json and must match on a rerun."""
+                 desc: str = "target answers", log=print, split: str = "train") -> Path:
+    """Generate (or finish generating) ``n`` training answers (prompts ``start .. start + n - 1`` of ``split``, see
+    ``world_sample``; files ``<split>-<first>.safetensors``) and ``eval_n`` held-out ones into ``folder``; ``key``
+    (what defines the answers, with the target's fingerprint) is recorded in meta.json and must match on a rerun.
+    Several splits may share a folder (and its eval answers)."""
+    if split not in TRAIN_SPLITS:
+        raise ValueError(f"split must be one of {TRAIN_SPLITS}, got {split!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     full_key = {**key, "start": start, "seed": seed, "max_new_tokens": max_new_tokens, "chunk": chunk}
@@ -180,7 +193,7 @@ def make_answers(folder: Path, target, processor, *, key: dict, n: int, eval_n: 
                       full_key)
 
     def complete(s: int) -> bool:  # a shorter last chunk of a smaller earlier run is made again
-        f = folder / f"train-{s:08d}.safetensors"
+        f = folder / f"{split}-{s:08d}.safetensors"
         if not f.exists():
             return False
         with safe_open(f, "pt") as h:
@@ -189,13 +202,13 @@ def make_answers(folder: Path, target, processor, *, key: dict, n: int, eval_n: 
     todo = [s for s in range(0, n, chunk) if not complete(s)]
     done = n - sum(min(chunk, n - s) for s in todo)
     if done:
-        log(f"data: {done} of {n} target answers already in {folder}")
+        log(f"data: {done} of {n} {split} target answers already in {folder}")
     bar = tqdm(total=n, initial=done, unit="sample", desc=desc, mininterval=5.0)
     for s in todo:
         m = min(chunk, n - s)
-        answers = _answer(target, processor, "train", list(range(start + s, start + s + m)), seed, max_new_tokens,
+        answers = _answer(target, processor, split, list(range(start + s, start + s + m)), seed, max_new_tokens,
                           gen_batch)
-        write_answers(folder / f"train-{s:08d}.safetensors", answers, full_key)
+        write_answers(folder / f"{split}-{s:08d}.safetensors", answers, full_key)
         bar.update(m)
     bar.close()
     return folder
@@ -207,7 +220,7 @@ def load_answers(folder: Path, split: str, n: int | None = None) -> list[Answer]
     if split == "eval":
         out = read_answers(folder / "eval.safetensors") if (folder / "eval.safetensors").exists() else []
     else:
-        out = [a for f in sorted(folder.glob("train-*.safetensors")) for a in read_answers(f)]
+        out = [a for f in sorted(folder.glob(f"{split}-*.safetensors")) for a in read_answers(f)]
     if n is not None:
         if len(out) < n:
             raise ValueError(f"{folder} holds {len(out)} {split} answers, {n} asked for")

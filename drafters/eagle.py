@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from specula.drafters.eagle_head import EagleHead, load_eagle
+from specula.drafters.eagle_head import EagleHead
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
 from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
@@ -74,9 +74,9 @@ class _Row:
     draft: tuple[list[int], list[int]] | None = None  # outstanding proposal: (tokens, parents)
 
 
-def _int(name: str, v, lo: int) -> int:
+def _int(kind: str, name: str, v, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"eagle: {name} must be an integer >= {lo}, got {v!r}")
+        raise ValueError(f"{kind}: {name} must be an integer >= {lo}, got {v!r}")
     return v
 
 
@@ -86,23 +86,31 @@ class EagleDrafter:
     ``EagleHead``); ``structure`` "chain" | "tree"; tree: ``top_k``, ``depth``, ``total_tokens``; ``seed``;
     ``device`` / ``dtype`` of the head (default: the target's device, float32); ``kv_policy``.
     Resources: ``target`` (its embedding and lm_head are shared with the head; needed unless ``head`` is already
-    attached), ``tokenizer`` (unused)."""
+    attached), ``tokenizer`` (unused).
 
-    def __init__(self, path: str | Path = "eagle", head: EagleHead | None = None, structure: str = "chain",
+    Subclasses (``drafters/msd.py``) set ``KIND`` / ``HEAD`` and may override ``_needs``, ``_check_context`` and
+    ``_prompt_inputs`` (what the head reads at prompt positions); drafting, trees and the cache are shared."""
+
+    KIND = "eagle"
+    HEAD: type[EagleHead] = EagleHead
+
+    def __init__(self, path: str | Path | None = None, head: EagleHead | None = None, structure: str = "chain",
                  top_k: int = 4, depth: int = 5, total_tokens: int = 24, seed: int = 0,
                  device: str | None = None, dtype: str | None = None, kv_policy: KVPolicy | None = None,
                  target=None, tokenizer=None, **unknown):
+        kind = self.KIND
         if unknown:
-            raise ValueError(f"eagle: unknown options {sorted(unknown)}")
-        self.spec = DrafterSpec(kind="eagle", structure=structure, needs=frozenset({"hidden"}))
-        self.top_k, self.depth = _int("top_k", top_k, 1), _int("depth", depth, 1)
-        self.total_tokens, self.seed = _int("total_tokens", total_tokens, 1), _int("seed", seed, 0)
+            raise ValueError(f"{kind}: unknown options {sorted(unknown)}")
+        self.top_k, self.depth = _int(kind, "top_k", top_k, 1), _int(kind, "depth", depth, 1)
+        self.total_tokens, self.seed = _int(kind, "total_tokens", total_tokens, 1), _int(kind, "seed", seed, 0)
         if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
-            raise ValueError(f"eagle: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
+            raise ValueError(f"{kind}: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
         dt = getattr(torch, str(dtype)) if dtype is not None else None
         if head is None:
-            head = load_eagle(path, target, device=device, dtype=dt)
+            head = self.HEAD.load(kind if path is None else path, target, device=device, dtype=dt)
         else:
+            if not isinstance(head, self.HEAD):
+                raise ValueError(f"{kind}: head must be a {self.HEAD.__name__}, got {type(head).__name__}")
             if dt is not None or device is not None:
                 head.to(device=device, dtype=dt)
             if target is not None:  # (re)attach to this target's embedding and lm_head
@@ -110,18 +118,19 @@ class EagleDrafter:
                 emb = model.get_input_embeddings()
                 head.attach(emb, model.get_output_embeddings(), copy=head.fc.weight.device != emb.weight.device)
             if not head.attached:
-                raise ValueError("eagle: give a target (its embedding and lm_head) or an attached head")
+                raise ValueError(f"{kind}: give a target (its embedding and lm_head) or an attached head")
         self.head = head.eval()
         cfg = head.config
         self.vocab_size = cfg.vocab_size
         if target is not None:
             if target.info.vocab_size != cfg.vocab_size or target.info.hidden_size != cfg.hidden_size:
-                raise ValueError(f"eagle: head (V={cfg.vocab_size}, H={cfg.hidden_size}) does not fit the target "
+                raise ValueError(f"{kind}: head (V={cfg.vocab_size}, H={cfg.hidden_size}) does not fit the target "
                                  f"(V={target.info.vocab_size}, H={target.info.hidden_size})")
             image = target.info.image_token_id
         else:
             image = cfg.image_token_id
         self.image_token_id = None if image is None else int(image)
+        self.spec = DrafterSpec(kind=kind, structure=structure, needs=self._needs())
         p = head.fc.weight
         self.device, self.dtype = p.device, p.dtype
         self._attn = head.llama_config._attn_implementation
@@ -129,6 +138,17 @@ class EagleDrafter:
         self._kv = BatchedKV(lambda: DynamicCache(config=lc), kv_policy or KVPolicy())
         self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv
         self._seeder = torch.Generator().manual_seed(seed)  # for requests without a seed
+
+    def _needs(self) -> frozenset[str]:
+        """The target features ``begin`` reads (DrafterSpec.needs)."""
+        return frozenset({"hidden"})
+
+    def _check_context(self, c: DraftContext) -> None:
+        """Refuse a context ``_prompt_inputs`` cannot use (called for all contexts before any state changes)."""
+
+    def _prompt_inputs(self, contexts: list[DraftContext], seq: int) -> dict:
+        """Extra keyword arguments of the head's forward over the prompts' pairs, padded to [B, seq, ..]."""
+        return {}
 
     # ------------------------------------------------------------------------------------------------ protocol
 
@@ -140,16 +160,17 @@ class EagleDrafter:
             return
         ids = [c.request_id for c in contexts]
         if len(set(ids)) != len(ids) or any(i in self._rows for i in ids):
-            raise ValueError(f"eagle.begin: request ids must be new and unique, got {ids}")
+            raise ValueError(f"{self.KIND}.begin: request ids must be new and unique, got {ids}")
         H = self.head.config.hidden_size
         for c in contexts:
             n = int(c.prompt_ids.shape[0])
             if c.hidden is None or tuple(c.hidden.shape) != (n, H) or n < 1:
                 got = None if c.hidden is None else tuple(c.hidden.shape)
-                raise ValueError(f"eagle.begin: {c.request_id!r} needs hidden [L={n}, H={H}] (target final-norm "
+                raise ValueError(f"{self.KIND}.begin: {c.request_id!r} needs hidden [L={n}, H={H}] (target final-norm "
                                  f"states of the prompt), got {got}")
             if not float(c.temperature) >= 0:
-                raise ValueError(f"eagle.begin: request {c.request_id!r} has temperature {c.temperature!r}")
+                raise ValueError(f"{self.KIND}.begin: request {c.request_id!r} has temperature {c.temperature!r}")
+            self._check_context(c)
         b, seq = len(contexts), max(int(c.prompt_ids.shape[0]) for c in contexts)
         nxt = torch.zeros(b, seq, dtype=torch.long)  # [B, L] x_{i+1}
         hid = torch.zeros(b, seq, H, dtype=self.dtype, device=self.device)  # [B, L, H] h_i
@@ -161,8 +182,9 @@ class EagleDrafter:
         valid = torch.arange(seq)[None, :] < lengths[:, None]  # [B, L] bool
         causal = torch.ones(seq, seq, dtype=torch.bool).tril()
         allowed = (causal[None] & valid[:, None, :]) | torch.eye(seq, dtype=torch.bool)[None]  # [B, L, L]
+        extra = self._prompt_inputs(contexts, seq)
         cache = self._kv.new_cache()
-        out = self._forward(nxt, hid, torch.arange(seq).expand(b, seq), allowed[:, None], cache)  # [B, L, H]
+        out = self._forward(nxt, hid, torch.arange(seq).expand(b, seq), allowed[:, None], cache, **extra)  # [B, L, H]
         self._kv.join(cache, valid.to(self.device))
         for i, c in enumerate(contexts):
             n = int(lengths[i])
@@ -173,10 +195,10 @@ class EagleDrafter:
     def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
         ids = tuple(request_ids)
         if len(set(ids)) != len(ids):
-            raise ValueError(f"eagle.propose: duplicate request ids {list(ids)}")
+            raise ValueError(f"{self.KIND}.propose: duplicate request ids {list(ids)}")
         rows = [self._row(r) for r in ids]
         if any(r.draft is not None for r in rows):
-            raise ValueError("eagle.propose: a row's previous proposal was not observed")
+            raise ValueError(f"{self.KIND}.propose: a row's previous proposal was not observed")
         bc = len(ids)
         if gamma < 1 or not bc:
             return Proposal(ids, torch.zeros(bc, 1, dtype=torch.long), (0,) * bc)
@@ -195,21 +217,23 @@ class EagleDrafter:
         for v in verdicts:  # check them all before changing anything
             row, path = self._row(v.request_id), [int(i) for i in v.accepted]
             if len(v.tokens) != len(path):
-                raise ValueError(f"eagle.observe: {v.request_id!r}: {len(path)} accepted nodes, {len(v.tokens)} tokens")
+                raise ValueError(f"{self.KIND}.observe: {v.request_id!r}: {len(path)} accepted nodes, "
+                                 f"{len(v.tokens)} tokens")
             if v.hidden is None or tuple(v.hidden.shape) != (1 + len(path), H):
                 got = None if v.hidden is None else tuple(v.hidden.shape)
-                raise ValueError(f"eagle.observe: {v.request_id!r} needs hidden [1 + {len(path)}, {H}], got {got}")
+                raise ValueError(f"{self.KIND}.observe: {v.request_id!r} needs hidden [1 + {len(path)}, {H}], "
+                                 f"got {got}")
             if path:
                 if row.draft is None:
-                    raise ValueError(f"eagle.observe: {v.request_id!r}: accepted nodes but no proposal")
+                    raise ValueError(f"{self.KIND}.observe: {v.request_id!r}: accepted nodes but no proposal")
                 toks, parents = row.draft
                 prev = -1
                 for i in path:
                     if not 0 <= i < len(toks) or parents[i] != prev:
-                        raise ValueError(f"eagle.observe: {v.request_id!r}: path {path} is not a branch")
+                        raise ValueError(f"{self.KIND}.observe: {v.request_id!r}: path {path} is not a branch")
                     prev = i
                 if [toks[i] for i in path] != [int(t) for t in v.tokens]:
-                    raise ValueError(f"eagle.observe: {v.request_id!r}: verdict tokens differ from the drafts")
+                    raise ValueError(f"{self.KIND}.observe: {v.request_id!r}: verdict tokens differ from the drafts")
         for v in verdicts:
             row = self._rows[v.request_id]
             row.draft, row.root = None, None
@@ -234,7 +258,7 @@ class EagleDrafter:
         """The head's logits for the token after each row's pending token: [B, V] fp32 (feeds pending tails)."""
         rows = [self._row(r) for r in request_ids]
         if any(r.draft is not None for r in rows):
-            raise ValueError("eagle.root_logits: a row's proposal was not observed")
+            raise ValueError(f"{self.KIND}.root_logits: a row's proposal was not observed")
         index = {rid: i for i, rid in enumerate(self._rows)}
         self._feed_tails([r for r in rows if r.tail_x], [index[r] for r in request_ids if self._rows[r].tail_x])
         return self.head.logits(torch.stack([r.root for r in rows]))
@@ -244,20 +268,20 @@ class EagleDrafter:
     def _row(self, request_id: str) -> _Row:
         row = self._rows.get(request_id)
         if row is None:
-            raise ValueError(f"eagle: unknown request id {request_id!r}")
+            raise ValueError(f"{self.KIND}: unknown request id {request_id!r}")
         return row
 
     def _generator(self, c: DraftContext) -> torch.Generator:
         if c.seed is None:
             s = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
         else:  # a stream of its own, apart from the verifier's (seeded with c.seed itself)
-            s = int.from_bytes(hashlib.blake2b(f"eagle/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
+            s = int.from_bytes(hashlib.blake2b(f"{self.KIND}/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
         return torch.Generator().manual_seed(s)
 
-    def _forward(self, nxt, hid, pos, allowed, cache) -> torch.Tensor:
+    def _forward(self, nxt, hid, pos, allowed, cache, **extra) -> torch.Tensor:
         """nxt [B, T] int64, hid [B, T, H], pos [B, T], allowed [B, 1, T, S + T] bool -> head output [B, T, H]."""
         mask = attention_mask(allowed.to(self.device), self._attn, self.dtype)
-        return self.head(nxt.to(self.device), hid, pos.to(self.device), mask, cache)
+        return self.head(nxt.to(self.device), hid, pos.to(self.device), mask, cache, **extra)
 
     def _feed_tails(self, rows: list[_Row], where: list[int]) -> None:
         """Feed ``rows``' tails (cache rows ``where``; others ride along with an invalid slot); sets their root."""

@@ -55,9 +55,9 @@ class EagleConfig:
                   "vocab_size", "max_position_embeddings"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"EagleConfig.{f} must be an integer >= 1, got {v!r}")
+                raise ValueError(f"{type(self).__name__}.{f} must be an integer >= 1, got {v!r}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("EagleConfig.num_attention_heads must be a multiple of num_key_value_heads")
+            raise ValueError(f"{type(self).__name__}.num_attention_heads must be a multiple of num_key_value_heads")
 
     @classmethod
     def from_target(cls, target) -> EagleConfig:
@@ -95,17 +95,28 @@ class EagleConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(raw) - known
         if unknown:
-            raise ValueError(f"eagle config: unknown keys {sorted(unknown)}")
+            raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}")
         return cls(**raw)
 
 
 class EagleHead(nn.Module):
-    """fc + one LlamaDecoderLayer (+ its rotary embedding). ``embed`` / ``lm_head`` come from ``attach``."""
+    """fc + one LlamaDecoderLayer (+ its rotary embedding). ``embed`` / ``lm_head`` come from ``attach``.
+
+    Subclasses (``drafters/msd_head.py``) change what the layer reads at some positions; the class attributes name
+    their kind, files and config class, so saving, loading and the training recipe serve them all."""
+
+    KIND = "eagle"
+    WEIGHTS = WEIGHTS
+    CONFIG = CONFIG
+    CONFIG_CLS = EagleConfig
+    reads_visual = False  # whether forward wants the target's input embeddings at image positions (``visual``)
 
     def __init__(self, config: EagleConfig, attn_implementation: str = "sdpa"):
         super().__init__()
+        if not isinstance(config, self.CONFIG_CLS):
+            raise ValueError(f"{self.KIND}: the head needs a {self.CONFIG_CLS.__name__}, got {type(config).__name__}")
         if attn_implementation not in ("sdpa", "eager"):
-            raise ValueError(f"eagle: attention {attn_implementation!r} cannot take custom masks; use sdpa/eager")
+            raise ValueError(f"{self.KIND}: attention {attn_implementation!r} cannot take custom masks; use sdpa/eager")
         self.config = config
         self.llama_config = config.llama_config(attn_implementation)
         h = config.hidden_size
@@ -168,12 +179,26 @@ class EagleHead(nn.Module):
         attention_mask: 4-D [B, 1, T, S + T] (bool for sdpa, additive float for eager) or None (plain causal).
         ``cache``: a ``DynamicCache`` with one layer to append to, or None (training: whole sequences).
         """
+        return self.decode(self.pair_inputs(next_ids, hidden), position_ids, attention_mask, cache)
+
+    def pair_inputs(self, next_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """f_i = fc(concat(e(x_{i+1}), h_i)): next_ids [B, T] int64, hidden [B, T, H] -> [B, T, H]."""
         p = self.fc.weight
-        x = self.fc(torch.cat([self.embed(next_ids), hidden.to(p.device, p.dtype)], dim=-1))  # [B, T, H]
-        pos = position_ids.to(p.device)
+        return self.fc(torch.cat([self.embed(next_ids), hidden.to(p.device, p.dtype)], dim=-1))
+
+    def decode(self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+               cache=None) -> torch.Tensor:
+        """The decoder layer over inputs x [B, T, H] (``forward``'s other arguments) -> [B, T, H]."""
+        pos = position_ids.to(x.device)
         cos_sin = self.rotary(x, pos)
         return self.layer(x, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
                           use_cache=cache is not None, position_embeddings=cos_sin)  # [B, T, H]
+
+    @classmethod
+    def load(cls, path: str | Path, target=None, *, device: str | torch.device | None = None,
+             dtype: torch.dtype | str | None = None, copy_shared: bool | None = None) -> EagleHead:
+        """``load_eagle`` for this head class (its files, its config)."""
+        return _load_head(cls, path, target, device=device, dtype=dtype, copy_shared=copy_shared)
 
 
 def head_parameters(config: EagleConfig) -> int:
@@ -184,13 +209,14 @@ def head_parameters(config: EagleConfig) -> int:
 
 
 def save_head(head: EagleHead, out: Path, dtype: torch.dtype = torch.float16) -> None:
-    """``eagle.safetensors`` (fc + layer, ``dtype``) and ``eagle_config.json`` into ``out``."""
+    """``eagle.safetensors`` (fc + layer, ``dtype``) and ``eagle_config.json`` into ``out`` (a subclass: its own
+    ``WEIGHTS`` / ``CONFIG`` names)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
-    save_file(sd, out / WEIGHTS, metadata={"format": "specula-eagle/1"})
-    (out / CONFIG).write_text(head.config.to_json())
+    save_file(sd, out / head.WEIGHTS, metadata={"format": f"specula-{head.KIND}/1"})
+    (out / head.CONFIG).write_text(head.config.to_json())
 
 
 def load_eagle(path: str | Path, target=None, *, device: str | torch.device | None = None,
@@ -204,20 +230,24 @@ def load_eagle(path: str | Path, target=None, *, device: str | torch.device | No
 
         head = load_eagle("eagle", target)           # zoo/weights/eagle, shares the target's lm_head
     """
+    return _load_head(EagleHead, path, target, device=device, dtype=dtype, copy_shared=copy_shared)
+
+
+def _load_head(cls: type[EagleHead], path, target, *, device, dtype, copy_shared) -> EagleHead:
     from safetensors.torch import load_file
 
     from specula.zoo.paths import resolve
 
     d = resolve(path)
-    if not (d / WEIGHTS).exists() or not (d / CONFIG).exists():
-        raise ValueError(f"eagle: {d} holds no {WEIGHTS} + {CONFIG}")
-    cfg = EagleConfig.from_json((d / CONFIG).read_text())
+    if not (d / cls.WEIGHTS).exists() or not (d / cls.CONFIG).exists():
+        raise ValueError(f"{cls.KIND}: {d} holds no {cls.WEIGHTS} + {cls.CONFIG}")
+    cfg = cls.CONFIG_CLS.from_json((d / cls.CONFIG).read_text())
     dt = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)
     model = target.model if hasattr(target, "info") else target
     if device is None:
         device = next(model.parameters()).device if model is not None else "cpu"
-    head = EagleHead(cfg)
-    head.load_state_dict({k: v.to(dt) for k, v in load_file(d / WEIGHTS).items()})
+    head = cls(cfg)
+    head.load_state_dict({k: v.to(dt) for k, v in load_file(d / cls.WEIGHTS).items()})
     head.to(device=device, dtype=dt).eval().requires_grad_(False)
     if model is not None:
         embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -227,7 +257,7 @@ def load_eagle(path: str | Path, target=None, *, device: str | torch.device | No
     else:
         meta = json.loads((d / "specula.json").read_text()) if (d / "specula.json").exists() else {}
         if "target" not in meta:
-            raise ValueError(f"eagle: {d} names no target; pass target=")
+            raise ValueError(f"{cls.KIND}: {d} names no target; pass target=")
         embed, lm_head = embedding_from_checkpoint(meta["target"], cfg)
         head.attach(embed, lm_head, copy=True)
     return head

@@ -35,4 +35,4 @@ def create(config: dict, **resources) -> Any:
 
 
 def _load_builtin() -> None:
-    from specula.drafters import eagle, ngram, random_drafter, text_lm  # noqa: F401  (they register themselves)
+    from specula.drafters import eagle, msd, ngram, random_drafter, text_lm  # noqa: F401  (they register themselves)

@@ -25,6 +25,11 @@ Recipe (EAGLE-1, Li et al. 2024, as the MSD paper's feature-level baseline):
 4. ``export_eagle``: fp16 ``eagle.safetensors`` + ``eagle_config.json`` + ``specula.json``; the zoo manifest is
    rewritten when the export goes into the zoo. ``load_eagle(dir, target)`` loads it back.
 
+Shared with the other recipes of ``EagleHead`` subclasses (``drafters/train_msd.py``): ``open_run``, ``new_head``,
+``fit`` (the loop of steps 2-3 over any sample order ``pick(j)``), ``losses`` / ``target_features`` (a head that
+``reads_visual`` also gets the target's input embeddings, visual ones at image tokens), ``evaluate`` (tau with the
+head's own drafter kind) and ``export_head``.
+
     cfg = EagleTrainConfig(run_dir="runs/eagle", target="target")
     export_eagle(train(cfg), out=Path("zoo/weights/eagle"))
 """
@@ -35,7 +40,8 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -44,7 +50,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from specula.drafters.distill_data import Answer, load_answers, make_answers, pixels, target_fingerprint
-from specula.drafters.eagle_head import EagleConfig, EagleHead, head_parameters, save_head
+from specula.drafters.eagle_head import EagleHead, head_parameters, save_head
 from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
 
 EAGLE_DIR = ZOO_DIR / "eagle"
@@ -85,23 +91,23 @@ class EagleTrainConfig:
                      "threads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"EagleTrainConfig.{name} must be an integer >= 1, got {v!r}")
+                raise ValueError(f"{type(self).__name__}.{name} must be an integer >= 1, got {v!r}")
         for name in ("data_start", "eval_samples", "warmup_samples", "seed", "eval_engine"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"EagleTrainConfig.{name} must be an integer >= 0, got {v!r}")
+                raise ValueError(f"{type(self).__name__}.{name} must be an integer >= 0, got {v!r}")
         if self.eval_engine > self.eval_samples:
-            raise ValueError("EagleTrainConfig.eval_engine must be <= eval_samples")
+            raise ValueError(f"{type(self).__name__}.eval_engine must be <= eval_samples")
         for name in ("lr", "ckpt_every_s", "eval_every_s", "grad_clip"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"EagleTrainConfig.{name} must be > 0, got {v!r}")
+                raise ValueError(f"{type(self).__name__}.{name} must be > 0, got {v!r}")
         for name in ("weight_decay", "ce_weight", "noise"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise ValueError(f"EagleTrainConfig.{name} must be >= 0, got {v!r}")
+                raise ValueError(f"{type(self).__name__}.{name} must be >= 0, got {v!r}")
         if not 0.0 <= self.soft <= 1.0:
-            raise ValueError(f"EagleTrainConfig.soft must be in [0, 1], got {self.soft!r}")
+            raise ValueError(f"{type(self).__name__}.soft must be in [0, 1], got {self.soft!r}")
 
     def data_key(self) -> dict:
         """What defines the cached answers besides the target's weights."""
@@ -153,17 +159,36 @@ def token_budget_batches(items: list[Answer], budget: int) -> list[list[Answer]]
 @torch.no_grad()
 def target_hidden(model, batch: Batch, device) -> torch.Tensor:
     """The frozen target's final-norm hidden states over the batch: [B, L, H] fp32."""
-    pix = batch.pixel_values.to(device, next(model.parameters()).dtype) if batch.pixel_values is not None else None
-    out = model.model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                      pixel_values=pix)
-    return out.last_hidden_state.float()
+    return target_features(model, batch, device)[0]
+
+
+@torch.no_grad()
+def target_features(model, batch: Batch, device, embeds: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The frozen target's final-norm hidden states [B, L, H] fp32 and, with ``embeds``, the input embeddings its
+    language model read [B, L, H] fp32 (projected visual embeddings at image tokens): one target forward."""
+    seen: list[torch.Tensor] = []
+
+    def grab(module, args, kwargs):  # the merged text + visual embeddings, exactly as the LM gets them
+        seen.append(kwargs["inputs_embeds"].detach())
+
+    hook = model.model.language_model.register_forward_pre_hook(grab, with_kwargs=True) if embeds else None
+    try:
+        pix = batch.pixel_values.to(device, next(model.parameters()).dtype) if batch.pixel_values is not None else None
+        out = model.model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                          pixel_values=pix)
+    finally:
+        if hook is not None:
+            hook.remove()
+    return out.last_hidden_state.float(), (seen[0].float() if embeds else None)
 
 
 def losses(head: EagleHead, hidden: torch.Tensor, batch: Batch, cfg: EagleTrainConfig,
-           generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+           generator: torch.Generator | None = None, embeds: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """One teacher-forced pass of the head over every sequence of the batch (module docstring).
 
-    hidden [B, L, H] fp32 target features; returns the total ``loss`` and its parts (feat, hard, soft, agree).
+    hidden [B, L, H] fp32 target features; embeds [B, L, H] the target's input embeddings (``target_features``),
+    given to a head that ``reads_visual`` (MSD: its input at the image positions); returns the total ``loss`` and
+    its parts (feat, hard, soft, agree).
     """
     dev = hidden.device
     b, seq, _ = hidden.shape
@@ -179,7 +204,14 @@ def losses(head: EagleHead, hidden: torch.Tensor, batch: Batch, cfg: EagleTrainC
 
     mask = attention_mask(allowed[:, None], head.llama_config._attn_implementation, head.fc.weight.dtype)
     pos = torch.arange(seq - 1, device=dev).expand(b, -1)
-    pred = head(ids[:, 1:], h_in, pos, mask)  # [B, L-1, H] h^_{i+1}
+    extra = {}
+    if head.reads_visual:
+        if embeds is None:
+            raise ValueError(f"{head.KIND}: this head reads the target's visual embeddings; pass embeds=")
+        image = head.config.image_token_id
+        visual = ids[:, :-1] == image if image is not None else torch.zeros_like(valid)  # [B, L-1] x_i is visual
+        extra = {"visual": embeds[:, :-1], "visual_mask": visual & batch.attention_mask[:, :-1].bool().to(dev)}
+    pred = head(ids[:, 1:], h_in, pos, mask, **extra)  # [B, L-1, H] h^_{i+1}
     rows, cols = batch.rows.to(dev), batch.cols.to(dev)
     ph = pred[rows, cols].float()  # [M, H]
     th = hidden[rows, cols + 1]  # [M, H] h_{i+1}
@@ -203,13 +235,14 @@ def evaluate(head: EagleHead, target, processor, answers: list[Answer], cfg: Eag
     head.eval()
     tot = {"feat": 0.0, "hard": 0.0, "agree": 0.0}
     n = 0
-    plain = EagleTrainConfig(**{**asdict(cfg), "noise": 0.0})
+    plain = replace(cfg, noise=0.0)
     for group in token_budget_batches(answers, cfg.token_budget):
         batch = collate(group, processor, cfg.seed, processor.tokenizer.pad_token_id)
         m = len(batch.rows)
         if not m:
             continue
-        parts = losses(head, target_hidden(target.model, batch, cfg.device), batch, plain)
+        hidden, embeds = target_features(target.model, batch, cfg.device, head.reads_visual)
+        parts = losses(head, hidden, batch, plain, embeds=embeds)
         for k in tot:
             tot[k] += float(parts[k]) * m
         n += m
@@ -222,12 +255,13 @@ def evaluate(head: EagleHead, target, processor, answers: list[Answer], cfg: Eag
 
 def engine_tau(head: EagleHead, target, processor, answers: list[Answer], cfg: EagleTrainConfig,
                gamma: int = 4) -> float:
-    """Mean accepted length of greedy chain drafting through the real engine (answers cut at max_new_tokens)."""
-    from specula.drafters.eagle import EagleDrafter
+    """Mean accepted length of greedy chain drafting through the real engine (answers cut at max_new_tokens), with
+    the head's own drafter kind (``head.KIND``)."""
+    from specula.drafters import create
     from specula.runtime.engine import GenerationRequest, SpecEngine
     from specula.runtime.sampling import SamplingParams
 
-    drafter = EagleDrafter(head=head, structure="chain", target=target)
+    drafter = create({"kind": head.KIND, "head": head, "structure": "chain"}, target=target)
     eng = SpecEngine(target, drafter, gamma=gamma, eos_token_ids=[processor.tokenizer.eos_token_id])
     params = SamplingParams(max_tokens=cfg.max_new_tokens)
     reqs = [GenerationRequest(f"e{i}", a.prompt, pixels(processor, a, cfg.seed), params)
@@ -247,7 +281,7 @@ def lr_at(samples: int, cfg: EagleTrainConfig) -> float:
     return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def _order(j: int, n: int, seed: int, cache: dict) -> int:
+def epoch_order(j: int, n: int, seed: int, cache: dict) -> int:
     """Data index of the j-th training sample: epochs in a seeded order."""
     epoch = j // n
     if epoch not in cache:
@@ -259,54 +293,89 @@ def _order(j: int, n: int, seed: int, cache: dict) -> int:
 # ------------------------------------------------------------------------------------------------------- training
 
 
-def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
-    """Make the answers (resumable), then train (resumable); returns the checkpoint folder. ``stop_at``: stop with a
-    checkpoint once that many samples are done (a time-boxed or interrupted run; a rerun goes on from there)."""
+@dataclass
+class Run:
+    """What a feature-level recipe opens before training: its folder, the processor, the frozen target."""
+
+    dir: Path
+    processor: object
+    target: object  # a specula.targets Target, frozen
+    fingerprint: str  # sha256 of the target's weights
+
+
+def open_run(cfg: EagleTrainConfig) -> Run:
     from specula.targets import load_target
     from specula.targets.processor import load_processor
     from specula.zoo.paths import resolve
 
     torch.set_num_threads(cfg.threads)
     run = Path(cfg.run_dir)
-    ckpt = run / "ckpt"
     run.mkdir(parents=True, exist_ok=True)
-    processor = load_processor(cfg.tokenizer_dir)
-    pad = processor.tokenizer.pad_token_id
     target_dir = resolve(cfg.target)
     target = load_target(target_dir, device=cfg.device)
     target.model.requires_grad_(False)
-    fingerprint = target_fingerprint(target_dir)
-    data_dir = make_answers(run / "data", target, processor, key={**cfg.data_key(), "target_sha256": fingerprint},
-                            n=cfg.data_samples, eval_n=cfg.eval_samples, start=cfg.data_start, seed=cfg.seed,
+    return Run(run, load_processor(cfg.tokenizer_dir), target, target_fingerprint(target_dir))
+
+
+def new_head(head_cls: type[EagleHead], run: Run, cfg: EagleTrainConfig, **config) -> EagleHead:
+    """A fresh head of ``head_cls`` sized from the target (``config`` overrides config fields), seeded with
+    ``cfg.seed``, on the target's embedding and lm_head."""
+    torch.manual_seed(cfg.seed)
+    hcfg = replace(head_cls.CONFIG_CLS.from_target(run.target), **config)
+    head = head_cls(hcfg).to(cfg.device)
+    model = run.target.model
+    return head.attach(model.get_input_embeddings(), model.get_output_embeddings())
+
+
+def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
+    """Make the answers (resumable), then train (resumable); returns the checkpoint folder. ``stop_at``: stop with a
+    checkpoint once that many samples are done (a time-boxed or interrupted run; a rerun goes on from there)."""
+    run = open_run(cfg)
+    data_dir = make_answers(run.dir / "data", run.target, run.processor,
+                            key={**cfg.data_key(), "target_sha256": run.fingerprint}, n=cfg.data_samples,
+                            eval_n=cfg.eval_samples, start=cfg.data_start, seed=cfg.seed,
                             max_new_tokens=cfg.max_new_tokens, chunk=cfg.chunk, gen_batch=cfg.gen_batch,
                             desc="eagle data", log=log)
     data = load_answers(data_dir, "train", cfg.data_samples)
     held_out = load_answers(data_dir, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    head = new_head(EagleHead, run, cfg)
+    perm: dict = {}
+    return fit(cfg, run, head, lambda j: data[epoch_order(j, len(data), cfg.seed, perm)], held_out,
+               log=log, stop_at=stop_at, about=f"{len(data)} answers")
 
-    torch.manual_seed(cfg.seed)
-    hcfg = EagleConfig.from_target(target)
-    head = EagleHead(hcfg).to(cfg.device)
-    model = target.model
-    head.attach(model.get_input_embeddings(), model.get_output_embeddings())
+
+def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], Answer], held_out: list[Answer],
+        *, log=print, stop_at: int | None = None, about: str = "",
+        status: Callable[[int], dict] | None = None) -> Path:
+    """The resumable training loop of the feature-level recipes (module docstring, step 2-3) for any ``EagleHead``
+    subclass; returns ``<run_dir>/ckpt``. ``pick(j)``: the j-th training sample, a pure function of j (so a resumed
+    run sees the same batches); ``status(samples)``: extra fields for the progress bar and the state (e.g. the
+    training stage); ``about``: what the run trains on, for the log."""
+    ckpt = run.dir / "ckpt"
+    target, processor, model = run.target, run.processor, run.target.model
+    pad = processor.tokenizer.pad_token_id
+    hcfg = head.config
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg),
-             "target_sha256": fingerprint, "params": head_parameters(hcfg)}
+             "target_sha256": run.fingerprint, "params": head_parameters(hcfg)}
     if (ckpt / "state.json").exists():
         old = json.loads((ckpt / "state.json").read_text())
-        if old.get("target_sha256") != fingerprint:
+        if old.get("target_sha256") != run.fingerprint:
             raise ValueError(f"{ckpt} was trained against another target; use another run_dir")
+        if (ckpt / head.CONFIG).exists() and (ckpt / head.CONFIG).read_text() != hcfg.to_json():
+            raise ValueError(f"{ckpt} holds a head with another config; use another run_dir")
         head.load_state_dict(load_file(ckpt / "head.safetensors", device=str(cfg.device)))
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=cfg.device))
         state.update({k: old[k] for k in ("samples", "steps", "elapsed_s", "history")})
         log(f"resumed from {ckpt}: {state['samples']} samples, {state['elapsed_s'] / 60:.1f} min")
-    log(f"eagle head: {state['params'] / 1e6:.2f} M params, {len(data)} answers")
+    log(f"{head.KIND} head: {state['params'] / 1e6:.2f} M params, {about}")
 
     def save() -> None:
         tmp = ckpt.with_suffix(".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in head.state_dict().items()}, tmp / "head.safetensors")
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
-        (tmp / "eagle_config.json").write_text(hcfg.to_json())
+        (tmp / head.CONFIG).write_text(hcfg.to_json())
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         ckpt.mkdir(exist_ok=True)
         for f in tmp.iterdir():
@@ -319,13 +388,13 @@ def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
         if held_out:
             res = evaluate(head, target, processor, held_out, cfg, cfg.eval_engine)
             res.update(samples=state["samples"], minutes=round(state["elapsed_s"] / 60, 1),
+                       **(status(state["samples"]) if status else {}),
                        **{f"loss_{k}": round(v, 4) for k, v in ema.items()})
             state["history"].append(res)
             log(json.dumps(res))
 
     head.train()
-    perm: dict = {}
-    bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train eagle",
+    bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc=f"train {head.KIND}",
                mininterval=5.0)
     t_last = last_ckpt = last_eval = time.time()
     while state["samples"] < cfg.total_samples:
@@ -333,7 +402,7 @@ def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
             break
         start = state["samples"]
         stop = min(start + cfg.pool, cfg.total_samples)
-        items = [data[_order(j, len(data), cfg.seed, perm)] for j in range(start, stop)]
+        items = [pick(j) for j in range(start, stop)]
         for group in token_budget_batches(items, cfg.token_budget):
             lr = lr_at(state["samples"], cfg)
             for g in opt.param_groups:
@@ -341,7 +410,8 @@ def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
             batch = collate(group, processor, cfg.seed, pad)
             if len(batch.rows):
                 noise = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state["steps"])
-                parts = losses(head, target_hidden(model, batch, cfg.device), batch, cfg, noise)
+                hidden, embeds = target_features(model, batch, cfg.device, head.reads_visual)
+                parts = losses(head, hidden, batch, cfg, noise, embeds)
                 opt.zero_grad(set_to_none=True)
                 parts["loss"].backward()
                 torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
@@ -355,7 +425,8 @@ def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
         now = time.time()
         state["elapsed_s"] += now - t_last
         t_last = now
-        bar.set_postfix({k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
+        bar.set_postfix({**(status(state["samples"]) if status else {}),
+                         **{k: f"{v:.3f}" for k, v in ema.items()}}, refresh=False)
         if now - last_eval > cfg.eval_every_s:
             run_eval()
             last_eval = t_last = time.time()
@@ -376,24 +447,30 @@ def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
 def export_eagle(ckpt: Path, out: Path = EAGLE_DIR) -> Path:
     """Checkpoint -> ``out``: fp16 ``eagle.safetensors`` + ``eagle_config.json`` + ``specula.json``. Rewrites the
     zoo manifest when ``out`` is in the zoo."""
+    return export_head(ckpt, out, EagleHead)
+
+
+def export_head(ckpt: Path, out: Path, head_cls: type[EagleHead], info: dict | None = None) -> Path:
+    """``export_eagle`` for any head class (its files); ``info``: more fields for ``specula.json``."""
     from specula.zoo import manifest
 
     ckpt, out = Path(ckpt), Path(out)
     state = json.loads((ckpt / "state.json").read_text())
-    cfg = EagleConfig.from_json((ckpt / "eagle_config.json").read_text())
-    head = EagleHead(cfg)
+    cfg = head_cls.CONFIG_CLS.from_json((ckpt / head_cls.CONFIG).read_text())
+    head = head_cls(cfg)
     head.load_state_dict(load_file(ckpt / "head.safetensors"))
     if out.exists():
         shutil.rmtree(out)
     save_head(head, out, torch.float16)
     last = state["history"][-1] if state["history"] else {}
-    info = {
-        "kind": "eagle", "params": head_parameters(cfg), "target": state["config"]["target"],
+    meta = {
+        "kind": head_cls.KIND, "params": head_parameters(cfg), "target": state["config"]["target"],
         "target_sha256": state["target_sha256"], "data_samples": state["config"]["data_samples"],
         "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
-        "eval_tau_g4": last.get("eval_tau_g4"), "history": state["history"], "storage_dtype": "float16",
+        "eval_tau_g4": last.get("eval_tau_g4"), **(info or {}), "history": state["history"],
+        "storage_dtype": "float16",
     }
-    (out / "specula.json").write_text(json.dumps(info, indent=1) + "\n")
+    (out / "specula.json").write_text(json.dumps(meta, indent=1) + "\n")
     if out.resolve().parent == ZOO_DIR.resolve():
         manifest.write(out.parent)
     return out
@@ -402,11 +479,14 @@ def export_eagle(ckpt: Path, out: Path = EAGLE_DIR) -> Path:
 def train_eagle_cli(args) -> int:
     """``specula train eagle``: args run_dir, target, data_samples, samples, max_new_tokens, seed, threads, device,
     ckpt_every, eval_every, export (bool), out (None = zoo/weights/eagle)."""
-    cfg = EagleTrainConfig(run_dir=args.run_dir, target=args.target, data_samples=args.data_samples,
-                           total_samples=args.samples, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                           threads=args.threads, device=args.device, ckpt_every_s=args.ckpt_every,
-                           eval_every_s=args.eval_every)
-    ckpt = train(cfg)
+    ckpt = train(EagleTrainConfig(**common_cli_config(args)))
     if args.export:
         print(f"exported to {export_eagle(ckpt, Path(args.out) if args.out else EAGLE_DIR)}")
     return 0
+
+
+def common_cli_config(args) -> dict:
+    """The train config fields set by ``specula train``'s shared recipe arguments (``cli._distill_args``)."""
+    return dict(run_dir=args.run_dir, target=args.target, data_samples=args.data_samples, total_samples=args.samples,
+                max_new_tokens=args.max_new_tokens, seed=args.seed, threads=args.threads, device=args.device,
+                ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every)

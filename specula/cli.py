@@ -4,6 +4,7 @@
     specula world sample --suite vqa --n 4 --out /tmp/world
     specula bench target --out reports/target
     specula train target --run-dir runs/target
+    specula train msd --no-decouple           # an MSD ablation
     specula zoo list | build | eval --json | export
 """
 
@@ -153,6 +154,25 @@ def _add_train(sub) -> None:
                                     "next hidden state + cross-entropy through the frozen lm_head.")
     _distill_args(e, "eagle", data=10_000, samples=60_000)
     e.set_defaults(func=lambda a: __import__("specula.drafters.train_eagle", fromlist=["x"]).train_eagle_cli(a))
+
+    m = tsub.add_parser("msd", help="train the MSD head: decoupled visual tokens, text-only stage then a progressive "
+                                    "text -> multimodal mix (resumable)",
+                        description="Caches the target's greedy answers to text-only conversations (D_text) and to "
+                                    "multimodal world training prompts (D_vis, --data-samples of them), then trains "
+                                    "the EAGLE-shaped head reading raw visual embeddings at image positions: stage 1 "
+                                    "on D_text, stage 2 on D_text (T-t)/T + D_vis t/T. The ablation flags with the "
+                                    "default --run-dir train in runs/msd-no-decouple / runs/msd-no-stage1 on "
+                                    "runs/msd/data and export to zoo/weights/msd-no-decouple / msd-no-stage1.")
+    _distill_args(m, "msd", data=10_000, samples=60_000)
+    m.add_argument("--text-samples", type=int, default=None,
+                   help="text-only target answers for stage 1 and the mix (default: = --data-samples)")
+    m.add_argument("--stage1-fraction", type=float, default=1 / 3,
+                   help="share of --samples spent in stage 1 (default: 1/3)")
+    m.add_argument("--no-stage1", action="store_true", help="ablation: no text-only stage; the mix from the start")
+    m.add_argument("--no-decouple", action="store_true",
+                   help="ablation: visual positions read fc(concat(e, h)) as in eagle instead of the raw embeddings")
+    m.add_argument("--data-dir", default=None, help="where the target answers are cached (default: <run-dir>/data)")
+    m.set_defaults(func=lambda a: __import__("specula.drafters.train_msd", fromlist=["x"]).train_msd_cli(a))
 
 
 def _distill_args(p, kind: str, data: int, samples: int) -> None:
