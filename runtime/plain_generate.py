@@ -1,4 +1,4 @@
-"""``specula generate``: answer a question about images with plain target decoding (no drafter yet)."""
+"""``specula generate``: answer a question about images with plain target decoding through the engine."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
 from PIL import Image, UnidentifiedImageError
 
 
@@ -24,42 +23,38 @@ def load_images(paths: list[str]) -> list[Image.Image]:
 
 
 def main(args) -> int:
-    from transformers import LlavaForConditionalGeneration
-
-    from specula.targets.processor import load_processor
+    from specula.runtime.engine import GenerationRequest, SpecEngine
     from specula.runtime.prompts import encode_prompt
+    from specula.runtime.sampling import SamplingParams
+    from specula.targets import load_target
+    from specula.targets.processor import load_processor
     from specula.zoo.paths import resolve
 
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be at least 1")
-    if args.temperature < 0:
-        raise ValueError("--temperature must be >= 0")
+    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
     images = load_images(args.image)
     path = resolve(args.model)
     processor = load_processor(path)
-    model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).to(args.device).eval()
-    ids, pix = encode_prompt(processor, "<image>" * len(images) + args.question, images)
-    inputs = {"input_ids": ids[None].to(args.device)}
-    if pix is not None:
-        inputs["pixel_values"] = pix.to(args.device)
     tok = processor.tokenizer
-    torch.manual_seed(args.seed)
+    target = load_target(str(path), device=args.device)
+    ids, pix = encode_prompt(processor, "<image>" * len(images) + args.question, images)
+    engine = SpecEngine(target, None, eos_token_ids=[tok.eos_token_id],
+                        decode=lambda t: tok.decode(t, skip_special_tokens=True))
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            **inputs, max_new_tokens=args.max_tokens, do_sample=args.temperature > 0,
-            temperature=args.temperature if args.temperature > 0 else None,
-            top_k=None, top_p=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        )
+    res = engine.generate([GenerationRequest("cli", ids, pix, params)])["cli"]
     dt = time.perf_counter() - t0
-    new = out[0, inputs["input_ids"].shape[1]:]
-    answer = tok.decode(new, skip_special_tokens=True)
-    n = int(new.numel())
-    record = {"answer": answer, "new_tokens": n, "seconds": round(dt, 4), "tokens_per_s": round(n / dt, 2),
-              "model": str(path), "prompt_tokens": int(inputs["input_ids"].shape[1])}
+    n = len(res.tokens)
+    prefill = res.metrics.time["prefill"]
+    decode_s = max(dt - prefill, 1e-9)
+    record = {"answer": res.text, "new_tokens": n, "seconds": round(dt, 4), "tokens_per_s": round(n / dt, 2),
+              "prefill_s": round(prefill, 4), "decode_tokens_per_s": round((n - 1) / decode_s, 2) if n > 1 else None,
+              "model": str(path), "prompt_tokens": int(ids.numel()), "finish_reason": res.finish_reason}
     if args.json:
         print(json.dumps(record))
     else:
-        print(answer)
-        print(f"[{n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s, prompt {record['prompt_tokens']} tokens, model {path}]")
+        print(res.text)
+        rate = f", decode {record['decode_tokens_per_s']} tokens/s" if n > 1 else ""
+        print(f"[{n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s (prefill {prefill * 1e3:.0f} ms of "
+              f"{record['prompt_tokens']} prompt tokens{rate}); model {path}]")
     return 0
