@@ -42,7 +42,9 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
         else:
             r["exact"] = short_answer_accuracy(model, processor, samples)
             r["exact_blank_image"] = short_answer_accuracy(model, processor, samples, blank=True)
-            r["chance"] = chance_level(samples)
+            chance = chance_level(samples)
+            if chance is not None:
+                r["chance"] = chance
         out["suites"][name] = r
     s = out["suites"]
     if "vqa" in s:

@@ -43,7 +43,10 @@ def short_answer_accuracy(model, processor, samples: list[Sample], blank: bool =
     return hits / max(1, len(samples))
 
 
-def chance_level(samples: list[Sample]) -> float:
+def chance_level(samples: list[Sample]) -> float | None:
+    """Mean of 1 / n_choices over the samples (balanced questions); None where the task has no closed answer set."""
+    if not any(s.n_choices for s in samples):
+        return None
     return sum(1.0 / s.n_choices for s in samples if s.n_choices) / max(1, len(samples))
 
 
