@@ -23,7 +23,7 @@ import torch
 from specula.drafters.protocol import DraftContext, Verdict
 from specula.runtime.metrics import RequestMetrics
 from specula.runtime.rejection import verify_chain
-from specula.runtime.sampling import SamplingParams, logits_to_probs, sample
+from specula.runtime.sampling import SamplingParams, logits_to_probs, sample_next
 from specula.runtime.tree_rejection import verify_tree
 from specula.targets.types import Accept, DraftBlock, PrefillRequest, VisualFeatures
 
@@ -111,8 +111,7 @@ class SpecEngine:
         t1 = time.perf_counter()
         params = [r.params for r in requests]
         gens = [r.params.make_generator() for r in requests]
-        probs = logits_to_probs(out.logits, params)  # [B, V]
-        first = sample(probs, gens).tolist()  # [B]
+        first = sample_next(out.logits, params, gens).tolist()  # [B]
         self.target.commit([Accept(r.request_id, (), t) for r, t in zip(requests, first)])
         t2 = time.perf_counter()
         events = []
@@ -207,8 +206,7 @@ class SpecEngine:
         t1 = time.perf_counter()
         out = self.target.decode_step(ids)
         t2 = time.perf_counter()
-        probs = logits_to_probs(out.logits[:, 0], params)  # [B, V]
-        nxt = sample(probs, [r.generator for r in rows]).tolist()
+        nxt = sample_next(out.logits[:, 0], params, [r.generator for r in rows]).tolist()  # [B]
         t3 = time.perf_counter()
         self.target.commit([Accept(rid, (), t) for rid, t in zip(ids, nxt)])
         return [(rid, (), (), t, 0, 0) for rid, t in zip(ids, nxt)], out, t2, t3

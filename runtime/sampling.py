@@ -227,6 +227,34 @@ def sample(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     return inverse_cdf(probs, u)
 
 
+def sample_next(logits: torch.Tensor, params: Sequence[SamplingParams],
+                generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row from ``logits`` [B, V] -> [B] int64: ``sample(logits_to_probs(logits, params), generators)``
+    with a fast path for greedy rows.
+
+    A temperature-0 row's p is one-hot on ``logits.argmax(-1)``, and inverse-CDF sampling of a one-hot always gives
+    its hot index, so greedy rows take the argmax directly: no probabilities, no uniform drawn (their generator is
+    not advanced; a greedy row's draws never decide its tokens). The other rows are sampled exactly as the general
+    path samples them, each from its own generator, so every row gets the same token either way.
+    """
+    params, generators = list(params), list(generators)
+    if logits.ndim != 2 or not logits.is_floating_point():
+        raise ValueError(f"sample_next: logits must be a float tensor [B, V], got {logits.dtype} {tuple(logits.shape)}")
+    if len(params) != logits.shape[0] or len(generators) != logits.shape[0]:
+        raise ValueError(f"sample_next: {len(params)} SamplingParams and {len(generators)} generators for "
+                         f"{logits.shape[0]} rows")
+    greedy = [p.is_greedy for p in params]
+    if not any(greedy):
+        return sample(logits_to_probs(logits, params), generators)
+    ids = logits.argmax(-1)  # [B] int64
+    if all(greedy):
+        return ids
+    rows = [b for b, g in enumerate(greedy) if not g]
+    idx = torch.tensor(rows, dtype=torch.long, device=logits.device)  # [B_s]
+    drawn = sample(logits_to_probs(logits[idx], [params[b] for b in rows]), [generators[b] for b in rows])  # [B_s]
+    return ids.index_put((idx,), drawn)
+
+
 def sample_without_replacement(probs: torch.Tensor, k: int, generator: Generators = None) -> torch.Tensor:
     """``k`` distinct ids per row, drawn one after another from ``probs`` [..., V] -> [..., k] int64.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .tree import chain_parents, check_parents
+from .tree import check_parents
 from .types import DraftBlock, PrefillRequest, VisualFeatures
 
 
@@ -44,8 +44,8 @@ def check_visual(visual, request_id: str, hidden_size: int) -> list[torch.Tensor
     return images
 
 
-def check_block(block: DraftBlock, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Host copies of a draft block: tokens [B, N] int64, parents [B, N] int64, counts [B] int64."""
+def check_block(block: DraftBlock, vocab: int) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """Host copies of a draft block: tokens [B, N] int64, parents [B, N] int64 (None for a chain), counts (B ints)."""
     ids = tuple(block.request_ids)
     if not ids:
         raise ValueError("draft block has no rows")
@@ -57,22 +57,25 @@ def check_block(block: DraftBlock, vocab: int) -> tuple[torch.Tensor, torch.Tens
     tokens = t.detach().to("cpu", torch.long)  # [B, N] int64
     batch, num_nodes = tokens.shape
     if block.counts is None:
-        counts = torch.full((batch,), num_nodes, dtype=torch.long)  # [B] int64
+        counts = [num_nodes] * batch
     else:
-        counts = torch.tensor([int(c) for c in block.counts], dtype=torch.long)  # [B] int64
-        if counts.shape != (batch,) or bool(((counts < 0) | (counts > num_nodes)).any()):
+        counts = [int(c) for c in block.counts]
+        if len(counts) != batch or any(not 0 <= c <= num_nodes for c in counts):
             raise ValueError(f"draft counts {list(block.counts)} must give one count in [0, {num_nodes}] per row")
-    if block.parents is None:
-        parents = chain_parents(batch, num_nodes)  # [B, N] int64
-    else:
+    parents = None  # a chain: node i hangs off node i - 1, valid by construction
+    if block.parents is not None:
         parents = block.parents.detach().to("cpu", torch.long)  # [B, N] int64
         if parents.shape != tokens.shape:
             raise ValueError(f"draft parents {tuple(parents.shape)} must match tokens {tuple(tokens.shape)}")
-    check_parents(parents, counts)
-    live = torch.arange(num_nodes)[None, :] < counts[:, None]  # [B, N] bool
-    bad = live & ((tokens < 0) | (tokens >= vocab))  # [B, N] bool
-    if bool(bad.any()):
-        b, i = (int(x) for x in bad.nonzero()[0])
+        check_parents(parents, torch.tensor(counts, dtype=torch.long))
+    if num_nodes == 0:
+        return tokens, parents, counts  # plain decoding step: no tokens to check
+    live = tokens  # [B, N] int64; padding past a row's count is ignored
+    if any(c < num_nodes for c in counts):
+        live = torch.where(torch.arange(num_nodes)[None, :] < torch.tensor(counts)[:, None], tokens, 0)
+    lo, hi = live.aminmax()
+    if int(lo) < 0 or int(hi) >= vocab:
+        b, i = (int(x) for x in ((live < 0) | (live >= vocab)).nonzero()[0])
         raise ValueError(
             f"draft block row {b} ({ids[b]!r}) node {i}: token id {int(tokens[b, i])} outside [0, {vocab})"
         )

@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from .checks import check_block, check_prompt, check_visual
 from .images import check_image_groups
-from .kv import BatchedKV, KVPolicy, attention_mask
-from .tree import block_structure, check_path
+from .kv import BatchedKV, KVPolicy, attention_mask, growable_cache
+from .tree import block_structure, chain_structure, check_path
 from .types import (
     Accept,
     DraftBlock,
@@ -51,8 +50,8 @@ class _Block:
     """The verified block waiting for commit: per request id, its nodes on the host."""
 
     start: int  # first cache slot of the block
-    # request id -> (tokens [N] int64, parents [N] int64, node count)
-    nodes: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
+    # request id -> (node tokens, parents [N] int64 or None for a chain, node count)
+    nodes: dict[str, tuple[list[int], torch.Tensor | None, int]] = field(default_factory=dict)
 
 
 class HFTarget:
@@ -61,6 +60,7 @@ class HFTarget:
     model_type = ""
     adjacent_images_ok = True  # may one run of image tokens hold several images? (see images.check_image_groups)
     rope_sections = 1  # P: rows of position ids per token (3 for Qwen2.5-VL's mrope)
+    _mask_free_decode = True  # see verify and __init__; tests switch it off to compare with the masked forward
 
     def __init__(
         self,
@@ -93,9 +93,16 @@ class HFTarget:
             if not -n_states <= i < n_states:
                 raise ValueError(f"feature layer {i} out of range for {cfg.num_hidden_layers} layers")
         self._layers = tuple(i % n_states for i in feature_layers)
-        self._kv = BatchedKV(lambda: DynamicCache(config=cfg), kv_policy)
+        self._kv = BatchedKV(lambda: growable_cache(cfg), kv_policy)  # appends in place, no O(S) concat
         self._rows: dict[str, _Row] = {}  # insertion order == batch row order of self._kv
         self._block: _Block | None = None
+        self._causal_masks: dict[int, torch.Tensor] = {}  # see _causal
+        # Mask-free decoding only where it is bit-identical to the masked forward: sdpa without grouped K/V heads
+        # (with groups, HF runs sdpa's enable_gqa path without a mask but packs the groups with one: last-bit drift).
+        heads = cfg.num_attention_heads
+        self._mask_free_decode = self._mask_free_decode and self._attn == "sdpa" and (
+            (getattr(cfg, "num_key_value_heads", None) or heads) == heads
+        )
         self._info = self._make_info()
 
     # ---- backend hooks -------------------------------------------------------------------------------------------
@@ -185,7 +192,8 @@ class HFTarget:
         hidden, layer_hidden = self._run_lm(embeds, allowed[:, None], pos.to(self.device), cache)  # [B, L, H]
         last = hidden[torch.arange(b, device=self.device), lengths_t - 1]  # [B, H]
         logits = self._head(last).float()  # [B, V] fp32
-        k, v = cache.layers[-1].keys, cache.layers[-1].values  # [B, H_kv, L, D]; never written in place later
+        # [B, H_kv, L, D], contiguous copies (the cache's are views of buffers with spare slots)
+        k, v = cache.layers[-1].keys.contiguous(), cache.layers[-1].values.contiguous()
         features = TargetFeatures(hidden, tuple(lengths), self._layers, layer_hidden, k, v)
         self._kv.join(cache, valid)
         for r, p, (_, next_pos) in zip(requests, prompts, placed):
@@ -197,43 +205,76 @@ class HFTarget:
         if self._block is not None:
             raise ValueError("the previous verified block was not committed; call commit() first")
         ids = tuple(block.request_ids)
-        tokens, parents, counts = check_block(block, self._embed.num_embeddings)  # host: [Bb, N], [Bb, N], [Bb]
-        for rid in ids:
-            if self._row(rid).pending is None:
+        tokens, parents, counts = check_block(block, self._embed.num_embeddings)  # host: [Bb, N], [Bb, N]|None, Bb
+        states = [self._row(rid) for rid in ids]
+        for rid, st in zip(ids, states):
+            if st.pending is None:
                 raise ValueError(f"request {rid!r} has no pending token; commit the first token after prefill")
-        allowed_b, depth_b = block_structure(parents, counts)  # [Bb, n, n] bool, [Bb, n] int64
         bb, num_nodes = tokens.shape
         n = num_nodes + 1
-        index = {rid: i for i, rid in enumerate(self._rows)}
-        rows = torch.tensor([index[r] for r in ids], dtype=torch.long)  # [Bb]
+        tok_rows = tokens.tolist()  # kept for commit
+        pending = [st.pending for st in states]
+        next_pos = [st.next_pos for st in states]
+        if parents is None and all(c == num_nodes for c in counts):
+            # Full chains (plain decoding is N = 0): slot j of every row sits at depth j and sees slots 0..j.
+            tok_b = torch.tensor([[p] + r for p, r in zip(pending, tok_rows)], dtype=torch.long)  # [Bb, n] int64
+            pos_b = torch.tensor([[p + j for j in range(n)] for p in next_pos], dtype=torch.long)  # [Bb, n] int64
+            allowed_b = self._causal(n).expand(bb, n, n)  # [Bb, n, n] bool
+            valid_b = torch.ones(bb, n, dtype=torch.bool)  # [Bb, n] bool
+        else:
+            counts_t = torch.tensor(counts, dtype=torch.long)  # [Bb]
+            if parents is None:
+                allowed_b, depth_b = chain_structure(counts_t, num_nodes)  # [Bb, n, n] bool, [Bb, n] int64
+            else:
+                allowed_b, depth_b = block_structure(parents, counts_t)
+            node_live = torch.arange(num_nodes)[None, :] < counts_t[:, None]  # [Bb, N] bool
+            tok_b = torch.cat([torch.tensor(pending)[:, None], torch.where(node_live, tokens, 0)], dim=1)  # [Bb, n]
+            pos_b = torch.tensor(next_pos)[:, None] + depth_b  # [Bb, n] int64
+            valid_b = torch.arange(n)[None, :] <= counts_t[:, None]  # [Bb, n] bool: pending + the row's nodes
         live = len(self._rows)
-        node_live = torch.arange(num_nodes)[None, :] < counts[:, None]  # [Bb, N] bool
-        # Rows not in the block ride along with one dummy query that nothing will keep.
-        tok = torch.zeros(live, n, dtype=torch.long)  # [B, n] int64
-        tok[rows, 0] = torch.tensor([self._rows[r].pending for r in ids], dtype=torch.long)
-        tok[rows, 1:] = torch.where(node_live, tokens, 0)
-        pos = torch.zeros(live, n, dtype=torch.long)  # [B, n] int64
-        pos[rows] = torch.tensor([self._rows[r].next_pos for r in ids], dtype=torch.long)[:, None] + depth_b
-        allow = torch.eye(n, dtype=torch.bool).expand(live, n, n).clone()  # [B, n, n] bool
-        allow[rows] = allowed_b
-        slot_valid = torch.zeros(live, n, dtype=torch.bool)  # [B, n] bool
-        slot_valid[rows] = torch.arange(n)[None, :] < counts[:, None] + 1
+        # Usually the block holds every live row in batch order: then its tensors are the batch's tensors.
+        full = bb == live and all(a == b for a, b in zip(ids, self._rows))
+        if full:
+            tok, pos, allow, slot_valid = tok_b, pos_b, allowed_b, valid_b
+        else:
+            # Rows not in the block ride along with one dummy query that nothing will keep.
+            index = {rid: i for i, rid in enumerate(self._rows)}
+            rows = torch.tensor([index[r] for r in ids], dtype=torch.long)  # [Bb]
+            tok = torch.zeros(live, n, dtype=torch.long)  # [B, n] int64
+            tok[rows] = tok_b
+            pos = torch.zeros(live, n, dtype=torch.long)  # [B, n] int64
+            pos[rows] = pos_b
+            allow = torch.eye(n, dtype=torch.bool).expand(live, n, n).clone()  # [B, n, n] bool
+            allow[rows] = allowed_b
+            slot_valid = torch.zeros(live, n, dtype=torch.bool)  # [B, n] bool
+            slot_valid[rows] = valid_b
 
         dev = self.device
         start = self._kv.seq_len
-        mask = self._kv.block_mask(allow.to(dev))  # [B, 1, n, S + n] bool
+        if n == 1 and full and self._mask_free_decode and self._no_holes():
+            # Plain decoding over a cache without holes (batch 1 always): every query sees every slot, and SDPA
+            # without a mask is faster than with an all-True one, with the same result bit for bit.
+            mask = None
+        else:
+            mask = self._kv.block_mask(allow.to(dev))  # [B, 1, n, S + n] bool
         pos_p = pos.to(dev)[None].expand(self.rope_sections, live, n)  # [P, B, n], text: every section equal
         hidden, layer_hidden = self._run_lm(self._embed(tok.to(dev)), mask, pos_p, self._kv.cache)
         self._kv.extend_valid(slot_valid.to(dev))
-        rows_d = rows.to(dev)
-        hidden = hidden.index_select(0, rows_d)  # [Bb, n, H]
-        logits = self._head(hidden).float()  # [Bb, n, V] fp32
         k_all, v_all = self._kv.last_layer()  # [B, H_kv, S + n, D]
-        k = k_all[:, :, start:].index_select(0, rows_d)  # [Bb, H_kv, n, D], a copy (commit writes in place)
-        v = v_all[:, :, start:].index_select(0, rows_d)  # [Bb, H_kv, n, D]
-        layer_hidden = tuple(h.index_select(0, rows_d) for h in layer_hidden)  # each [Bb, n, H]
-        lengths = tuple(int(c) + 1 for c in counts)
-        self._block = _Block(start, {r: (tokens[i], parents[i], int(counts[i])) for i, r in enumerate(ids)})
+        if full:
+            # copies: a tree commit gathers kept slots into this block in place
+            k, v = k_all[:, :, start:].clone(), v_all[:, :, start:].clone()  # [Bb, H_kv, n, D]
+        else:
+            rows_d = rows.to(dev)
+            hidden = hidden.index_select(0, rows_d)  # [Bb, n, H]
+            layer_hidden = tuple(h.index_select(0, rows_d) for h in layer_hidden)  # each [Bb, n, H]
+            k = k_all[:, :, start:].index_select(0, rows_d)  # [Bb, H_kv, n, D], a copy (commit writes in place)
+            v = v_all[:, :, start:].index_select(0, rows_d)  # [Bb, H_kv, n, D]
+        logits = self._head(hidden).float()  # [Bb, n, V] fp32
+        lengths = tuple(c + 1 for c in counts)
+        self._block = _Block(start, {
+            r: (tok_rows[i], None if parents is None else parents[i], counts[i]) for i, r in enumerate(ids)
+        })
         return VerifyOutput(ids, logits, TargetFeatures(hidden, lengths, self._layers, layer_hidden, k, v))
 
     @torch.no_grad()
@@ -260,7 +301,7 @@ class HFTarget:
                 node_tokens, node_parents, count = in_block[a.request_id]
                 check_path(node_parents, count, path, a.request_id)
                 keep = [0] + [1 + i for i in path]
-                entering = [row.pending] + [int(node_tokens[i]) for i in path]
+                entering = [row.pending] + [node_tokens[i] for i in path]
             else:
                 if path:
                     raise ValueError(f"accept for {a.request_id!r} has a path but the request was not verified")
@@ -273,20 +314,31 @@ class HFTarget:
             plan.append((row, keep, entering, nxt))
         if blk is not None:
             index = {rid: i for i, rid in enumerate(self._rows)}
-            width = max(len(keep) for _, keep, _, _ in plan if keep)
-            keep_t = torch.zeros(len(self._rows), width, dtype=torch.long)  # [B, m] int64 slot offsets
-            keep_v = torch.zeros(len(self._rows), width, dtype=torch.bool)  # [B, m] bool
+            kept = [0] * len(self._rows)  # kept block slots per live row (0 for rows outside the block)
             for a, (_, keep, _, _) in zip(accepts, plan):
-                if keep:
-                    keep_t[index[a.request_id], : len(keep)] = torch.tensor(keep)
-                    keep_v[index[a.request_id], : len(keep)] = True
-            self._kv.keep_block(blk.start, keep_t.to(self.device), keep_v.to(self.device))
+                kept[index[a.request_id]] = len(keep)
+            width = max(kept)
+            if all(keep == list(range(len(keep))) for _, keep, _, _ in plan):
+                # every row keeps a prefix of its block (chains always do): no K/V moves, only a crop
+                if all(k == width for k in kept):
+                    self._kv.crop_block(blk.start, width)  # the kept slots are all marked valid already
+                else:
+                    keep_v = torch.arange(width)[None, :] < torch.tensor(kept)[:, None]  # [B, m] bool
+                    self._kv.crop_block(blk.start, width, keep_v.to(self.device))
+            else:
+                keep_t = torch.zeros(len(self._rows), width, dtype=torch.long)  # [B, m] int64 slot offsets
+                keep_v = torch.zeros(len(self._rows), width, dtype=torch.bool)  # [B, m] bool
+                for a, (_, keep, _, _) in zip(accepts, plan):
+                    if keep:
+                        keep_t[index[a.request_id], : len(keep)] = torch.tensor(keep)
+                        keep_v[index[a.request_id], : len(keep)] = True
+                self._kv.keep_block(blk.start, keep_t.to(self.device), keep_v.to(self.device))
             self._block = None
         for row, keep, entering, nxt in plan:
             row.tokens.extend(entering)
             row.next_pos += len(keep)
             row.pending = nxt
-        self._kv.maybe_compact()
+        self._maybe_compact()
 
     @torch.no_grad()
     def release(self, request_ids: Iterable[str]) -> None:
@@ -305,7 +357,7 @@ class HFTarget:
             if not self._block.nodes:
                 self._block = None  # its slots are invalid in every remaining row
         if self._block is None:
-            self._kv.maybe_compact()
+            self._maybe_compact()
 
     def decode_step(self, request_ids: Sequence[str]) -> VerifyOutput:
         ids = tuple(request_ids)
@@ -342,6 +394,22 @@ class HFTarget:
 
     # ---- internals -----------------------------------------------------------------------------------------------
 
+    def _causal(self, n: int) -> torch.Tensor:
+        """[n, n] bool lower-triangular (query x key) on the host, cached per n; never written to."""
+        mask = self._causal_masks.get(n)
+        if mask is None:
+            mask = self._causal_masks[n] = torch.ones(n, n, dtype=torch.bool).tril()
+        return mask
+
+    def _no_holes(self) -> bool:
+        """Is every cached slot of every row valid? (A row's valid slots are exactly its cached tokens.)"""
+        s = self._kv.seq_len
+        return all(len(r.tokens) == s for r in self._rows.values())
+
+    def _maybe_compact(self) -> None:
+        # a row's valid cache slots are exactly its cached tokens, so the host knows the longest row
+        self._kv.maybe_compact(max_valid=max((len(r.tokens) for r in self._rows.values()), default=0))
+
     def _row(self, request_id: str) -> _Row:
         row = self._rows.get(request_id)
         if row is None:
@@ -349,11 +417,12 @@ class HFTarget:
         return row
 
     def _run_lm(self, embeds, allowed, pos, cache) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """One language-model forward. embeds [B, T, H], allowed [B, 1, T, S + T] bool, pos [P, B, T] int64."""
+        """One language-model forward. embeds [B, T, H], allowed [B, 1, T, S + T] bool (None: T = 1 and every
+        cached slot visible), pos [P, B, T] int64."""
         kwargs = {"output_hidden_states": list(self._layers)} if self._layers else {}
         out = self._lm(
             inputs_embeds=embeds,
-            attention_mask=attention_mask(allowed, self._attn, embeds.dtype),
+            attention_mask=None if allowed is None else attention_mask(allowed, self._attn, embeds.dtype),
             position_ids=self._model_positions(pos),
             past_key_values=cache,
             use_cache=True,

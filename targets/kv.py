@@ -7,16 +7,19 @@ by the caller. That is what makes joining, rollback and compaction cheap:
 
 - join (continuous batching): new rows are prefilled into their own cache, both caches are right-padded with
   invalid slots to the same S and concatenated on the batch dimension.
-- verify: the block's n slots are appended to every row (HF ``DynamicLayer.update`` concatenates).
+- verify: the block's n slots are appended to every row. ``growable_cache`` layers (``GrowableLayer``) write them
+  into spare slots in place; a stock ``DynamicLayer`` concatenates, copying the whole cache every step.
 - commit: per row, the kept slots (pending token + accepted path) are gathered to the front of the block, the
   block is cropped to the longest kept run; shorter rows get invalid holes at the end of their block (EAGLE's
-  ``copy(indices, prev_length)``, batched).
+  ``copy(indices, prev_length)``, batched). When every row keeps a prefix of its block (chains always do) nothing
+  is gathered: ``crop_block`` only crops.
 - compaction policy: holes cost attention work and memory, not correctness. ``maybe_compact`` moves every row's
   valid slots to the front (stable, so order is kept) when the reclaimable columns ``S - max_b(valid_b)`` reach
   ``max(policy.min_waste, policy.waste_ratio * S)``.
 
-Relies on ``DynamicLayer.keys`` / ``.values`` holding ``[B, H_kv, S, D]`` tensors (transformers 5.20-5.23); the
-target tests fail if that changes.
+Relies on ``DynamicLayer.keys`` / ``.values`` holding ``[B, H_kv, S, D]`` tensors and on ``update`` / ``crop`` /
+``batch_select_indices`` being the only ways HF touches them (transformers 5.20-5.23); the target tests fail if
+that changes. ``BatchedKV`` works with either layer class (the drafters use stock caches).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,105 @@ def attention_mask(allowed: torch.Tensor, attn_implementation: str, dtype: torch
         return allowed  # [B, 1, q, k] bool, True = attend
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
     return torch.where(allowed, zero, torch.finfo(dtype).min)  # [B, 1, q, k] model dtype
+
+
+class GrowableLayer(DynamicLayer):
+    """A ``DynamicLayer`` that appends in place.
+
+    ``keys`` / ``values`` are views ``[B, H_kv, S, D]`` of buffers ``[B, H_kv, S_cap, D]`` with spare slots, so an
+    update writes its n new slots instead of concatenating (``DynamicLayer.update`` copies the whole cache, O(S),
+    for every layer at every step). When the spare slots run out the buffer is reallocated with
+    ``max(min_reserve, S // 8)`` spare slots, so appending costs O(1) per token amortized.
+
+    Assigning ``keys`` / ``values`` (BatchedKV's gather, compaction and join; HF's ``crop`` and
+    ``batch_select_indices``) adopts the tensor as a buffer without spare slots, except a prefix view of the
+    current buffer (a crop), which only shortens the live length: the slots past it become spare again, so a view
+    of the longer cache taken before the crop may see them overwritten by later appends.
+    """
+
+    _layer_type = None  # never registered as HF's default layer class
+
+    def __init__(self, min_reserve: int = 64):
+        self._bufs: dict[str, torch.Tensor | None] = {"keys": None, "values": None}
+        self._lens = {"keys": 0, "values": 0}
+        self.min_reserve = min_reserve
+        super().__init__()
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._get("keys")
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._set("keys", value)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._get("values")
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._set("values", value)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        return self._append("keys", key_states), self._append("values", value_states)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """``DynamicLayer.crop`` (a negative count removes that many slots) without building views."""
+        if tokens_to_remove > 0:
+            super().crop(tokens_to_remove)  # raises, as the stock layer does
+        for name in self._lens:
+            self._lens[name] = max(0, self._lens[name] + tokens_to_remove)
+
+    def _get(self, name: str) -> torch.Tensor | None:
+        buf = self._bufs[name]
+        return buf if buf is None or buf.dim() != 4 else buf[:, :, : self._lens[name]]
+
+    def _set(self, name: str, value: torch.Tensor | None) -> None:
+        buf = self._bufs[name]
+        if value is not None and buf is not None and _is_prefix_view(value, buf):
+            self._lens[name] = value.shape[2]  # a crop: keep the buffer
+            return
+        self._bufs[name] = value
+        self._lens[name] = value.shape[2] if value is not None and value.dim() == 4 else 0
+
+    def _append(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        """new [B, H_kv, n, D] -> the live view [B, H_kv, S + n, D]."""
+        buf, length = self._bufs[name], self._lens[name]
+        end = length + new.shape[2]
+        if buf is None or buf.dim() != 4 or end > buf.shape[2]:
+            b, h, _, d = new.shape
+            grown = new.new_empty(b, h, end + max(self.min_reserve, end // 8), d)  # [B, H_kv, S_cap, D]
+            if length:
+                grown[:, :, :length] = buf[:, :, :length]
+            buf = self._bufs[name] = grown
+        buf[:, :, length:end] = new
+        self._lens[name] = end
+        return buf[:, :, :end]
+
+
+def _is_prefix_view(x: torch.Tensor, buf: torch.Tensor) -> bool:
+    """Is x == buf[:, :, :k] for some k (same memory, same strides)?"""
+    return (
+        x.dim() == 4
+        and buf.dim() == 4
+        and x.device == buf.device
+        and x.data_ptr() == buf.data_ptr()
+        and x.stride() == buf.stride()
+        and x.shape[:2] == buf.shape[:2]
+        and x.shape[3] == buf.shape[3]
+        and x.shape[2] <= buf.shape[2]
+    )
+
+
+def growable_cache(config) -> DynamicCache:
+    """A ``DynamicCache`` for ``config`` whose full-attention layers are ``GrowableLayer``s."""
+    cache = DynamicCache(config=config)
+    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [GrowableLayer() for _ in cache.layers]
+    return cache
 
 
 class BatchedKV:
@@ -108,18 +211,38 @@ class BatchedKV:
         self.valid = torch.cat([self.valid[:, :start], keep_valid], dim=1)  # [B, start + m] bool
         assert self.valid.shape[1] == start + m
 
+    def crop_block(self, start: int, m: int, keep_valid: torch.Tensor | None = None) -> None:
+        """``keep_block`` for the case where every row keeps a prefix of its block slots (keep[b] = 0, 1, ...):
+        nothing moves, the block is cropped to its first m slots.
+
+        keep_valid: [B, m] bool, or None when every row keeps all m slots and they are already marked valid.
+        Slots past a row's kept prefix keep their (rejected) K/V instead of a copy of a kept slot; both are
+        invalid, so attention never reads them and compaction drops them.
+        """
+        end = start + m
+        if end < self.seq_len:
+            for layer in self.cache.layers:
+                layer.crop(end - self.seq_len)  # keys/values [B, H_kv, start + m, D]
+        if keep_valid is None:
+            self.valid = self.valid[:, :end]  # [B, start + m] bool
+        else:
+            self.valid = torch.cat([self.valid[:, :start], keep_valid], dim=1)  # [B, start + m] bool
+
     def last_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.cache.layers[-1]
         return layer.keys, layer.values  # each [B, H_kv, S, D]
 
-    def waste(self) -> int:
-        """Columns a compaction would reclaim."""
+    def waste(self, max_valid: int | None = None) -> int:
+        """Columns a compaction would reclaim. ``max_valid``: the most valid slots of any row, when the caller
+        knows it on the host (saves a reduction and a device sync)."""
         if self.valid is None:
             return 0
-        return self.seq_len - int(self.valid.sum(dim=1).max())
+        if max_valid is None:
+            max_valid = int(self.valid.sum(dim=1).max())
+        return self.seq_len - max_valid
 
-    def maybe_compact(self) -> bool:
-        waste = self.waste()
+    def maybe_compact(self, max_valid: int | None = None) -> bool:
+        waste = self.waste(max_valid)
         if waste == 0 or waste < max(self.policy.min_waste, self.policy.waste_ratio * self.seq_len):
             return False
         self.compact()

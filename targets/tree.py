@@ -54,12 +54,30 @@ def block_structure(parents: torch.Tensor, counts: torch.Tensor) -> tuple[torch.
     return allowed, depth
 
 
-def check_path(parents: torch.Tensor, count: int, path: tuple[int, ...], request_id: str) -> None:
+def chain_structure(counts: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block_structure(chain_parents(B, N), counts)`` in closed form (no loop over nodes).
+
+    Slot s <= counts[b] of a chain sees slots 0..s and has depth s; padded slots see only themselves, depth 0.
+    """
+    n = num_nodes + 1
+    slot = torch.arange(n)  # [n]
+    live = slot[None, :] <= counts[:, None]  # [B, n] bool (slot 0, the pending token, is always live)
+    tril = slot[:, None] >= slot[None, :]  # [n, n] bool, query x key
+    allowed = torch.where(live[:, :, None], tril, torch.eye(n, dtype=torch.bool))  # [B, n, n] bool
+    depth = torch.where(live, slot, 0)  # [B, n] int64
+    return allowed, depth
+
+
+def check_path(parents: torch.Tensor | None, count: int, path: tuple[int, ...], request_id: str) -> None:
     """ValueError unless ``path`` walks from the root down one branch of this row's tree.
 
-    ``parents`` is the row's [N] parent vector; ``path[0]`` must hang off the pending token and each next node
-    must be a child of the previous one.
+    ``parents`` is the row's [N] parent vector (None: a chain of ``count`` nodes); ``path[0]`` must hang off the
+    pending token and each next node must be a child of the previous one.
     """
+    if parents is None:
+        if len(path) <= count and path == tuple(range(len(path))):
+            return  # a chain's only root-to-leaf walks are its prefixes
+        parents = chain_parents(1, count)[0]  # [N] int64: the general check names the problem
     prev = -1
     for k, node in enumerate(path):
         if not 0 <= node < count:
