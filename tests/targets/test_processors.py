@@ -23,7 +23,7 @@ from specula.targets import PrefillRequest, load_target
 from specula.targets.processor import LlavaPilProcessor, build_processor, load_processor, processor_kind
 from specula.targets.qwen_processor import Qwen2_5_VLPilProcessor
 
-from conftest import LLAVA_IMAGE, QWEN_END, QWEN_IMAGE, QWEN_START, QWEN_VIDEO, tiny_llava, tiny_qwen
+from tiny_targets import LLAVA_IMAGE, QWEN_END, QWEN_IMAGE, QWEN_START, QWEN_VIDEO, tiny_llava, tiny_qwen
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
