@@ -246,6 +246,16 @@ class LimitsConfig(_Strict):
     max_prompt_tokens: int = Field(4096, ge=1, description="Prompt tokens after the chat template and image "
                                                            "expansion.")
     max_tokens: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
+    max_concurrent_requests: int = Field(
+        64, ge=1, description="Requests one ingress replica runs at once (HTTP and gRPC together); more wait in "
+                              "the queue.")
+    max_queued_requests: int = Field(
+        64, ge=0, description="Requests that may wait for a slot per ingress replica; beyond it a request is "
+                              "refused at once (HTTP 503 / RESOURCE_EXHAUSTED), never left hanging.")
+    request_timeout_s: float | None = Field(
+        None, gt=0, description="Default deadline of a request in seconds (HTTP 408 / DEADLINE_EXCEEDED when it "
+                                "passes; the generation is cancelled and its KV cache freed); null = none. A gRPC "
+                                "client deadline, when shorter, wins.")
 
 
 class HttpConfig(_Strict):
@@ -263,6 +273,43 @@ class HttpConfig(_Strict):
         return v
 
 
+class AuthConfig(_Strict):
+    """Optional bearer-token auth on every HTTP route and gRPC method (off while no key is configured)."""
+
+    api_keys: list[str] = Field(
+        default_factory=list, description="Accepted tokens (`Authorization: Bearer <token>`, gRPC metadata "
+                                          "`authorization: Bearer <token>`). Prefer api_keys_env for secrets.")
+    api_keys_env: str | None = Field(
+        None, description="Name of an environment variable holding more accepted tokens, comma-separated; read in "
+                          "each replica, so secrets stay out of the YAML.")
+    open_health: bool = Field(True, description="GET /health and gRPC health checking answer without a token.")
+
+    def keys(self) -> frozenset[str]:
+        """Every accepted token (config + environment); empty = auth off."""
+        extra = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""
+        return frozenset(k for k in [*self.api_keys, *(x.strip() for x in extra.split(","))] if k)
+
+
+class GrpcConfig(_Strict):
+    """The public gRPC API (protos/specula_api.proto), served by each ingress replica."""
+
+    enabled: bool = Field(True, description="Serve the public gRPC API next to HTTP.")
+    host: str = Field("127.0.0.1", description="Bind address ('0.0.0.0' to serve the network).")
+    port: int = Field(50051, ge=0, le=65535, description="Port; replicas on one node share it (SO_REUSEPORT). "
+                                                         "0 = a free port (tests).")
+    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024,
+                                   description="Largest gRPC message accepted or sent (requests carry images).")
+    reflection: bool = Field(True, description="Serve gRPC server reflection (so grpcurl works without the proto).")
+    tls_cert_file: str | None = Field(None, description="PEM certificate chain: with tls_key_file, serve TLS.")
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GrpcConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+
 class SpeculaConfig(_Strict):
     """The whole application: model, drafter, data plane, request limits, HTTP, and the four deployments."""
 
@@ -273,6 +320,8 @@ class SpeculaConfig(_Strict):
                                        description="Verifier <-> drafter gRPC settings.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits at the ingress.")
     http: HttpConfig = Field(default_factory=HttpConfig, description="Serve HTTP proxy settings.")
+    grpc: GrpcConfig = Field(default_factory=GrpcConfig, description="The public gRPC API.")
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="Bearer-token auth (HTTP and gRPC).")
     deployments: Deployments = Field(default_factory=Deployments, description="Placement and scaling.")
 
 
@@ -316,7 +365,7 @@ def _explain(e: ValidationError) -> str:
 
 
 __all__ = [
-    "ActorOptions", "AutoscalingConfig", "ConfigError", "DataplaneConfig", "DeploymentSettings",
-    "DeviceDeploymentSettings", "Deployments", "DrafterConfig", "HttpConfig", "LimitsConfig", "ModelConfig",
+    "ActorOptions", "AuthConfig", "AutoscalingConfig", "ConfigError", "DataplaneConfig", "DeploymentSettings",
+    "DeviceDeploymentSettings", "Deployments", "DrafterConfig", "GrpcConfig", "HttpConfig", "LimitsConfig", "ModelConfig",
     "SpeculaConfig", "VerifierSettings", "VisionSettings", "load_config",
 ]
