@@ -46,7 +46,8 @@ class BenchConfig:
     extra: dict = field(default_factory=dict)
 
 
-def _prompts(processor, suites, n, seed):
+def bench_prompts(processor, suites, n, seed):
+    """``n`` evaluation-split prompts per suite: ``[(suite, prompt_id, input_ids [L], pixel_values | None)]``."""
     from specula.runtime.prompts import encode_prompt
     from specula.world import generate
 
@@ -59,6 +60,40 @@ def _prompts(processor, suites, n, seed):
     return out
 
 
+_prompts = bench_prompts  # the name earlier callers used
+
+
+def config_label(config: dict) -> str:
+    """How a drafter config is named in reports: its ``label`` if given, else its kind (+ "/tree" for trees)."""
+    if "label" in config:
+        return str(config["label"])
+    return config["kind"] + ("/tree" if config.get("structure") == "tree" else "")
+
+
+def make_drafter(config: dict, target, tokenizer=None):
+    """Build a drafter from ``{"kind": ..., <options>}`` (a ``label`` key is only a name and is dropped).
+
+    Options the config leaves out that the drafter's class takes by name come from the target: ``target`` and
+    ``tokenizer`` (resources), ``vocab_size`` and ``image_token_id``. Only named parameters are filled, because
+    some drafters reject unknown options.
+    """
+    import inspect
+
+    from specula.drafters import create, registry
+
+    opts = {k: v for k, v in config.items() if k != "label"}
+    registry.kinds()  # registers the built-in drafters
+    cls = registry._REGISTRY.get(opts.get("kind"))  # noqa: SLF001 (no public lookup in the registry yet)
+    if cls is not None:
+        named = inspect.signature(cls).parameters
+        facts = {"target": target, "tokenizer": tokenizer, "vocab_size": target.info.vocab_size,
+                 "image_token_id": target.info.image_token_id}
+        for name, value in facts.items():
+            if name in named and name not in opts and value is not None:
+                opts[name] = value
+    return create(opts)
+
+
 def _hf_assistant(drafters):
     """The text_lm drafter's HF model for assisted generation, or the reason there is none."""
     for d in drafters:
@@ -67,32 +102,31 @@ def _hf_assistant(drafters):
     return None, "no text_lm drafter in this run (HF assisted generation needs a small LM with the same tokenizer)"
 
 
-def run(cfg: BenchConfig, log=print) -> dict:
+def load(model: str):
+    """(path, processor, our target, the stock HF model) for ``model`` (a zoo name or a local directory)."""
     from transformers import LlavaForConditionalGeneration
 
-    from specula.drafters import create
     from specula.targets import load_target
     from specula.targets.processor import load_processor
     from specula.zoo.paths import resolve
 
-    path = resolve(cfg.model)
-    processor = load_processor(path)
-    tok = processor.tokenizer
-    target = load_target(str(path))
+    path = resolve(model)
     hf_model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
-    info = target.info
-    resources = {"image_token_id": info.image_token_id, "vocab_size": info.vocab_size}
-    drafters = []
-    for d in cfg.drafters:
-        opts = {k: v for k, v in resources.items() if k not in d}
-        drafters.append((d, create({**d, **opts})))
+    return path, load_processor(path), load_target(str(path)), hf_model
+
+
+def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
+    """Measure ``cfg``; ``loaded`` is ``load(cfg.model)`` when the caller already holds the models."""
+    path, processor, target, hf_model = loaded if loaded is not None else load(cfg.model)
+    tok = processor.tokenizer
+    drafters = [(d, make_drafter(d, target, tok)) for d in cfg.drafters]
     eos = [tok.eos_token_id]
     engines = {"plain": SpecEngine(target, None, eos_token_ids=eos)}
     for d, drafter in drafters:
         for g in cfg.gammas:
-            engines[f"{d['kind']}@{g}"] = SpecEngine(target, drafter, gamma=g, eos_token_ids=eos)
+            engines[f"{config_label(d)}@{g}"] = SpecEngine(target, drafter, gamma=g, eos_token_ids=eos)
     assistant, assisted_reason = _hf_assistant([x for _, x in drafters])
-    prompts = _prompts(processor, cfg.suites, cfg.n_per_suite, cfg.seed)
+    prompts = bench_prompts(processor, cfg.suites, cfg.n_per_suite, cfg.seed)
     params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed, max_tokens=cfg.max_tokens)
     hf_kw = dict(max_new_tokens=cfg.max_tokens, do_sample=False, eos_token_id=eos[0], pad_token_id=tok.pad_token_id)
 

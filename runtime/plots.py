@@ -74,6 +74,28 @@ def line_chart(path: str | Path, title: str, xs: list[float], series: dict[str, 
     return out
 
 
+def stacked_bar_chart(path: str | Path, title: str, groups: list[str], parts: dict[str, list[float]],
+                      ylabel: str = "") -> Path:
+    """One bar per group, split into ``parts[name][i]`` stacked bottom to top (e.g. draft / verify / other)."""
+    totals = [sum((vals[gi] if gi < len(vals) else 0.0) for vals in parts.values()) for gi in range(len(groups))]
+    ymax = max(totals + [1e-9]) * 1.1
+    img, d = _frame(title, ymax, ylabel)
+    small = ImageFont.load_default(size=11)
+    gw = (W - 190 - M) / max(len(groups), 1)  # leave the legend's column free
+    for gi, g in enumerate(groups):
+        x0, base = M + gi * gw + gw * 0.15, 0.0
+        for si, vals in enumerate(parts.values()):
+            v = vals[gi] if gi < len(vals) else 0.0
+            y_lo = H - M - (H - M - 30) * base / ymax
+            y_hi = H - M - (H - M - 30) * (base + v) / ymax
+            d.rectangle([x0, y_hi, x0 + gw * 0.7, y_lo], fill=PALETTE[si % len(PALETTE)])
+            base += v
+        d.text((M + gi * gw + gw / 2, H - M + 12 + 12 * (gi % 2)), g, fill="black", font=small, anchor="mm")
+    _legend(d, list(parts))
+    out = Path(path)
+    img.save(out)
+    return out
+
 def _legend(d: ImageDraw.ImageDraw, names: list[str]) -> None:
     f = ImageFont.load_default(size=11)
     for i, name in enumerate(names):

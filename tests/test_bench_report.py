@@ -1,0 +1,238 @@
+"""`specula bench report` on a tiny random LLaVA: every section has numbers or says why not, the markdown has the
+tables, the PNGs are real images, every seed paper has a claim line, greedy speculative outputs equal plain decoding;
+and the claim rules give the verdict the numbers call for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from specula.runtime.bench_report import ReportConfig, run, write_report
+from specula.runtime.report import claims
+from specula.runtime.report.args import SECTION_NAMES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """A tiny random LLaVA checkpoint, and its language model alone as a text-only drafter (so HF assisted runs)."""
+    from transformers import LlamaForCausalLM
+
+    from specula.targets.processor import load_processor
+    from specula.zoo.paths import TOKENIZER_DIR
+    from specula.zoo.target_config import TargetArch, build_model
+
+    root = tmp_path_factory.mktemp("report_models")
+    processor = load_processor(TOKENIZER_DIR)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
+    model.save_pretrained(root / "target")
+    processor.save_pretrained(root / "target")
+    lm = LlamaForCausalLM(model.config.text_config)
+    lm.model.load_state_dict(model.model.language_model.state_dict())
+    lm.tie_weights()
+    lm.save_pretrained(root / "text_lm")
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(model_dirs, tmp_path_factory):
+    cfg = ReportConfig(
+        model=str(model_dirs / "target"),
+        drafters=({"kind": "ngram"}, {"kind": "random", "peaked": 2.0},
+                  {"kind": "random", "structure": "tree", "peaked": 2.0},
+                  {"kind": "text_lm", "path": str(model_dirs / "text_lm")}, {"kind": "no_such_drafter"}),
+        suites=("vqa", "text"), n_per_suite=1, max_tokens=6, gammas=(2, 3), gamma_suites=("vqa",), gamma_n=1,
+        temperature_suites=("vqa",), temperature_n=1, image_counts=(1, 2), images_n=1, streams=(1, 2),
+        hf_suites=("vqa",), hf_n=1, target_max_gamma=3, target_repeats=2, codecs=("fp32", "int8+zstd"),
+        wire_repeats=1, overlap_suites=("vqa",), overlap_n=1)
+    r = run(cfg, log=lambda *_: None)
+    out = write_report(r, tmp_path_factory.mktemp("report"))
+    return r, out
+
+
+def test_every_section_has_numbers_or_a_reason(report):
+    r, _ = report
+    assert set(r["sections"]) == set(SECTION_NAMES)
+    for name, sec in r["sections"].items():
+        assert sec["status"] in ("ok", "not_measured", "failed"), name
+        if sec["status"] != "ok":
+            assert sec["reason"], name
+    ok = {n for n, s in r["sections"].items() if s["status"] == "ok"}
+    assert ok == set(SECTION_NAMES), {n: s.get("reason") for n, s in r["sections"].items()}
+
+
+def test_main_table_is_drafter_by_suite_and_greedy_is_exact(report):
+    r, _ = report
+    main = r["sections"]["main"]
+    assert set(main["configs"]) == {"plain", "ngram", "random", "random/tree", "text_lm"}
+    for name, c in main["configs"].items():
+        for suite in ("vqa", "text"):
+            cell = c["groups"][suite]
+            assert cell["tau"] >= 1.0 and cell["speedup_vs_plain"] > 0 and cell["tokens"] > 0
+        if name != "plain":
+            assert c["all"]["exact"] is True, name  # token for token equal to plain decoding
+            assert len(c["all"]["alpha"]) >= 1
+            assert set(c["all"]["time_split_s"]) == {"draft", "verify", "other"}
+    assert main["greedy_exact"] is True
+    # the text-only copy of the target's LM drafts the target's own tokens on a text prompt: accepted
+    assert main["configs"]["text_lm"]["groups"]["text"]["tau"] > 1.0
+    assert main["best"] in main["configs"]
+
+
+def test_sections_measure_what_they_say(report):
+    r, _ = report
+    S = r["sections"]
+    assert set(S["gamma"]["drafters"]["ngram"]) == {"2", "3"}
+    t = S["temperature"]["by_temperature"]
+    assert t["1"]["plain"]["speedup_vs_plain"] == 1.0 and t["1"]["text_lm"]["tau"] >= 1.0 and t["0"]
+    assert set(S["multi_image"]["configs"]["random"]["groups"]) == {"k=1", "k=2"}
+    assert S["multi_image"]["prompt_tokens"]["k=2"] > S["multi_image"]["prompt_tokens"]["k=1"]
+    conc = S["concurrency"]["configs"]
+    assert set(conc) == {"plain", S["main"]["best"]} and set(conc["plain"]) == {"1", "2"}
+    assert all(v["tokens_per_s"] > 0 for c in conc.values() for v in c.values())
+    hf = S["hf"]["configs"]
+    assert {"plain", "hf", "hf_assisted"} <= set(hf), S["hf"]
+    assert S["hf"]["hf_assisted"] == "measured" and hf["plain"]["speedup_vs_hf_generate"] > 0
+    assert [v["gamma"] for v in S["target"]["verify"]] == [1, 2, 3] and S["target"]["decode_ms"] > 0
+    assert set(S["wire"]["codecs"]) == {"fp32", "int8+zstd"}
+    for by_shape in S["wire"]["codecs"].values():
+        assert all(v["wire_bytes"] > 0 for v in by_shape.values())
+    ov = S["overlap"]  # verifier here, the drafter in a child process over loopback gRPC
+    assert set(ov["configs"]) == {"plain", "single_process", "sequential", "pipelined"}
+    assert ov["configs"]["pipelined"]["greedy_exact"] is True and ov["overlap"]["efficiency"] > 0
+    assert r["machine"]["cpu_count"] >= 1 and r["machine"]["torch"] and r["machine"]["torch_threads"] == 1
+
+
+def test_missing_drafters_are_listed_with_reasons(report):
+    r, _ = report
+    missing = {m["label"]: m["reason"] for m in r["drafters"]["missing"]}
+    assert "unknown drafter kind" in missing["no_such_drafter"]
+    assert "msd" in missing and "ensemble" in missing  # not requested: said so, and the claims say why
+
+
+def test_markdown_tables_plots_and_claim_lines(report):
+    r, out = report
+    md = (out / "report.md").read_text()
+    for heading in ("## Machine", "## Drafters", "## Seed papers' claims", "tau and speedup per drafter x suite",
+                    "gamma sweep", "temperature 0 and 1", "multi-image scaling", "throughput vs concurrency",
+                    "HF generate and HF assisted", "T_verify(gamma) / T_decode", "wire bytes per codec",
+                    "overlap efficiency", "### alpha_n", "### time split"):
+        assert heading in md, heading
+    assert "| config | vqa | text | visual | all |" in md
+    for paper in ("msd", "flash", "aasd", "massv", "ibed"):
+        assert f"- **{paper}** (" in md
+    assert [c["paper"] for c in r["claims"]] == ["msd", "flash", "aasd", "massv", "ibed"]
+    assert all(c["verdict"] in (claims.REPRODUCED, claims.NOT_REPRODUCED, claims.NOT_MEASURABLE) for c in r["claims"])
+    expected = {"tau_per_suite.png", "speedup_per_suite.png", "alpha_n.png", "time_split.png", "gamma_speedup.png",
+                "gamma_tau.png", "temperature.png", "multi_image_tau.png", "concurrency.png", "hf_comparison.png",
+                "verify_ratio.png", "wire_bytes.png"}
+    assert set(r["plots"]) == expected and not r["plot_errors"]
+    for name in expected:
+        with Image.open(out / name) as im:
+            im.verify()
+        assert f"]({name})" in md
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["claims"] == r["claims"]
+    assert saved["sections"]["main"]["configs"].keys() == r["sections"]["main"]["configs"].keys()
+
+
+def test_a_failing_section_is_recorded_not_fatal(model_dirs):
+    cfg = ReportConfig(model=str(model_dirs / "target"), drafters=({"kind": "ngram"},), suites=("text",),
+                       n_per_suite=1, max_tokens=3, codecs=("no_such_codec",),
+                       skip=("temperature", "gamma", "multi_image", "concurrency", "hf", "target", "overlap"))
+    r = run(cfg, log=lambda *_: None)
+    assert r["sections"]["wire"]["status"] == "failed" and "no_such_codec" in r["sections"]["wire"]["reason"]
+    assert r["sections"]["main"]["status"] == "ok"
+    assert r["sections"]["hf"] == {"status": "not_measured", "reason": "skipped (--skip)"}
+
+
+def test_bad_config_is_a_clear_error(model_dirs, capsys):
+    from specula.cli import main
+
+    assert main(["bench", "report", "--model", str(model_dirs / "target"), "--suite", "nope", "--out", "/tmp/x"]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- claim rules
+
+
+def _fake(taus: dict[str, float], speedups: dict[str, float] | None = None, draft_ms: dict | None = None,
+          multi: dict | None = None) -> dict:
+    """A report JSON with just what the claim rules read."""
+    speedups, draft_ms = speedups or {}, draft_ms or {}
+    configs = {k: {"visual": {"tau": t, "speedup_vs_plain": speedups.get(k, 1.0),
+                              "draft_ms_per_block": draft_ms.get(k, 1.0)}, "all": {}} for k, t in taus.items()}
+    sec = {"main": {"status": "ok", "configs": configs}}
+    if multi is not None:
+        sec["multi_image"] = {"status": "ok", "configs": {k: {"groups": {f"k={n}": {"tau": t} for n, t in v.items()}}
+                                                        for k, v in multi.items()}}
+    return {"drafters": {"available": [{"label": k, "kind": k.split("/")[0]} for k in taus],
+                         "missing": [{"label": "flash", "reason": "weights not shipped: zoo/weights/flash"}]},
+            "sections": sec}
+
+
+def _verdicts(r):
+    return {c["paper"]: c["verdict"] for c in claims.evaluate(r)}
+
+
+def test_claim_rules_follow_the_numbers():
+    good = _fake({"msd": 3.0, "eagle/tree": 2.5, "eagle": 2.0, "aasd": 2.4, "text_lm": 1.8, "massv": 2.4,
+                  "ensemble": 2.5, "pooled": 2.0},
+                 speedups={"aasd": 1.5, "text_lm": 1.2}, multi={"ensemble": {1: 2.5, 5: 2.4}})
+    v = _verdicts(good)
+    assert v == {"msd": "reproduced", "flash": "not measurable yet", "aasd": "reproduced", "massv": "reproduced",
+                 "ibed": "reproduced"}
+    flash = next(c for c in claims.evaluate(good) if c["paper"] == "flash")
+    assert "weights not shipped" in flash["evidence"]
+    bad = _fake({"msd": 2.0, "eagle": 2.5, "aasd": 2.0, "text_lm": 1.8, "massv": 2.0, "ensemble": 2.5, "flash": 2.4},
+                speedups={"aasd": 1.0, "text_lm": 1.2}, draft_ms={"flash": 1.5, "eagle": 1.0},
+                multi={"ensemble": {1: 2.5, 5: 1.5}})
+    assert _verdicts(bad) == {"msd": "not reproduced", "flash": "not reproduced", "aasd": "not reproduced",
+                              "massv": "not reproduced", "ibed": "not reproduced"}
+    cheap = _fake({"flash": 2.3, "eagle": 2.5}, draft_ms={"flash": 0.5, "eagle": 1.0})  # 2.3 >= 0.9 x 2.5
+    assert _verdicts(cheap)["flash"] == "reproduced"
+    no_five = _fake({"ensemble": 3.0, "massv": 2.0}, multi={"ensemble": {1: 3.0}})
+    assert _verdicts(no_five)["ibed"] == "not measurable yet"
+
+
+def test_help_names_the_flags(capsys):
+    from specula.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "report", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--quick", "--model", "--drafters", "--out", "--skip"):
+        assert flag in out
+
+
+def test_quick_keeps_one_variant_per_kind_after_the_main_table(model_dirs):
+    cfg = ReportConfig(model=str(model_dirs / "target"), drafters=({"kind": "random"}, {"kind": "random",
+                       "structure": "tree"}), suites=("text",), n_per_suite=1, max_tokens=3, every_variant=False,
+                       temperature_suites=("text",), temperature_n=1,
+                       skip=("gamma", "multi_image", "concurrency", "hf", "target", "wire", "overlap"))
+    r = run(cfg, log=lambda *_: None)
+    main = r["sections"]["main"]["configs"]
+    faster = max(("random", "random/tree"), key=lambda n: main[n]["all"]["speedup_vs_plain"])
+    assert set(r["sections"]["temperature"]["by_temperature"]["1"]) == {"plain", faster}
+
+
+def test_quick_flag_selects_the_quick_preset(model_dirs):
+    from specula.cli import build_parser
+    from specula.runtime.bench_report import QUICK, config_from_args
+
+    args = build_parser().parse_args(["bench", "report", "--quick", "--model", str(model_dirs / "target"),
+                                      "--drafters", "ngram", '{"kind": "random", "peaked": 1.0}', "--n", "2"])
+    cfg = config_from_args(args)
+    assert cfg.quick and cfg.n_per_suite == 2 and cfg.image_counts == QUICK["image_counts"]
+    assert cfg.drafters == ({"kind": "ngram"}, {"kind": "random", "peaked": 1.0})
