@@ -7,7 +7,7 @@ STAMP := $(VENV)/.specula-installed
 QUESTION ?= What colour is the star? Answer with one word.
 IMAGE ?= world/assets/sample.png
 
-.PHONY: run test install clean-venv
+.PHONY: run serve test install clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/specula generate --image "$(IMAGE)" --question "$(QUESTION)"
+
+serve: $(STAMP)
+	$(BIN)/specula serve $(if $(CONFIG),--config "$(CONFIG)",)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q --timeout=900 tests

@@ -40,6 +40,11 @@ Cache (one ``targets.kv.BatchedKV`` for all live rows, keys post-RoPE, positions
   accepted tokens then ``next_token``) to the tail: the draft's columns, fed with predicted h^, stay invalid
   holes, so the cache always equals the committed sequence with the target's own features (what EAGLE does).
   ``BatchedKV.maybe_compact`` reclaims holes when no proposal is outstanding.
+- Lookahead (chains only, ``drafters/protocol.py``): a chain remembers its fed nodes' columns and the head output
+  its last node was drawn from; ``extend`` feeds the pair (that output, the last node) and draws on, each query
+  seeing the row's valid slots and the chain's columns. ``observe_ahead`` appends the verdict's pairs (the target's
+  own h) to the tail, and the rest of the chain stays a proposal: so an extension drafts from predicted h^ for the
+  block under verification (as a longer chain would), while the cache only ever holds the target's features.
 
     drafter = create({"kind": "eagle", "path": "eagle", "structure": "tree", "top_k": 4, "depth": 5,
                       "total_tokens": 24}, target=target)
@@ -72,6 +77,13 @@ class _Row:
     generator: torch.Generator
     root: torch.Tensor | None = None  # [H] head output at the last fed pair; None while the tail is non-empty
     draft: tuple[list[int], list[int]] | None = None  # outstanding proposal: (tokens, parents)
+    ahead: _Ahead | None = None  # an outstanding chain that ``extend`` can grow
+
+
+@dataclass
+class _Ahead:
+    cols: list[int]  # draft column of chain node i (every node but the last is fed)
+    out: torch.Tensor  # [H] head output the last node was drawn from
 
 
 def _int(kind: str, name: str, v, lo: int) -> int:
@@ -131,6 +143,7 @@ class EagleDrafter:
             image = cfg.image_token_id
         self.image_token_id = None if image is None else int(image)
         self.spec = DrafterSpec(kind=kind, structure=structure, needs=self._needs())
+        self.lookahead = structure == "chain"
         p = head.fc.weight
         self.device, self.dtype = p.device, p.dtype
         self._attn = head.llama_config._attn_implementation
@@ -207,9 +220,13 @@ class EagleDrafter:
         index = {rid: i for i, rid in enumerate(self._rows)}
         sel = torch.tensor([index[r] for r in ids], dtype=torch.long, device=self.device)  # [Bc] cache rows
         self._feed_tails([r for r in rows if r.tail_x], [index[r] for r in ids if self._rows[r].tail_x])
-        tokens, parents, q, counts = self._grow(rows, sel, k, depth, budget)
-        for r, t, p, n in zip(rows, tokens.tolist(), parents.tolist(), counts):
+        draft_start = self._kv.seq_len
+        tokens, parents, q, counts, last_out = self._grow(rows, sel, k, depth, budget)
+        for b, (r, t, p, n) in enumerate(zip(rows, tokens.tolist(), parents.tolist(), counts)):
             r.draft = (t[:n], p[:n])
+            # a chain drawn to full length: node i (i < n - 1) was fed at column draft_start + i
+            r.ahead = _Ahead(list(range(draft_start, draft_start + n - 1)), last_out[b, 0]) \
+                if chain and n == depth else None
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
@@ -236,11 +253,106 @@ class EagleDrafter:
                     raise ValueError(f"{self.KIND}.observe: {v.request_id!r}: verdict tokens differ from the drafts")
         for v in verdicts:
             row = self._rows[v.request_id]
-            row.draft, row.root = None, None
+            row.draft, row.root, row.ahead = None, None, None
             row.tail_h = torch.cat([row.tail_h, v.hidden.to(self.device, self.dtype)])  # [T + 1 + k, H]
             row.tail_x += [int(t) for t in v.tokens] + [int(v.next_token)]
         if all(r.draft is None for r in self._rows.values()):
             self._kv.maybe_compact()  # moves columns: only with no proposal outstanding
+
+    @torch.no_grad()
+    def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
+        ids = tuple(request_ids)
+        if not self.lookahead:
+            raise ValueError(f"{self.KIND}.extend: only chains can be extended")
+        rows = [self._row(r) for r in ids]
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        grow = [i for i, r in enumerate(rows) if r.draft is not None and r.ahead is not None]
+        fed = [i for i in grow if rows[i].tail_x]  # verdict pairs observe_ahead queued: the target's own h first
+        self._feed_tails([rows[i] for i in fed], [index[ids[i]] for i in fed])
+        new: list[list[int]] = [[] for _ in ids]
+        qs: list[list] = [[] for _ in ids]
+        dev = self.device
+        for _ in range(max(n, 0)):
+            if not grow:
+                break
+            sub = [rows[i] for i in grow]
+            sel = torch.tensor([index[ids[i]] for i in grow], dtype=torch.long, device=dev)  # [Bc]
+            s = self._kv.seq_len
+            start = min([c for r in sub for c in r.ahead.cols], default=s)
+            anc = self._kv.valid[sel, start:].clone()[:, None, :]  # [Bc, 1, D] committed slots since start
+            for j, r in enumerate(sub):
+                anc[j, 0, torch.tensor(r.ahead.cols, dtype=torch.long, device=dev) - start] = True  # the chain
+            nxt = torch.tensor([[r.draft[0][-1]] for r in sub], dtype=torch.long, device=dev)  # [Bc, 1]
+            hid = torch.stack([r.ahead.out for r in sub])[:, None]  # [Bc, 1, H]
+            pos = torch.tensor([r.next_pos + len(r.draft[0]) - 1 for r in sub], device=dev)  # [Bc]
+            ok = torch.ones(len(sub), 1, dtype=torch.bool, device=dev)
+            out = self._feed_draft(sel, nxt, hid, pos, anc, ok, start)[:, 0]  # [Bc, H]
+            logits = self.head.logits(out)  # [Bc, V] fp32
+            if self.image_token_id is not None:
+                logits[:, self.image_token_id] = float("-inf")
+            kids = logits.argmax(-1)  # [Bc] greedy rows
+            probs = None
+            sampled = [j for j, r in enumerate(sub) if r.temperature > 0]
+            if sampled:
+                temps = torch.tensor([r.temperature or 1.0 for r in sub], device=dev)[:, None]
+                probs = (logits / temps).softmax(-1)  # [Bc, V] the law sampled rows draw from
+                a = torch.tensor(sampled, device=dev)
+                drawn = sample_without_replacement(probs[a][:, None], 1, [sub[j].generator for j in sampled])
+                kids[a] = drawn[:, 0, 0].to(dev)  # -1 = no mass left
+            still = []
+            for j, (i, r, t) in enumerate(zip(grow, sub, kids.tolist())):
+                r.ahead.cols.append(s)
+                r.ahead.out = out[j].clone()
+                if t < 0:  # nothing left to draw: the chain ends with a fed node and cannot grow
+                    r.ahead = None
+                    continue
+                toks, parents = r.draft
+                toks.append(int(t))
+                parents.append(len(toks) - 2)
+                new[i].append(int(t))
+                qs[i].append(probs[j] if r.temperature > 0 else None)
+                still.append(i)
+            grow = still
+        counts = tuple(len(t) for t in new)
+        width = max(max(counts, default=0), 1)
+        tokens = torch.zeros(len(ids), width, dtype=torch.long)  # [B, N]
+        q = None
+        if any(x is not None for row in qs for x in row):
+            q = torch.zeros(len(ids), width, self.vocab_size, device=dev)  # [B, N, V]; greedy rows one-hot
+        for b, t in enumerate(new):
+            tokens[b, : len(t)] = torch.tensor(t, dtype=torch.long)
+            for i, x in enumerate(qs[b]):
+                if q is not None:
+                    q[b, i] = x if x is not None else torch.nn.functional.one_hot(torch.tensor(t[i]),
+                                                                                  self.vocab_size).float()
+        return Proposal(ids, tokens, counts, None, q)
+
+    def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
+        H = self.head.config.hidden_size
+        plain, keep = [], []
+        for v in verdicts:  # check them all before changing anything
+            row, k = self._row(v.request_id), len(v.accepted)
+            toks = row.draft[0] if row.draft is not None else []
+            if not self.lookahead or list(v.accepted) != list(range(k)) or len(toks) <= k \
+                    or toks[:k] != [int(t) for t in v.tokens] or toks[k] != int(v.next_token):
+                raise ValueError(f"{self.KIND}.observe_ahead: {v.request_id!r}: the verdict does not accept a "
+                                 "prefix of the outstanding chain followed by its next node")
+            if v.hidden is None or tuple(v.hidden.shape) != (1 + k, H):
+                got = None if v.hidden is None else tuple(v.hidden.shape)
+                raise ValueError(f"{self.KIND}.observe_ahead: {v.request_id!r} needs hidden [1 + {k}, {H}], "
+                                 f"got {got}")
+            (plain if len(toks) == k + 1 or row.ahead is None else keep).append(v)  # nothing past the guess
+        if plain:
+            self.observe(plain)  # no compaction while ``keep`` rows hold proposals
+        for v in keep:
+            row, k = self._rows[v.request_id], len(v.accepted)
+            toks = row.draft[0]
+            row.tail_h = torch.cat([row.tail_h, v.hidden.to(self.device, self.dtype)])  # [T + 1 + k, H]
+            row.tail_x += toks[: k + 1]
+            row.root = None
+            rest = len(toks) - k - 1
+            row.draft = (toks[k + 1:], list(range(-1, rest - 1)))
+            row.ahead.cols = row.ahead.cols[k + 1:]
 
     def release(self, request_ids: Sequence[str]) -> None:
         drop = {r for r in request_ids if r in self._rows}
@@ -407,7 +519,7 @@ class EagleDrafter:
             q = allq.gather(1, src[..., None].expand(-1, -1, allq.shape[-1]))  # [Bc, M, V]
             one_hot = torch.nn.functional.one_hot(tokens, self.vocab_size).to(q.dtype)
             q = torch.where(greedy[:, None, None], one_hot, q)
-        return _compact(tokens, parents, q, keep)
+        return (*_compact(tokens, parents, q, keep), f_out)
 
 
 def _compact(tokens, parents, q, keep):

@@ -76,6 +76,9 @@ class Verdict:
     tokens: tuple[int, ...]  # the committed tokens of this step: the accepted drafts' tokens, in order
     next_token: int  # corrected or bonus token (pending: not in the target cache yet)
     hidden: torch.Tensor | None = None  # [1 + len(accepted), H] target final hidden states at pending + accepted
+    # other features at the same positions, by name: "last_k" / "last_v" [H_kv, 1 + len(accepted), D] (the target's
+    # last decoder layer, keys post-RoPE) when "last_kv" is needed
+    extra: dict = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -89,3 +92,44 @@ class Drafter(Protocol):
     def observe(self, verdicts: Sequence[Verdict]) -> None: ...
 
     def release(self, request_ids: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
+class Lookahead(Protocol):
+    """Optional capability of a chain drafter: draft past its outstanding proposal (the runtime's overlap).
+
+    PEARL's post-verify: while the target verifies block n, the drafter drafts block n+1 assuming block n is
+    accepted whole. A drafter that can do this has ``lookahead = True`` and two more methods; the data plane then
+    proposes ``gamma + 1`` nodes, sends the first ``gamma`` (the last node is its *guess* of the bonus token) and
+    extends the chain while the verifier works::
+
+        prop = drafter.propose(["r1"], gamma + 1)     # d_1 .. d_gamma, g     (the verifier sees d_1 .. d_gamma)
+        ahead = drafter.extend(["r1"], gamma + 1)     # x_1 .. x_gamma, g'    drafted as if d and g were committed
+        # the verdict accepts all of d and its next token equals g:
+        drafter.observe_ahead([verdict])              # d and g committed; x_1 .. x_gamma, g' is now the proposal
+        # otherwise: drafter.observe([verdict])       # as always: every node past the accepted path is dropped
+
+    ``extend`` appends to the outstanding chain: node indices keep counting, and ``observe`` with any verdict whose
+    path is a prefix of the chain stays valid (that is the rollback). Each node's q is the law it was drawn from
+    given every node before it, so a block taken from an extension is as lossless as a fresh one (its tokens are
+    drawn after the guess, from randomness the target's decisions never see).
+    """
+
+    lookahead: bool
+
+    def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
+        """Up to ``n`` more chain nodes after each row's outstanding chain (only the new nodes; counts 0 when a row
+        has no outstanding chain or its chain cannot grow). ``parents`` None; ``q`` as in ``propose``."""
+        ...
+
+    def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
+        """Each verdict accepts a prefix of k nodes and its next token equals node k: nodes 0..k are committed
+        (node k as the pending token), nodes k+1.. stay outstanding as the row's next proposal, renumbered from 0.
+        ``hidden`` as in ``observe`` ([1 + k, H] at the pending token and the accepted nodes)."""
+        ...
+
+
+def supports_lookahead(drafter) -> bool:
+    """True when ``drafter`` implements ``Lookahead`` for its configuration (chains only)."""
+    return bool(getattr(drafter, "lookahead", False)) and isinstance(drafter, Lookahead) \
+        and drafter.spec.structure == "chain"

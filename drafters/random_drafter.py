@@ -4,17 +4,20 @@ Useful for tests and as a floor in benchmarks: nearly every draft is rejected, s
 recovery paths, and the output must still equal plain decoding (greedy) or follow the target (sampled).
 ``peaked`` > 0 draws from a random peaked distribution instead of the uniform one, so q differs from uniform.
 Trees: ``branching`` children per node for ``depth`` levels, siblings drawn without replacement in draw order.
+Randomness: one generator per request, seeded from ``seed`` and the request's seed (a stream apart from the
+verifier's), so a seeded request drafts the same however many requests the drafter served before it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import torch
 
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
-from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
+from specula.runtime.sampling import sample, sample_without_replacement  # pure torch, no Ray/gRPC
 
 
 @register("random")
@@ -22,21 +25,27 @@ class RandomDrafter:
     def __init__(self, vocab_size: int, structure: str = "chain", branching: int = 2, depth: int = 3,
                  peaked: float = 0.0, seed: int = 0, banned: Sequence[int] = (), **_):
         self.spec = DrafterSpec(kind="random", structure=structure)
-        self.vocab_size, self.branching, self.depth = vocab_size, branching, depth
-        self.g = torch.Generator().manual_seed(seed)
+        self.vocab_size, self.branching, self.depth, self.seed = vocab_size, branching, depth, seed
+        self.g = torch.Generator().manual_seed(seed)  # the law below, then the seeds of unseeded requests
         logits = torch.randn(vocab_size, generator=self.g) * peaked
         if banned:
             logits[list(banned)] = float("-inf")
         self.q = torch.softmax(logits, -1)  # [V] the law every draft token is drawn from
-        self.live: set[str] = set()
+        self.live: dict[str, torch.Generator] = {}  # request id -> its generator
 
     def begin(self, contexts: Sequence[DraftContext]) -> None:
-        self.live.update(c.request_id for c in contexts)
+        for c in contexts:
+            if c.seed is None:
+                s = int(torch.randint(0, 2**62, (1,), generator=self.g))
+            else:  # a stream of its own, apart from the verifier's (seeded with c.seed itself)
+                s = int.from_bytes(hashlib.blake2b(f"random/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
+            self.live[c.request_id] = torch.Generator().manual_seed(s)
 
     def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
         B = len(request_ids)
+        gens = [self.live.get(r, self.g) for r in request_ids]  # a request that never began: the shared one
         if self.spec.structure == "chain":
-            tokens = torch.multinomial(self.q.expand(B, -1), gamma, replacement=True, generator=self.g)  # [B, gamma]
+            tokens = sample(self.q.expand(B, gamma, -1), gens)  # [B, gamma]
             q = self.q.expand(B, gamma, -1).clone()  # [B, gamma, V]
             return Proposal(tuple(request_ids), tokens, (gamma,) * B, None, q)
         parents, level = [], [-1]
@@ -52,7 +61,7 @@ class RandomDrafter:
         tokens = torch.zeros((B, N), dtype=torch.long)
         for i in range(0, N, self.branching):  # each sibling group: drawn without replacement, in draw order
             k = min(self.branching, N - i)
-            tokens[:, i:i + k] = sample_without_replacement(self.q.expand(B, -1), k, self.g)
+            tokens[:, i:i + k] = sample_without_replacement(self.q.expand(B, -1), k, gens)
         q = self.q.expand(B, N, -1).clone()  # [B, N, V] law given the parent (siblings: without replacement)
         par = torch.tensor(parents, dtype=torch.long).expand(B, -1).clone()
         return Proposal(tuple(request_ids), tokens, (N,) * B, par, q)
@@ -61,4 +70,5 @@ class RandomDrafter:
         pass
 
     def release(self, request_ids: Sequence[str]) -> None:
-        self.live.difference_update(request_ids)
+        for r in request_ids:
+            self.live.pop(r, None)

@@ -36,3 +36,5 @@ def create(config: dict, **resources) -> Any:
 
 def _load_builtin() -> None:
     from specula.drafters import eagle, msd, ngram, random_drafter, text_lm  # noqa: F401  (they register themselves)
+    from specula.drafters import caption, ensemble, massv, pooled  # noqa: F401
+    from specula.drafters import aasd, flash  # noqa: F401

@@ -30,6 +30,11 @@ KV cache (one ``targets.kv.BatchedKV`` over all live rows, keys stored post-RoPE
   committed sequence minus the tail, which the next ``propose`` feeds first.
 - Holes left by rejected drafts cost attention work only; ``BatchedKV.maybe_compact`` reclaims them when no
   proposal is outstanding (it moves columns).
+- Lookahead (chains only, ``drafters/protocol.py``): ``extend`` feeds the chain's last (unfed) node at its
+  position, draws the next node from the logits, and so on; a row's fed draft columns are valid in its own row and
+  all of them are ancestors of a chain's new node, so its mask is simply the row's valid slots. ``observe_ahead``
+  keeps the accepted nodes' and the guessed node's columns (already computed at their final positions), so the
+  rest of the chain stays a proposal with an empty tail.
 
     drafter = create({"kind": "text_lm", "path": "text_lm", "structure": "tree", "branching": [3, 2, 1]},
                      target=target)
@@ -61,6 +66,7 @@ class _Draft:
     tokens: list[int]
     parents: list[int]  # -1 = off the committed context
     cols: list[int]  # cache column of node i, -1 = not fed (last level)
+    closed: bool = False  # a chain whose last node found no successor (no mass left): extend adds nothing
 
 
 @dataclass
@@ -117,6 +123,7 @@ class TextLMDrafter:
         if unknown:
             raise ValueError(f"text_lm: unknown options {sorted(unknown)}")
         self.spec = DrafterSpec(kind="text_lm", structure=structure)
+        self.lookahead = structure == "chain"
         if isinstance(branching, int):
             if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
                 raise ValueError(f"text_lm: depth must be an integer >= 1, got {depth!r}")
@@ -272,6 +279,60 @@ class TextLMDrafter:
         if all(r.draft is None for r in self._rows.values()):
             self._kv.maybe_compact()  # moves columns: only with no proposal outstanding
 
+    @torch.no_grad()
+    def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
+        ids = tuple(request_ids)
+        if not self.lookahead:
+            raise ValueError("text_lm.extend: only chains can be extended")
+        rows = [self._row(r) for r in ids]
+        grow = [i for i, r in enumerate(rows) if r.draft is not None and r.draft.tokens and not r.draft.closed]
+        new: list[list[int]] = [[] for _ in ids]
+        qs: list[list[torch.Tensor | None]] = [[] for _ in ids]
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        for _ in range(max(n, 0)):
+            if not grow:
+                break
+            sub = [rows[i] for i in grow]
+            sel = torch.tensor([index[ids[i]] for i in grow], dtype=torch.long)  # [Bc] cache rows
+            logits = self._feed_last(sub, sel)  # [Bc, V]
+            greedy = torch.tensor([r.temperature == 0 for r in sub])
+            temps = torch.tensor([r.temperature or 1.0 for r in sub], device=self.device)
+            kids, probs = self._children(logits[:, None], 1, temps, greedy, [r.generator for r in sub])
+            kids = kids[:, 0, 0].tolist()  # [Bc], -1 = no mass left
+            still = []
+            for j, (i, r, t) in enumerate(zip(grow, sub, kids)):
+                d = r.draft
+                if t < 0:
+                    d.closed = True
+                    continue
+                d.tokens.append(int(t))
+                d.parents.append(len(d.tokens) - 2)
+                d.cols.append(-1)
+                new[i].append(int(t))
+                qs[i].append(None if probs is None or r.temperature == 0 else probs[j, 0])
+                still.append(i)
+            grow = still
+        return _chain_proposal(ids, new, qs, self.vocab_size, self.device)
+
+    def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
+        for v in verdicts:  # check them all before changing anything
+            d, k = self._row(v.request_id).draft, len(v.accepted)
+            if not self.lookahead or d is None or list(v.accepted) != list(range(k)) or len(d.tokens) <= k \
+                    or d.tokens[:k] != [int(t) for t in v.tokens] or d.tokens[k] != int(v.next_token):
+                raise ValueError(f"text_lm.observe_ahead: {v.request_id!r}: the verdict does not accept a prefix "
+                                 "of the outstanding chain followed by its next node")
+        for v in verdicts:
+            row, k = self._rows[v.request_id], len(v.accepted)
+            d = row.draft
+            if len(d.tokens) == k + 1 or d.cols[k] < 0:  # nothing drafted past the guess: a plain observe
+                self.observe([v])
+                continue
+            # nodes 0..k are fed (extend feeds a node before drawing its successor): their columns stay valid
+            row.next_pos += k + 1
+            row.context += d.tokens[: k + 1]
+            rest = len(d.tokens) - k - 1
+            row.draft = _Draft(d.tokens[k + 1:], list(range(-1, rest - 1)), d.cols[k + 1:], d.closed)
+
     def release(self, request_ids: Sequence[str]) -> None:
         drop = {r for r in request_ids if r in self._rows}
         if not drop:
@@ -336,6 +397,26 @@ class TextLMDrafter:
             r.tail = []
         return self._head(last).float()  # [Bc, V]
 
+    def _feed_last(self, rows: list[_Row], sel: torch.Tensor) -> torch.Tensor:
+        """Feed each call row's outstanding chain's last node at its position -> logits [Bc, V] fp32 (the next
+        node's). The row's valid slots are its committed context and its fed chain nodes: all ancestors."""
+        b = self._kv.batch_size
+        tok = torch.zeros(b, 1, dtype=torch.long)  # [B, 1]
+        pos = torch.zeros(b, 1, dtype=torch.long)  # [B, 1]
+        real = torch.zeros(b, 1, dtype=torch.bool)  # [B, 1]
+        rows_sel = sel.tolist()
+        for i, r in zip(rows_sel, rows):
+            tok[i, 0] = r.draft.tokens[-1]
+            pos[i, 0] = r.next_pos + len(r.draft.tokens) - 1
+            real[i, 0] = True
+        mask = self._kv.block_mask(torch.ones(b, 1, 1, dtype=torch.bool, device=self.device))  # [B, 1, 1, S + 1]
+        col = self._kv.seq_len
+        hidden = self._forward(tok, mask, pos, self._kv.cache)  # [B, 1, H]
+        self._kv.extend_valid(real.to(self.device))
+        for r in rows:
+            r.draft.cols[-1] = col
+        return self._head(hidden[sel.to(self.device), 0]).float()  # [Bc, V]
+
     def _feed_level(self, rows, sel, tokens, ok, depth: int, anc: torch.Tensor, draft_start: int) -> torch.Tensor:
         """Feed one tree level: tokens/ok [Bc, W], anc [W, S - draft_start] bool -> logits [Bc, W, V] fp32."""
         b, w = self._kv.batch_size, tokens.shape[1]
@@ -368,6 +449,25 @@ class TextLMDrafter:
         probs = torch.softmax(logits / temps[:, None, None], dim=-1)  # [Bc, W, V]
         drawn = sample_without_replacement(probs, k, gens)  # [Bc, W, k]
         return torch.where(greedy.to(logits.device)[:, None, None], top, drawn), probs
+
+
+def _chain_proposal(ids, new: list[list[int]], qs: list[list], vocab_size: int, device) -> Proposal:
+    """New chain nodes per row (+ the law each was drawn from, None = greedy) -> a Proposal (parents None)."""
+    counts = tuple(len(t) for t in new)
+    width = max(max(counts, default=0), 1)
+    tokens = torch.zeros(len(ids), width, dtype=torch.long)  # [B, N]
+    for b, t in enumerate(new):
+        tokens[b, : len(t)] = torch.tensor(t, dtype=torch.long)
+    q = None
+    if any(x is not None for row in qs for x in row):  # sampled rows: their q; greedy rows: one-hot
+        q = torch.zeros(len(ids), width, vocab_size, device=device)  # [B, N, V]
+        for b, row in enumerate(qs):
+            for i, x in enumerate(row):
+                if x is None:
+                    q[b, i, new[b][i]] = 1.0
+                else:
+                    q[b, i] = x
+    return Proposal(tuple(ids), tokens, counts, None, q)
 
 
 def _compact(tokens, parents, q, cols, ok):

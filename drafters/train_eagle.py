@@ -50,7 +50,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from specula.drafters.distill_data import Answer, load_answers, make_answers, pixels, target_fingerprint
-from specula.drafters.eagle_head import EagleHead, head_parameters, save_head
+from specula.drafters.eagle_head import EagleHead, save_head
 from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
 
 EAGLE_DIR = ZOO_DIR / "eagle"
@@ -227,10 +227,20 @@ def losses(head: EagleHead, hidden: torch.Tensor, batch: Batch, cfg: EagleTrainC
             "agree": (logp.argmax(-1) == tok).float().mean()}
 
 
+def eagle_step(head: EagleHead, model, batch: Batch, cfg: EagleTrainConfig,
+               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """The losses of one batch for an ``EagleHead`` (``fit``'s default ``step``): one frozen target forward, then
+    ``losses``. Another recipe passes its own ``step(head, model, batch, cfg, generator)`` returning at least
+    ``loss``, ``feat``, ``hard`` and ``agree``."""
+    hidden, embeds = target_features(model, batch, cfg.device, head.reads_visual)
+    return losses(head, hidden, batch, cfg, generator, embeds)
+
+
 @torch.no_grad()
 def evaluate(head: EagleHead, target, processor, answers: list[Answer], cfg: EagleTrainConfig,
-             engine_n: int = 0) -> dict[str, float]:
-    """Teacher-forced agreement / CE on held-out answers, and tau of greedy chain drafting on ``engine_n`` of them."""
+             engine_n: int = 0, step: Callable | None = None) -> dict[str, float]:
+    """Teacher-forced agreement / CE on held-out answers, and tau of greedy chain drafting on ``engine_n`` of them.
+    ``step``: the recipe's batch losses (default ``eagle_step``)."""
     was = head.training
     head.eval()
     tot = {"feat": 0.0, "hard": 0.0, "agree": 0.0}
@@ -241,8 +251,7 @@ def evaluate(head: EagleHead, target, processor, answers: list[Answer], cfg: Eag
         m = len(batch.rows)
         if not m:
             continue
-        hidden, embeds = target_features(target.model, batch, cfg.device, head.reads_visual)
-        parts = losses(head, hidden, batch, plain, embeds=embeds)
+        parts = (step or eagle_step)(head, target.model, batch, plain)
         for k in tot:
             tot[k] += float(parts[k]) * m
         n += m
@@ -346,18 +355,20 @@ def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
 
 def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], Answer], held_out: list[Answer],
         *, log=print, stop_at: int | None = None, about: str = "",
-        status: Callable[[int], dict] | None = None) -> Path:
+        status: Callable[[int], dict] | None = None, step: Callable | None = None) -> Path:
     """The resumable training loop of the feature-level recipes (module docstring, step 2-3) for any ``EagleHead``
     subclass; returns ``<run_dir>/ckpt``. ``pick(j)``: the j-th training sample, a pure function of j (so a resumed
     run sees the same batches); ``status(samples)``: extra fields for the progress bar and the state (e.g. the
-    training stage); ``about``: what the run trains on, for the log."""
+    training stage); ``about``: what the run trains on, for the log; ``step``: the losses of one batch (default
+    ``eagle_step``; any head with ``KIND``, ``CONFIG`` and a config with ``to_json`` trains here)."""
+    step = step or eagle_step
     ckpt = run.dir / "ckpt"
     target, processor, model = run.target, run.processor, run.target.model
     pad = processor.tokenizer.pad_token_id
     hcfg = head.config
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg),
-             "target_sha256": run.fingerprint, "params": head_parameters(hcfg)}
+             "target_sha256": run.fingerprint, "params": sum(p.numel() for p in head.parameters())}
     if (ckpt / "state.json").exists():
         old = json.loads((ckpt / "state.json").read_text())
         if old.get("target_sha256") != run.fingerprint:
@@ -386,7 +397,7 @@ def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], 
 
     def run_eval() -> None:
         if held_out:
-            res = evaluate(head, target, processor, held_out, cfg, cfg.eval_engine)
+            res = evaluate(head, target, processor, held_out, cfg, cfg.eval_engine, step)
             res.update(samples=state["samples"], minutes=round(state["elapsed_s"] / 60, 1),
                        **(status(state["samples"]) if status else {}),
                        **{f"loss_{k}": round(v, 4) for k, v in ema.items()})
@@ -410,8 +421,7 @@ def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], 
             batch = collate(group, processor, cfg.seed, pad)
             if len(batch.rows):
                 noise = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state["steps"])
-                hidden, embeds = target_features(model, batch, cfg.device, head.reads_visual)
-                parts = losses(head, hidden, batch, cfg, noise, embeds)
+                parts = step(head, model, batch, cfg, noise)
                 opt.zero_grad(set_to_none=True)
                 parts["loss"].backward()
                 torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
@@ -464,7 +474,7 @@ def export_head(ckpt: Path, out: Path, head_cls: type[EagleHead], info: dict | N
     save_head(head, out, torch.float16)
     last = state["history"][-1] if state["history"] else {}
     meta = {
-        "kind": head_cls.KIND, "params": head_parameters(cfg), "target": state["config"]["target"],
+        "kind": head_cls.KIND, "params": sum(p.numel() for p in head.parameters()), "target": state["config"]["target"],
         "target_sha256": state["target_sha256"], "data_samples": state["config"]["data_samples"],
         "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
         "eval_tau_g4": last.get("eval_tau_g4"), **(info or {}), "history": state["history"],

@@ -50,6 +50,9 @@ class AutoscalingConfig(_Strict):
     upscale_delay_s: float = Field(30.0, ge=0, description="How long demand must stay high before adding replicas.")
     downscale_delay_s: float = Field(
         600.0, ge=0, description="How long demand must stay low before removing replicas.")
+    look_back_period_s: float = Field(
+        30.0, gt=0, description="Window over which Serve averages ongoing requests before deciding (shorter reacts "
+                                "faster, longer is steadier).")
 
     @model_validator(mode="after")
     def _order(self) -> AutoscalingConfig:
@@ -205,6 +208,11 @@ class DrafterConfig(_Strict):
         2.0, gt=0, description="Deadline for reaching a drafter replica (Describe) before decoding alone.")
     address_timeout_s: float = Field(
         5.0, gt=0, description="Deadline for asking Serve which drafter replica serves a new request.")
+    overlap: bool = Field(
+        True, description="Draft block n+1 while the verifier verifies block n, assuming block n is accepted whole "
+                          "(PEARL's post-verify); the pre-drafted block is used when the verdict agrees and dropped "
+                          "otherwise. Lossless either way. Only drafters that can draft ahead (chains of ngram, "
+                          "text_lm, eagle, msd) do it; others draft sequentially.")
 
     @field_validator("accept_codecs", "codec_preference")
     @classmethod
@@ -251,11 +259,23 @@ class LimitsConfig(_Strict):
                               "the queue.")
     max_queued_requests: int = Field(
         64, ge=0, description="Requests that may wait for a slot per ingress replica; beyond it a request is "
-                              "refused at once (HTTP 503 / RESOURCE_EXHAUSTED), never left hanging.")
+                              "refused at once (HTTP 503 / RESOURCE_EXHAUSTED), never left hanging. The builder "
+                              "raises the ingress's Serve max_ongoing_requests to at least max_concurrent_requests + "
+                              "max_queued_requests + 16, so these limits, not Serve's queue, decide.")
     request_timeout_s: float | None = Field(
         None, gt=0, description="Default deadline of a request in seconds (HTTP 408 / DEADLINE_EXCEEDED when it "
                                 "passes; the generation is cancelled and its KV cache freed); null = none. A gRPC "
                                 "client deadline, when shorter, wins.")
+    image_dir: str | None = Field(
+        None, description="Local directory whose files an OpenAI `image_url` may name (an absolute path, a path "
+                          "relative to it, or a file:// URL; symlinks resolved, nothing outside it); null = local "
+                          "files refused. data: URLs are always accepted.")
+    allow_remote_images: bool = Field(
+        False, description="Fetch http(s) `image_url`s (off: they are refused with 400). The server then makes "
+                           "requests on a client's behalf, internal addresses included: enable only behind a "
+                           "trusted front end. Machines without network just fail those fetches (400).")
+    image_fetch_timeout_s: float = Field(
+        10.0, gt=0, description="Deadline of one remote image fetch (allow_remote_images).")
 
 
 class HttpConfig(_Strict):
@@ -263,7 +283,12 @@ class HttpConfig(_Strict):
 
     host: str = Field("127.0.0.1", description="Bind address of the HTTP proxy ('0.0.0.0' to serve the network).")
     port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP proxy.")
-    route_prefix: str = Field("/", description="Path prefix of the application; POST {prefix}generate.")
+    route_prefix: str = Field("/", description="Path prefix of the application: {prefix}v1/chat/completions, "
+                                               "{prefix}v1/completions, {prefix}v1/models, {prefix}generate, "
+                                               "{prefix}health, {prefix}metrics.")
+    served_model_name: str | None = Field(
+        None, min_length=1, description="Model id of the OpenAI routes (GET /v1/models, the `model` field of "
+                                        "requests; gRPC ListModels); null = the last part of model.path.")
 
     @field_validator("route_prefix")
     @classmethod

@@ -123,8 +123,14 @@ class SpecEngine:
         if self.drafter is not None:
             t3 = time.perf_counter()
             self.drafter.begin([self._context(r, tok, out, b) for b, (r, tok) in enumerate(zip(requests, first))])
+            # drafter-side parts of begin it timed itself (e.g. captioning) are booked apart from "draft"
+            side = self.drafter.pop_begin_times() if hasattr(self.drafter, "pop_begin_times") else {}
+            rest = (time.perf_counter() - t3 - sum(v for p in side.values() for v in p.values())) / len(requests)
             for r in requests:
-                self.rows[r.request_id].metrics.time["draft"] += (time.perf_counter() - t3) / len(requests)
+                m = self.rows[r.request_id].metrics
+                m.time["draft"] += rest
+                for k, v in side.get(r.request_id, {}).items():
+                    m.time[k] += v
         for r, tok in zip(requests, first):
             ev = self._emit(self.rows[r.request_id], [tok])
             events.append(ev)
@@ -144,6 +150,9 @@ class SpecEngine:
             visual = r.visual.features if isinstance(r.visual, VisualFeatures) else r.visual
         elif "visual" in needs and r.pixel_values is not None:
             visual = self.target.encode_images(r.pixel_values, "projected").features
+        if "pre_projector" in needs and r.pixel_values is not None:  # [N_img, T_img, D_vis] for a drafter's projector
+            extra["pre_projector"] = self.target.encode_images(r.pixel_values, "pre_projector",
+                                                               image_grid_thw=r.image_grid_thw).features
         return DraftContext(r.request_id, r.input_ids, first, r.params.temperature, r.params.seed,
                             pixel_values=r.pixel_values if "pixels" in needs else None, visual=visual,
                             hidden=hidden, extra=extra)
@@ -249,7 +258,12 @@ class SpecEngine:
         if self.drafter is not None and "hidden" in self.drafter.spec.needs:
             idx = torch.tensor([0] + [1 + i for i in path], device=out.features.hidden.device)
             hidden = out.features.hidden[b].index_select(0, idx)  # [1 + k, H]
-        return Verdict(rid, tuple(path), tuple(toks), int(nxt), hidden)
+        extra = {}
+        if self.drafter is not None and "last_kv" in self.drafter.spec.needs:
+            idx = torch.tensor([0] + [1 + i for i in path], device=out.features.last_k.device)
+            extra["last_k"] = out.features.last_k[b].index_select(1, idx)  # [H_kv, 1 + k, D]
+            extra["last_v"] = out.features.last_v[b].index_select(1, idx)
+        return Verdict(rid, tuple(path), tuple(toks), int(nxt), hidden, extra)
 
     # ------------------------------------------------------------------------------------------- output
 

@@ -3,7 +3,8 @@
 - ``tau`` (mean accepted length) = tokens emitted per target verification, the bonus/corrected token included.
 - ``alpha_n`` = acceptance rate of draft position n (1-based): of the blocks that had a draft at position n,
   the share in which it was accepted. Counted per position, not derived from tau.
-- time split: vision / prefill / draft / verify / sample / commit, seconds.
+- time split: vision / prefill / draft / verify / sample / commit, seconds; "caption" (a caption drafter's
+  captioning in ``begin``, booked apart from "draft") where a drafter reports it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-TIME_KEYS = ("vision", "prefill", "draft", "verify", "sample", "commit")
+TIME_KEYS = ("vision", "prefill", "draft", "caption", "verify", "sample", "commit")
 
 
 @dataclass
@@ -61,6 +62,7 @@ class RequestMetrics:
     def to_dict(self) -> dict:
         return {"blocks": self.blocks, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "emitted": self.emitted, "tau": round(self.tau, 4), "alpha": [round(a, 4) for a in self.alpha],
+                "drafted_at": list(self.drafted_at), "accepted_at": list(self.accepted_at),  # counts behind alpha
                 "time_s": {k: round(v, 6) for k, v in self.time.items()}}
 
 

@@ -6,6 +6,7 @@
     specula train target --run-dir runs/target
     specula train msd --no-decouple           # an MSD ablation
     specula zoo list | build | eval --json | export
+    specula chat --image scene.png "What colour is the circle?"   # ask a running `specula serve` over gRPC
 """
 
 from __future__ import annotations
@@ -114,6 +115,39 @@ def _add_bench(sub) -> None:
         return spec_main(args)
 
     sp.set_defaults(func=run_spec)
+    rp = bsub.add_parser("report", help="every available drafter on every suite, side by side: JSON + markdown + "
+                                         "PNG report in reports/<date>-<machine>/",
+                         description="Runs the main table (tau and speedup per drafter x suite), alpha_n, gamma "
+                                     "sweep, temperature 0 and 1, time split, multi-image scaling, throughput vs "
+                                     "concurrency, HF generate / assisted, target costs, wire bytes per codec and "
+                                     "the distributed overlap where available, then one line per seed paper's claim. "
+                                     "A section that cannot run records why.")
+    from specula.runtime.report.args import add_arguments as report_arguments
+
+    report_arguments(rp)
+
+    def run_report(args):
+        _threads(args)
+        from specula.runtime.bench_report import main as report_main
+
+        return report_main(args)
+
+    rp.set_defaults(func=run_report)
+    dp = bsub.add_parser("distributed", help="distributed runtime: pipelined (overlap) vs sequential vs single "
+                                             "process vs plain, drafter in its own process",
+                         description="Drafter server and verifier in separate processes (one torch thread each, "
+                                     "loopback gRPC); every configuration round robin on the same prompts; JSON + "
+                                     "markdown with tau, speedups, overlap efficiency, time split and wire bytes.")
+    from specula.runtime.bench_distributed import add_arguments as distributed_arguments
+
+    distributed_arguments(dp)
+
+    def run_distributed(args):
+        from specula.runtime.bench_distributed import main as distributed_main
+
+        return distributed_main(args)
+
+    dp.set_defaults(func=run_distributed)
 
 
 def _add_train(sub) -> None:
@@ -173,6 +207,53 @@ def _add_train(sub) -> None:
                    help="ablation: visual positions read fc(concat(e, h)) as in eagle instead of the raw embeddings")
     m.add_argument("--data-dir", default=None, help="where the target answers are cached (default: <run-dir>/data)")
     m.set_defaults(func=lambda a: __import__("specula.drafters.train_msd", fromlist=["x"]).train_msd_cli(a))
+
+    mv = tsub.add_parser("massv", help="train the MASSV drafter: a small LM + its own projector over the target's "
+                                       "vision features; projector pretraining, then SDViT (resumable)",
+                         description="Phase 1 trains only the projector (LM frozen) on the world's image-caption "
+                                     "pairs; phase 2 (SDViT) fine-tunes projector + LM on the target's own sampled "
+                                     "answers to visual instructions (--data-samples prompts, temperatures 0 / 0.7 "
+                                     "/ 1, top-p 0.9). --no-sdvit: phase 2 on the world's reference answers instead "
+                                     "(the paper's ablation; with the default --run-dir trains in runs/massv-no-sdvit "
+                                     "and exports to zoo/weights/massv-no-sdvit). --samples counts phase 2, "
+                                     "--pretrain-samples phase 1.")
+    _distill_args(mv, "massv", data=10_000, samples=40_000)
+    mv.add_argument("--pretrain-samples", type=int, default=20_000,
+                    help="phase 1: caption samples seen while pretraining the projector (default: 20000)")
+    mv.add_argument("--init-lm", default="text_lm",
+                    help="the LM to start from: a zoo name or directory of a Llama (default: text_lm); 'none' = fresh")
+    mv.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="size of a fresh LM (--init-lm none)")
+    mv.add_argument("--feature", default="pre_projector", choices=["pre_projector", "projected"],
+                    help="which target features the projector reads (default: pre_projector, as MASSV)")
+    mv.add_argument("--no-sdvit", action="store_true", help="ablation: phase 2 on the world's reference answers")
+    mv.set_defaults(func=lambda a: __import__("specula.drafters.train_massv", fromlist=["x"]).train_massv_cli(a))
+
+    f = tsub.add_parser("flash", help="train the FLASH head: latent visual compression + a k-token semi-autoregressive "
+                                      "head (resumable)",
+                        description="Caches the target's greedy answers on world training prompts, then trains the "
+                                    "EAGLE-shaped layer over the draft sequence (each image compressed to "
+                                    "--visual-tokens latent tokens by learned queries) with --tokens-per-pass output "
+                                    "blocks: SmoothL1 on the next k hidden states + lambda * cross-entropy.")
+    _distill_args(f, "flash", data=10_000, samples=60_000)
+    f.add_argument("--tokens-per-pass", type=int, default=4, help="k: draft tokens per head forward (default: 4)")
+    f.add_argument("--visual-tokens", type=int, default=64, help="m: latent tokens per image (default: 64)")
+    f.add_argument("--data-dir", default=None, help="where the target answers are cached (default: <run-dir>/data; "
+                                                    "runs/eagle/data shares eagle's)")
+    f.set_defaults(func=lambda a: __import__("specula.drafters.train_flash", fromlist=["x"]).train_flash_cli(a))
+
+    a_ = tsub.add_parser("aasd", help="train the AASD draft layer over the target's last-layer KV cache with "
+                                      "Target-Draft Attention (resumable)",
+                         description="Caches the target's greedy answers on world training prompts, then trains one "
+                                     "decoder layer (initialised from the target's last) that attends the target's "
+                                     "last-layer K/V (each image compressed to --kv-tokens entries by the learned "
+                                     "KV projector) and its own chain, every chain start and depth up to "
+                                     "--train-depth at once.")
+    _distill_args(a_, "aasd", data=10_000, samples=60_000)
+    a_.add_argument("--kv-tokens", type=int, default=64, help="k: compressed KV entries per image (default: 64)")
+    a_.add_argument("--train-depth", type=int, default=5, help="chain depths trained per position (default: 5)")
+    a_.add_argument("--data-dir", default=None, help="where the target answers are cached (default: <run-dir>/data; "
+                                                     "runs/eagle/data shares eagle's)")
+    a_.set_defaults(func=lambda a: __import__("specula.drafters.train_aasd", fromlist=["x"]).train_aasd_cli(a))
 
 
 def _distill_args(p, kind: str, data: int, samples: int) -> None:
@@ -234,6 +315,26 @@ def _add_serve(sub) -> None:
     p.set_defaults(func=lambda a: __import__("specula.runtime.serve.cli", fromlist=["x"]).serve_cli(a))
 
 
+def _add_chat(sub) -> None:
+    p = sub.add_parser("chat", help="ask a running server one question over its gRPC API",
+                       description="A small client of the public gRPC API (specula.runtime.client): prints the answer "
+                                   "as it is generated.")
+    p.add_argument("question", help="what to ask; '<image>' marks where each image goes (default: images first)")
+    p.add_argument("--image", action="append", default=[], help="image file (PNG/JPEG/WebP), repeatable")
+    p.add_argument("--address", default="127.0.0.1:50051", help="the server's gRPC API (default: 127.0.0.1:50051)")
+    p.add_argument("--token", default=None, help="API key (default: the SPECULA_API_KEY environment variable)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="print the answer as it is generated (default); --no-stream waits for the whole answer")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (the server's default)")
+    p.add_argument("--max-tokens", type=int, default=None, help="new tokens at most (server default: 64)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (same seed, same answer)")
+    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds (default: none)")
+    p.add_argument("--tls", action="store_true", help="connect with TLS (system CA roots unless --ca-cert)")
+    p.add_argument("--ca-cert", default=None, help="PEM file of the CA that signed the server's certificate")
+    p.add_argument("--stats", action="store_true", help="print finish reason, tokens and tau to stderr at the end")
+    p.set_defaults(func=lambda a: __import__("specula.runtime.client", fromlist=["x"]).chat_cli(a))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specula",
@@ -247,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_zoo(sub)
     _add_serve(sub)
+    _add_chat(sub)
     return parser
 
 

@@ -8,7 +8,9 @@ import pytest
 from specula.cli import build_parser, main
 
 COMMANDS = [[], ["generate"], ["world"], ["world", "sample"], ["bench"], ["bench", "target"], ["bench", "spec"], ["train"],
-            ["train", "target"], ["train", "text_lm"], ["train", "eagle"], ["train", "msd"], ["zoo"], ["zoo", "eval"], ["zoo", "build"], ["serve"]]
+            ["train", "target"], ["train", "text_lm"], ["train", "eagle"], ["train", "msd"], ["zoo"], ["zoo", "eval"], ["zoo", "build"], ["serve"],
+            ["train", "flash"], ["train", "aasd"], ["train", "massv"], ["bench", "report"], ["bench", "distributed"],
+            ["chat"]]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "top")
@@ -43,3 +45,9 @@ def test_world_suites_lists_every_suite(capsys):
     assert main(["world", "suites"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in SUITES)
+
+
+def test_serve_needs_no_config():
+    """`specula serve` alone serves the shipped default; the ports can be moved from the command line."""
+    args = build_parser().parse_args(["serve", "--port", "8100", "--grpc-port", "50100"])
+    assert args.config is None and args.port == 8100 and args.grpc_port == 50100

@@ -13,6 +13,11 @@ Failure is never an exception here: a replica that cannot be reached, a session 
 sends something invalid or misses the proposal deadline is dropped, and its request goes on with no drafts (the
 engine's plain step: gamma = 0), so the output does not change. ``fallbacks`` says which requests fell back and why.
 
+Time split (``stats``, per request; the caller pops it): every Proposal says how long the drafter queued the request
+(``idle``: it was still drafting ahead, or busy with other sessions) and drafted it (``draft``); the rest of the
+round trip is ``transfer`` (encode, gRPC, decode, both ways). ``ahead`` is drafting that overlapped verification;
+``spec_used`` / ``spec_dropped`` count pre-drafted blocks; ``bytes_out`` / ``bytes_in`` are serialized frame bytes.
+
 Threads: ``attach`` may be called from any thread (it blocks up to ``connect_timeout_s``); every other method is
 called by the one thread that drives the engine. Each open session has a reader thread (gRPC's sync API blocks).
 """
@@ -74,12 +79,15 @@ class SessionStream:
         self._in: queue.SimpleQueue = queue.SimpleQueue()
         self._enc = FrameEncoder(codec, send_limits)
         self._recv_limits = recv_limits
+        self.bytes_out = self.bytes_in = 0  # serialized frames, each way
+        self.arrived_ns = 0  # when the last message received was complete (reader thread clock)
         self._call = stub.Session(self._frames())
         self._reader = threading.Thread(target=self._read, name=f"drafter-session-{request_id}", daemon=True)
         self._reader.start()
 
     def send(self, body, tensors: dict | None = None) -> None:
         for f in self._enc.encode(self.request_id, body, tensors):
+            self.bytes_out += f.ByteSize()
             self._out.put(f)
 
     def receive(self, timeout: float) -> Message:
@@ -91,6 +99,7 @@ class SessionStream:
         if isinstance(item, _Closed):
             self._in.put(item)  # stays closed for any later receive
             raise DrafterUnavailable(item.reason)
+        item, self.arrived_ns = item
         if item.kind == "error":
             raise DrafterUnavailable(f"drafter error {pb.Error.Code.Name(item.body.code)}: {item.body.message}")
         return item
@@ -116,9 +125,10 @@ class SessionStream:
         r = Reassembler(self._recv_limits)
         try:
             for f in self._call:
+                self.bytes_in += f.ByteSize()
                 m = r.feed(f)
                 if m is not None:
-                    self._in.put(m)
+                    self._in.put((m, time.perf_counter_ns()))
             r.close()
             self._in.put(_Closed("the drafter ended the session"))
         except grpc.RpcError as e:
@@ -144,20 +154,22 @@ class RemoteDrafter:
         connect_timeout_s: deadline of Describe when a replica is first seen.
         retry_after_s: a replica that could not be reached is not tried again for this long.
         max_nodes: most draft nodes accepted in one proposal (a sanity bound on untrusted input).
+        overlap: ask replicas to draft ahead while this side verifies (True / False); None = each replica's default.
     """
 
     def __init__(self, *, vocab_size: int, codec_preference: Sequence[str] = ("fp32",),
                  limits: WireLimits = DEFAULT_LIMITS, propose_timeout_s: float = 2.0, connect_timeout_s: float = 2.0,
-                 retry_after_s: float = 5.0, max_nodes: int = 256) -> None:
+                 retry_after_s: float = 5.0, max_nodes: int = 256, overlap: bool | None = None) -> None:
         self.vocab_size, self.preference, self.limits = vocab_size, list(codec_preference), limits
         self.propose_timeout_s, self.connect_timeout_s = propose_timeout_s, connect_timeout_s
-        self.retry_after_s, self.max_nodes = retry_after_s, max_nodes
+        self.retry_after_s, self.max_nodes, self.overlap = retry_after_s, max_nodes, overlap
         self._lock = threading.Lock()
         self._replicas: dict[str, _Replica] = {}
         self._assigned: dict[str, str] = {}  # request id -> address, from attach() until begin()
         self._streams: dict[str, SessionStream] = {}
         self._spec: DrafterSpec | None = None
         self.fallbacks: dict[str, str] = {}  # request id -> why it decodes alone (the caller pops it)
+        self.stats: dict[str, dict] = {}  # request id -> time split and counters (module docstring; caller pops)
 
     # ------------------------------------------------------------------------------------------- routing
 
@@ -232,19 +244,25 @@ class RemoteDrafter:
             sampling = pb.SamplingParams(temperature=c.temperature)
             if c.seed is not None:
                 sampling.seed = c.seed
+            begin = pb.Begin(prompt_ids=c.prompt_ids.tolist(), first_token=int(c.first_token), sampling=sampling,
+                             codec=rep.codec)
+            if self.overlap is not None:
+                begin.overlap = bool(self.overlap)
+            self.stats[c.request_id] = _new_stats(rep.codec, bool(rep.info.overlap) and self.overlap is not False)
             try:
                 s = SessionStream(rep.stub, c.request_id, rep.codec, rep.limits, self.limits)
                 self._streams[c.request_id] = s
-                s.send(pb.Begin(prompt_ids=c.prompt_ids.tolist(), first_token=int(c.first_token), sampling=sampling,
-                                codec=rep.codec), tensors)
+                s.send(begin, tensors)
             except (WireError, grpc.RpcError, ValueError) as e:
                 self._drop(c.request_id, f"Begin failed: {e}")
 
     def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
         live = [(b, rid, s) for b, rid in enumerate(request_ids) if (s := self._streams.get(rid)) is not None]
+        sent_ns = {}
         for _, rid, s in live:
             try:
                 s.send(pb.ProposeRequest(gamma=gamma))
+                sent_ns[rid] = time.perf_counter_ns()
             except WireError as e:
                 self._drop(rid, f"ProposeRequest failed: {e}")
         deadline = time.monotonic() + self.propose_timeout_s
@@ -253,7 +271,9 @@ class RemoteDrafter:
             if rid not in self._streams:
                 continue
             try:
-                rows[b] = self._check(s.receive(deadline - time.monotonic()), gamma)
+                m = s.receive(deadline - time.monotonic())
+                rows[b] = self._check(m, gamma)
+                self._account(rid, m.body.stats, s.arrived_ns - sent_ns[rid], s)
             except DrafterUnavailable as e:
                 self._drop(rid, str(e))
         return _batch(tuple(request_ids), rows, self.vocab_size)
@@ -264,8 +284,9 @@ class RemoteDrafter:
             if s is None:
                 continue
             try:
+                tensors = {k: t for k, t in (("hidden", v.hidden), *v.extra.items()) if t is not None}
                 s.send(pb.Verdict(accepted=list(v.accepted), tokens=list(v.tokens), next_token=int(v.next_token)),
-                       {"hidden": v.hidden} if v.hidden is not None else None)
+                       tensors or None)
             except WireError as e:
                 self._drop(v.request_id, f"Verdict failed: {e}")
 
@@ -276,6 +297,7 @@ class RemoteDrafter:
             s = self._streams.pop(rid, None)
             if s is not None:
                 s.finish("done")
+                self._bytes(rid, s)
 
     # ------------------------------------------------------------------------------------------- helpers
 
@@ -288,9 +310,37 @@ class RemoteDrafter:
                     rep.channel.close()
             self._replicas.clear()
 
+    def pop_stats(self, request_id: str) -> dict | None:
+        """The request's data-plane figures (module docstring), seconds rounded to microseconds; None if it had
+        no session."""
+        st = self.stats.pop(request_id, None)
+        if st is None:
+            return None
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in st.items()}
+
+    def _account(self, rid: str, ps, round_trip_ns: int, s: SessionStream) -> None:
+        st = self.stats.get(rid)
+        if st is None:
+            return
+        idle, draft = ps.queued_ns / 1e9, ps.draft_ns / 1e9
+        st["proposals"] += 1
+        st["idle_s"] += idle
+        st["draft_s"] += draft
+        st["transfer_s"] += max(round_trip_ns / 1e9 - idle - draft, 0.0)
+        st["ahead_s"] += ps.ahead_ns / 1e9
+        st["spec_used"] += int(ps.speculative)
+        st["spec_dropped"] += int(ps.dropped)
+        self._bytes(rid, s)
+
+    def _bytes(self, rid: str, s: SessionStream) -> None:
+        st = self.stats.get(rid)
+        if st is not None:
+            st["bytes_out"], st["bytes_in"] = s.bytes_out, s.bytes_in
+
     def _drop(self, rid: str, reason: str) -> None:
         s = self._streams.pop(rid, None)
         if s is not None:
+            self._bytes(rid, s)
             s.abort()
         log.warning("request %s decodes alone from here: %s", rid, reason)
         with self._lock:
@@ -318,6 +368,11 @@ class RemoteDrafter:
             if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
                 raise DrafterUnavailable("q must be finite and non-negative")
         return tokens, (parents or None), q
+
+
+def _new_stats(codec: str, overlap: bool) -> dict:
+    return {"codec": codec, "overlap": overlap, "proposals": 0, "draft_s": 0.0, "transfer_s": 0.0, "idle_s": 0.0,
+            "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0, "bytes_out": 0, "bytes_in": 0}
 
 
 def _batch(ids: tuple[str, ...], rows, vocab_size: int) -> Proposal:

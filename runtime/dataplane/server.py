@@ -10,6 +10,10 @@ batched over request ids, so a session is a request id in that drafter (named by
 so two verifiers' ids never collide) and the stream's end frees it, however it ends (Release, a broken or cancelled
 stream, a bad frame). Drafter calls are serialized by a lock; batching proposals across streams is the next step.
 
+Overlap (``overlap.py``): with ``overlap=True`` and a drafter that can draft ahead (``drafters.protocol.Lookahead``),
+a session drafts the next block right after sending a Proposal, while the verifier verifies; a reader thread per
+stream takes the verifier's messages meanwhile, so drafting ahead stops as soon as a Verdict shows it is wasted.
+
 A bad frame, a message out of protocol order or a drafter failure ends that session with an ``Error`` frame; the
 server and its other sessions go on. gRPC runs the server on its own threads, so it lives beside whatever owns the
 process (a Serve replica's event loop, a test)::
@@ -22,18 +26,22 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import torch
 
-from specula.drafters.protocol import DraftContext, Verdict
+from specula.drafters.protocol import DraftContext, Verdict, supports_lookahead
 from specula.protos import load
 from specula.runtime.wire import DEFAULT_LIMITS, FrameEncoder, Message, Reassembler, WireError, WireLimits, pb
 from specula.runtime.wire.codecs import parse_codec
+
+from .overlap import Block, Pipeline
 
 log = logging.getLogger(__name__)
 _pb2_grpc = load("specula_dataplane").pb2_grpc
@@ -60,11 +68,12 @@ class DrafterServer:
         limits: frame and message limits, both directions (max_message_bytes goes to DrafterInfo).
         max_sessions: concurrent streams; more are refused (RESOURCE_EXHAUSTED) and those requests decode alone.
         device: where decoded features go before the drafter sees them.
+        overlap: draft the next block while the verifier verifies (when the drafter can); sessions may opt out.
     """
 
     def __init__(self, drafter, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
                  accept_codecs: Sequence[str] = ("fp32",), limits: WireLimits = DEFAULT_LIMITS,
-                 max_sessions: int = 64, device: str | torch.device = "cpu") -> None:
+                 max_sessions: int = 64, device: str | torch.device = "cpu", overlap: bool = True) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.drafter, self.limits, self.device = drafter, limits, torch.device(device)
@@ -72,8 +81,10 @@ class DrafterServer:
         self._advertise = advertise_host
         codecs = [parse_codec(c).name for c in accept_codecs]
         spec = drafter.spec
+        self.overlap = bool(overlap) and supports_lookahead(drafter)
         self.info = pb.DrafterInfo(kind=spec.kind, structure=spec.structure, needs=sorted(spec.needs),
-                                   accepted_codecs=codecs, max_message_bytes=limits.max_message_bytes)
+                                   accepted_codecs=codecs, max_message_bytes=limits.max_message_bytes,
+                                   overlap=self.overlap)
         self._accepts = frozenset(codecs) | {"raw"}
         self._lock = threading.Lock()  # drafter calls
         self._ids = itertools.count()
@@ -91,7 +102,7 @@ class DrafterServer:
         return cls(make_drafter(config), host=dp.host, port=dp.port,
                    advertise_host=dp.advertise_host or advertise_host, accept_codecs=config.drafter.accept_codecs,
                    limits=WireLimits(max_message_bytes=dp.max_message_bytes), max_sessions=dp.max_sessions,
-                   device=settings.device)
+                   device=settings.device, overlap=config.drafter.overlap)
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -147,12 +158,16 @@ class DrafterServer:
         """Serve one stream: request frames in, response frames out (the Session RPC's body)."""
         state = _Session(f"s{next(self._ids)}")
         enc = FrameEncoder("raw", self.limits)  # Proposal.q must be exact; nothing else carries floats this way
+        inbox = _Inbox(Reassembler(self.limits, device=self.device), frames)
         self._live.add(state.key)
         try:
-            for msg in Reassembler(self.limits, device=self.device).feed_all(frames):
-                yield from self._handle(state, msg, enc)
+            while (item := inbox.get()) is not _EOF:
+                yield from self._handle(state, *item, enc)
                 if state.done:
                     return
+                p = state.pipeline
+                if p is not None and p.wants_ahead:  # the Proposal is on its way: draft the next block meanwhile
+                    p.speculate(lambda: inbox.makes_ahead_useless(p))
             if state.begun:
                 log.info("session %s (%s) ended without Release", state.key, state.request_id)
         except grpc.RpcError:  # the verifier cancelled or went away: nothing to answer
@@ -173,7 +188,7 @@ class DrafterServer:
                 with self._lock:
                     self.drafter.release([state.key])
 
-    def _handle(self, s: _Session, msg: Message, enc: FrameEncoder) -> Iterator:
+    def _handle(self, s: _Session, msg: Message, arrived_ns: int, enc: FrameEncoder) -> Iterator:
         kind = msg.kind
         if s.begun and msg.request_id != s.request_id:
             raise SessionError(pb.Error.CODE_INVALID_FRAME,
@@ -186,6 +201,8 @@ class DrafterServer:
             with self._lock:
                 self.drafter.begin([ctx])
             s.begun = True
+            wants = msg.body.overlap if msg.body.HasField("overlap") else True
+            s.pipeline = Pipeline(self.drafter, s.key, self._lock, self.overlap and wants)
             return
         if kind == "error":  # the verifier gave up on this session
             s.done = True
@@ -193,13 +210,13 @@ class DrafterServer:
         if not s.begun:
             raise SessionError(pb.Error.CODE_INVALID_FRAME, f"{kind} before Begin")
         if kind == "propose_request":
-            yield from enc.encode(s.request_id, *self._propose(s.key, msg.body.gamma))
+            queued = time.perf_counter_ns() - arrived_ns
+            yield from enc.encode(s.request_id, *self._proposal(s.pipeline.propose(int(msg.body.gamma)), queued))
         elif kind == "verdict":
             b = msg.body
-            v = Verdict(s.key, tuple(int(i) for i in b.accepted), tuple(int(t) for t in b.tokens), int(b.next_token),
-                        msg.tensors.get("hidden"))
-            with self._lock:
-                self.drafter.observe([v])
+            extra = {k: t for k, t in msg.tensors.items() if k != "hidden"}  # e.g. "last_k" / "last_v"
+            s.pipeline.verdict(Verdict(s.key, tuple(int(i) for i in b.accepted), tuple(int(t) for t in b.tokens),
+                                       int(b.next_token), msg.tensors.get("hidden"), extra))
         elif kind == "release":
             with self._lock:
                 self.drafter.release([s.key])
@@ -220,26 +237,71 @@ class DrafterServer:
         return DraftContext(key, torch.tensor(list(b.prompt_ids), dtype=torch.long), int(b.first_token),
                             float(b.sampling.temperature), seed, extra=t, **fields)
 
-    def _propose(self, key: str, gamma: int) -> tuple:
-        if gamma == 0:
-            return pb.Proposal(), {}
-        with self._lock:
-            prop = self.drafter.propose([key], int(gamma))
-        n = int(prop.counts[0])
-        tokens = prop.tokens[0, :n].tolist()
-        parents = prop.parents[0, :n].tolist() if prop.parents is not None else []
+    @staticmethod
+    def _proposal(block: Block, queued_ns: int) -> tuple:
+        stats = pb.ProposalStats(speculative=block.speculative, dropped=block.dropped, queued_ns=max(queued_ns, 0),
+                                 draft_ns=block.draft_ns, ahead_ns=block.ahead_ns)
         tensors = {}
-        if prop.q is not None and n:
-            tensors["q"] = prop.q[0, :n].float().contiguous()  # [N, V] fp32
-        return pb.Proposal(tokens=tokens, parents=parents), tensors
+        if block.q is not None and block.tokens:
+            tensors["q"] = block.q.float().contiguous()  # [N, V] fp32
+        return pb.Proposal(tokens=block.tokens, parents=block.parents or [], stats=stats), tensors
+
+
+_EOF = object()  # the verifier half-closed the stream
+
+
+class _Inbox:
+    """A stream's messages, read on a thread of their own, so a session can look at what came while it drafts."""
+
+    def __init__(self, reassembler: Reassembler, frames: Iterator) -> None:
+        self._q: queue.Queue = queue.Queue()
+        self._seen: list = []  # taken off the queue by a peek, not yet handled
+        self._thread = threading.Thread(target=self._read, args=(reassembler, frames), daemon=True,
+                                        name="drafter-session-reader")
+        self._thread.start()
+
+    def get(self):
+        """(message, arrival ns) in order, then _EOF; re-raises what broke the stream."""
+        item = self._seen.pop(0) if self._seen else self._q.get()
+        if isinstance(item, BaseException):
+            self._seen.insert(0, item)  # stays broken
+            raise item
+        return item
+
+    def makes_ahead_useless(self, pipeline: Pipeline) -> bool:
+        """Has a message come that settles the block being drafted ahead against it (a disagreeing Verdict, the
+        end of the request, a broken stream)?"""
+        while True:
+            try:
+                self._seen.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        for item in self._seen:
+            if item is _EOF or isinstance(item, BaseException):
+                return True
+            msg = item[0]
+            if msg.kind == "verdict":
+                return not pipeline.would_hit([int(i) for i in msg.body.accepted], int(msg.body.next_token))
+            if msg.kind != "propose_request":
+                return True
+        return False
+
+    def _read(self, reassembler: Reassembler, frames: Iterator) -> None:
+        try:
+            for msg in reassembler.feed_all(frames):
+                self._q.put((msg, time.perf_counter_ns()))
+            self._q.put(_EOF)
+        except BaseException as e:  # WireError, grpc.RpcError (cancelled), anything: the session sees it
+            self._q.put(e)
 
 
 class _Session:
-    __slots__ = ("key", "request_id", "begun", "released", "done")
+    __slots__ = ("key", "request_id", "begun", "released", "done", "pipeline")
 
     def __init__(self, key: str) -> None:
         self.key, self.request_id = key, ""
         self.begun = self.released = self.done = False
+        self.pipeline: Pipeline | None = None
 
 
 class _Servicer(_pb2_grpc.DrafterServiceServicer):

@@ -77,7 +77,12 @@ def build_app(config: SpeculaConfig | dict | str | os.PathLike, *,
     if cfg.drafter.gamma > 0:
         drafter = DrafterEnsemble.options(**d.drafter_ensemble.serve_options()).bind(args, **kw("drafter_ensemble"))
     verifier = TargetVerifier.options(**d.target_verifier.serve_options()).bind(args, drafter, **kw("target_verifier"))
-    return Ingress.options(**d.ingress.serve_options()).bind(args, vision, verifier, **kw("ingress"))
+    # the ingress's own admission (limits.max_concurrent_requests + max_queued_requests, then 503) must see every
+    # request: Serve may not hold them back in its queue first (+16 for /health, /metrics and the like)
+    ingress = d.ingress.serve_options()
+    admitted = cfg.limits.max_concurrent_requests + cfg.limits.max_queued_requests + 16
+    ingress["max_ongoing_requests"] = max(ingress["max_ongoing_requests"], admitted)
+    return Ingress.options(**ingress).bind(args, vision, verifier, **kw("ingress"))
 
 
 def app_builder(args: dict) -> Application:

@@ -4,28 +4,33 @@ Each takes the config (as a dict: it crosses to the replica) and an injectable `
 ``from_config`` constructor, so the engine runs in-process without Ray in tests (``LocalApp``) and here in a replica.
 Only ``builder.build_app`` binds them. Request flow (DESIGN.md "One request, end to end")::
 
-    HTTP POST /generate -> Ingress: validate, chat template, tokens, pixels
+    HTTP /v1/chat/completions, /v1/completions, /generate -> Ingress: auth, admission, validate, chat template,
+                                                              tokens, pixels (http_api.py, openai_api.py, ingress.py)
         -> VisionEncoder.encode (batched across requests)     -> projected visual features
         -> TargetVerifier.generate (streaming)                 the request's decode loop, KV cache pinned here
                <-> DrafterEnsemble replica over one gRPC Session stream (its address from DrafterEnsemble.address)
-    <- NDJSON records / one JSON object
+    <- JSON / SSE chunks / NDJSON records
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 
 from specula.runtime.config import load_config
 from specula.runtime.dataplane import DrafterServer
-from specula.runtime.serve.ingress import IngressEngine, RequestError, error_record
-from specula.runtime.serve.verifier import VerifierEngine
+from specula.runtime.engine import GenerationRequest
+from specula.runtime.serve.admission import Admission
+from specula.runtime.serve.http_api import HttpApi
+from specula.runtime.serve.ingress import IngressEngine
+from specula.runtime.serve.prom import GenerationMeter, ServeMetrics
+from specula.runtime.serve.verifier import VerifierEngine, VerifierError
 from specula.runtime.serve.vision import VisionEngine
 
 log = logging.getLogger("ray.serve")
@@ -50,6 +55,9 @@ class VisionEncoder:
     async def _batched(self, items: list[tuple]) -> list:
         return await asyncio.to_thread(self.engine.encode_many, items)  # one batch at a time (serve.batch default)
 
+    def placement(self) -> dict:
+        return _placement(self.config.deployments.vision_encoder.device)
+
 
 @serve.deployment
 class DrafterEnsemble:
@@ -71,6 +79,9 @@ class DrafterEnsemble:
     def address(self) -> str:
         """host:port of this replica's DrafterService (Serve's routing picks the replica)."""
         return self.server.address
+
+    def placement(self) -> dict:
+        return _placement(self.config.deployments.drafter_ensemble.device)
 
     def check_health(self) -> None:
         self.server.check_health()
@@ -98,6 +109,18 @@ class TargetVerifier:
         async for chunk in self.engine.astream(request, drafter_address=address):
             yield chunk
 
+    def placement(self) -> dict:
+        return _placement(self.config.deployments.target_verifier.device)
+
+    def live_requests(self) -> list[str]:
+        """Request ids whose KV cache this replica holds now (what a cancellation must free)."""
+        for _ in range(10):  # the loop thread may change the set while we copy it
+            try:
+                return list(self.engine.target.live_ids)
+            except RuntimeError:
+                continue
+        return list(self.engine.target.live_ids)
+
     async def _drafter_address(self) -> str | None:
         if self.drafter is None or getattr(self.engine, "remote", None) is None:
             return None
@@ -120,73 +143,81 @@ class TargetVerifier:
 
 @serve.deployment
 class Ingress:
-    """``POST {route_prefix}generate``: JSON in, JSON or NDJSON out (see ingress.py for the schema)."""
+    """The HTTP front door: OpenAI routes, ``POST /generate``, /health, /metrics (routing in http_api.py).
+
+    The seam every front door of this replica shares (the public gRPC API, grpc_api.py, plugs in here), so HTTP
+    and gRPC requests wait in one admission queue and count in one set of metrics:
+
+    - ``self.engine``: the ``IngressEngine`` (validation, chat template, tokens, images, ``detokenizer``,
+      ``model_name``, ``check_drafter``).
+    - ``self.admission``: the replica's ``Admission``; hold ``async with self.admission.slot()`` around a
+      generation (``Overloaded`` when full).
+    - ``self.metrics``: the replica's ``ServeMetrics`` (``request(route, code)`` for a door's status counts).
+    - ``run(request)``: async iterator of the verifier's chunks ``{"tokens", "finished", "finish_reason"[,
+      "metrics", "drafter"]}`` for a prepared ``GenerationRequest`` (vision encode + the verifier's stream; stop
+      strings are stripped for the verifier, match them with ``engine.detokenizer(request)``). Generation metrics
+      are recorded here. Leave it early with ``aclose()`` (or by cancelling the task) and the verifier request is
+      cancelled, its KV cache freed. Raises the verifier's ``VerifierError`` (not Ray's wrapper) on failure.
+    """
 
     def __init__(self, config: dict, vision, verifier, engine_cls=IngressEngine) -> None:
         self.config = load_config(config)
         self.engine = engine_cls.from_config(self.config)
         self.vision, self.verifier = vision, verifier
+        limits = self.config.limits
+        self.admission = Admission(limits.max_concurrent_requests, limits.max_queued_requests)
+        self.metrics = ServeMetrics(self.admission)
+        self.http = HttpApi(self.config, self.engine, self.admission, self.metrics, self.run)
+        self.grpc = None
+        if self.config.grpc.enabled:  # the public gRPC API, served from this replica's event loop (grpc_api.py)
+            from specula.runtime.serve.grpc_api import PublicApiServicer, serve_in_running_loop
+
+            servicer = PublicApiServicer.from_config(self.config, self.engine, self.run, self.admission, self.metrics)
+            self.grpc = serve_in_running_loop(self.config, servicer)
+
+    def grpc_address(self) -> str | None:
+        """host:port of this replica's public gRPC API (None when grpc.enabled is false)."""
+        return self.grpc.address if self.grpc is not None else None
+
+    def __del__(self) -> None:
+        if getattr(self, "grpc", None) is not None:
+            self.grpc.close()
 
     async def __call__(self, http: Request) -> Response:
-        path = http.url.path
-        root = http.scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):]
-        if path.rstrip("/") != "/generate":
-            return JSONResponse({"error": {"type": "NotFound", "message": f"no route {path}; POST /generate"}}, 404)
-        if http.method != "POST":
-            return JSONResponse({"error": {"type": "MethodNotAllowed", "message": "use POST"}}, 405)
-        declared = http.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.config.limits.max_request_bytes:
-            return JSONResponse(error_record(RequestError("request body too large")), 413)
-        raw = await http.body()
-        try:  # JSON, base64, PNG decoding and tokenization: off the event loop
-            body, request = await asyncio.to_thread(self._prepare, raw)
-        except RequestError as e:
-            return JSONResponse(error_record(e), 400)
+        return await self.http(http)
+
+    async def run(self, request: GenerationRequest) -> AsyncIterator[dict]:
+        request = IngressEngine.upstream(request)
         visual = None
         if request.pixel_values is not None:  # not awaited: Serve hands the result straight to the verifier
             visual = self.vision.encode.remote(request.pixel_values, request.image_grid_thw)
         chunks = self.verifier.options(stream=True).generate.remote(request, visual)
-        response = self.engine.response(request)
+        meter = GenerationMeter(self.metrics, int(request.input_ids.numel()))
         try:
-            first = await chunks.__anext__()  # prefill errors still get an HTTP status
-        except Exception as e:
-            chunks.cancel()
-            return JSONResponse(error_record(_cause(e)), 500)
-        if body.stream:
-            return StreamingResponse(_ndjson(first, chunks, response), media_type="application/x-ndjson")
-        try:
-            response.add(first)
             async for chunk in chunks:
-                response.add(chunk)
-            return JSONResponse(response.result())
+                meter.add(chunk)
+                yield chunk
+                if chunk["finished"]:
+                    return
+            raise VerifierError("the verifier stream ended without a finished chunk")
         except Exception as e:
-            chunks.cancel()
-            return JSONResponse(error_record(_cause(e)), 500)
+            meter.end("error")
+            raise _cause(e) from None
+        finally:
+            meter.end("closed_early")  # the caller left: a stop string, a disconnect, a deadline
+            if not meter.finished:
+                chunks.cancel()  # stop the request's loop in the verifier, free its KV cache
 
-    def _prepare(self, raw: bytes):
-        body = self.engine.parse(raw)
-        return body, self.engine.prepare(body, uuid.uuid4().hex)
 
+def _placement(device: str) -> dict:
+    """Where this replica runs: {"node_id", "gpu_ids" (Ray's, as CUDA_VISIBLE_DEVICES numbers them), "device",
+    "pid"}; what a placement test or an operator asks a replica."""
+    import os
 
-async def _ndjson(first, chunks, response):
-    import json
+    import ray
 
-    finished = False
-    try:
-        for record in response.add(first):
-            yield json.dumps(record) + "\n"
-        finished = first["finished"]
-        async for chunk in chunks:
-            for record in response.add(chunk):
-                yield json.dumps(record) + "\n"
-            finished = chunk["finished"]
-    except Exception as e:  # after the first byte: an error record, and no "finished" record
-        yield json.dumps(error_record(_cause(e))) + "\n"
-    finally:
-        if not finished:
-            chunks.cancel()  # the client left (or the verifier failed): stop the request's loop
+    return {"node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "device": device, "pid": os.getpid()}
 
 
 async def _resolve(response):

@@ -21,6 +21,13 @@ def load_target_for(config: SpeculaConfig, device: str):
     return load_target(model_dir(config), device=device, dtype=config.model.dtype)
 
 
+def load_vision_target_for(config: SpeculaConfig, device: str):
+    """The target with only its vision tower and projector loaded (the VisionEncoder's; see vision_weights.py)."""
+    from specula.runtime.serve.vision_weights import load_vision_target
+
+    return load_vision_target(model_dir(config), device=device, dtype=config.model.dtype)
+
+
 def load_processor_for(config: SpeculaConfig):
     from specula.targets.processor import load_processor
 

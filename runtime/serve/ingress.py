@@ -1,5 +1,7 @@
-"""``IngressEngine``: the HTTP ingress's work without Ray: validate a ``POST /generate`` body, apply the chat
-template, tokenize, decode images, and turn verifier chunks into the response records.
+"""``IngressEngine``: the ingress's work without Ray: validate a request, apply the chat template, tokenize,
+decode images (images.py), and turn verifier chunks into text (``Detokenizer``: stop strings) and response records.
+The OpenAI routes translate their bodies in openai_api.py and prepare through the same ``prepare_chat`` /
+``prepare_text``; below is the native ``POST /generate``.
 
 Request body (JSON; unknown keys are a 400)::
 
@@ -18,23 +20,19 @@ last record ``{"error": {...}}`` and no ``finished`` record, so a client can nev
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 import json
+from dataclasses import replace
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specula.runtime.engine import GenerationRequest
 from specula.runtime.sampling import SamplingParams
+from specula.runtime.serve.errors import RequestError, error_record
+from specula.runtime.serve.images import IMAGE_FORMATS, ImageLoader
 
-IMAGE_FORMATS = frozenset({"PNG", "JPEG", "WEBP"})
-
-
-class RequestError(ValueError):
-    """A request the ingress refuses (HTTP 400); the message names the field or limit."""
-
-    status = 400
+__all__ = ["Detokenizer", "GenerateBody", "IMAGE_FORMATS", "IngressEngine", "RequestError", "Response",
+           "error_record", "served_model_name"]
 
 
 class GenerateBody(BaseModel):
@@ -52,51 +50,69 @@ class GenerateBody(BaseModel):
 
 
 class IngressEngine:
-    """Per-request preparation and response shaping; stateless apart from the processor, so thread-safe."""
+    """Per-request preparation and response shaping; stateless apart from the processor, so thread-safe.
 
-    def __init__(self, processor, limits) -> None:
+    Every front door (POST /generate, the OpenAI routes in openai_api.py, the gRPC API) builds its
+    ``GenerationRequest`` through ``prepare_chat`` / ``prepare_text``, so limits, the chat template and image
+    handling are the same whichever door a request comes through. ``model_name`` is the id the OpenAI routes and
+    gRPC ListModels report; ``drafter_kind`` the drafter this deployment runs (``check_drafter``).
+    """
+
+    def __init__(self, processor, limits, model_name: str = "target", drafter_kind: str | None = None) -> None:
         self.processor, self.limits = processor, limits
+        self.model_name, self.drafter_kind = model_name, drafter_kind
         self.tokenizer = processor.tokenizer
         self.image_token = getattr(processor, "image_token", "<image>")
+        self.images = ImageLoader(limits)
 
     @classmethod
     def from_config(cls, config) -> IngressEngine:
         from specula.runtime.serve.factory import load_processor_for, set_threads
 
         set_threads(config.deployments.ingress)
-        return cls(load_processor_for(config), config.limits)
+        drafter = config.drafter.kind if config.drafter.gamma > 0 else None
+        return cls(load_processor_for(config), config.limits, model_name=served_model_name(config),
+                   drafter_kind=drafter)
 
     # ------------------------------------------------------------------------------------------- requests
 
     def parse(self, raw: bytes | str | dict) -> GenerateBody:
+        """A ``POST /generate`` body: JSON -> a validated ``GenerateBody`` (RequestError naming the field)."""
+        raw = self.load_json(raw)
+        try:
+            body = GenerateBody.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise RequestError("; ".join(
+                f"{_loc(x['loc']) or 'body'}: "
+                f"{'unknown key' if x['type'] == 'extra_forbidden' else x['msg']}" for x in e.errors()),
+                _loc(err["loc"]) or None) from None
+        self.check_max_tokens(body.max_tokens)
+        if len(body.images) > self.limits.max_images:
+            raise RequestError(f"{len(body.images)} images > max_images={self.limits.max_images}", "images")
+        return body
+
+    def load_json(self, raw: bytes | str | dict) -> dict:
+        """Bytes/str -> a JSON object, within max_request_bytes (413 beyond it)."""
         if isinstance(raw, (bytes, str)):
             if len(raw) > self.limits.max_request_bytes:
                 raise RequestError(f"request body of {len(raw)} bytes > max_request_bytes="
-                                   f"{self.limits.max_request_bytes}")
+                                   f"{self.limits.max_request_bytes}", status=413)
             try:
                 raw = json.loads(raw)
             except (ValueError, UnicodeDecodeError) as e:
                 raise RequestError(f"body is not JSON: {e}") from None
         if not isinstance(raw, dict):
             raise RequestError("body must be a JSON object")
-        try:
-            body = GenerateBody.model_validate(raw)
-        except ValidationError as e:
-            raise RequestError("; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'body'}: "
-                f"{'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}" for err in e.errors())) from None
-        if body.max_tokens > self.limits.max_tokens:
-            raise RequestError(f"max_tokens {body.max_tokens} > the limit {self.limits.max_tokens}")
-        if len(body.images) > self.limits.max_images:
-            raise RequestError(f"{len(body.images)} images > max_images={self.limits.max_images}")
-        return body
+        return raw
 
     def prepare(self, body: GenerateBody, request_id: str) -> GenerationRequest:
         """Chat template + tokens + pixels; the request the verifier runs (visual features come later)."""
-        images = [self._image(s, i) for i, s in enumerate(body.images)]
+        images = [self.images.from_base64(s, f"images[{i}]") for i, s in enumerate(body.images)]
         parts = body.prompt.split(self.image_token)
         if len(parts) > 1 and len(parts) - 1 != len(images):
-            raise RequestError(f"the prompt has {len(parts) - 1} '{self.image_token}' markers for {len(images)} images")
+            raise RequestError(f"the prompt has {len(parts) - 1} '{self.image_token}' markers for {len(images)} "
+                               "images", "prompt")
         content: list[dict] = []
         if len(parts) == 1:
             content += [{"type": "image"}] * len(images) + [{"type": "text", "text": body.prompt}]
@@ -106,49 +122,140 @@ class IngressEngine:
                     content.append({"type": "image"})
                 if text:
                     content.append({"type": "text", "text": text})
-        text = self.processor.apply_chat_template([{"role": "user", "content": content}],
-                                                  add_generation_prompt=True, tokenize=False)
+        params = SamplingParams(temperature=body.temperature, seed=body.seed, max_tokens=body.max_tokens)
+        return self.prepare_chat([{"role": "user", "content": content}], images, params, request_id, "prompt")
+
+    def prepare_chat(self, messages: list[dict], images: list, params: SamplingParams, request_id: str,
+                     where: str = "messages") -> GenerationRequest:
+        """Messages in the processor's chat format (``{"role", "content": str | [{"type": "text", "text"} |
+        {"type": "image"}]}``, one ``image`` part per entry of ``images``, in order) -> the request."""
+        if len(images) > self.limits.max_images:
+            raise RequestError(f"{len(images)} images > max_images={self.limits.max_images}", where)
+        self.check_max_tokens(params.max_tokens)
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         if images:
             enc = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
         else:
             enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
         ids = enc["input_ids"][0]  # [L] int64
-        if ids.numel() > self.limits.max_prompt_tokens:
-            raise RequestError(f"prompt of {ids.numel()} tokens > max_prompt_tokens={self.limits.max_prompt_tokens}")
-        params = SamplingParams(temperature=body.temperature, seed=body.seed, max_tokens=body.max_tokens)
+        self.check_prompt_tokens(ids.numel(), where)
         return GenerationRequest(request_id, ids, enc.get("pixel_values"), params, enc.get("image_grid_thw"))
 
-    def _image(self, data: str, i: int):
-        from PIL import Image, UnidentifiedImageError
+    def prepare_text(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+                     where: str = "prompt") -> GenerationRequest:
+        """A raw text prompt (no chat template; the tokenizer's BOS in front, as the model saw in training) or
+        exact token ids -> the request. Text only: the image token is refused."""
+        import torch
 
-        if data.startswith("data:"):
-            head, _, data = data.partition(",")
-            if not head.endswith(";base64"):
-                raise RequestError(f"images[{i}]: a data: URL must be base64")
-        if len(data) > (self.limits.max_image_bytes + 2) // 3 * 4 + 4:
-            raise RequestError(f"images[{i}]: more than max_image_bytes={self.limits.max_image_bytes}")
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise RequestError(f"images[{i}]: not valid base64") from None
-        if len(raw) > self.limits.max_image_bytes:
-            raise RequestError(f"images[{i}]: {len(raw)} bytes > max_image_bytes={self.limits.max_image_bytes}")
-        try:
-            with Image.open(io.BytesIO(raw)) as im:
-                if im.format not in IMAGE_FORMATS:
-                    raise RequestError(f"images[{i}]: format {im.format} is not one of {sorted(IMAGE_FORMATS)}")
-                w, h = im.size
-                if w * h > self.limits.max_image_pixels:
-                    raise RequestError(f"images[{i}]: {w}x{h} pixels > max_image_pixels="
-                                       f"{self.limits.max_image_pixels}")
-                return im.convert("RGB")
-        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
-            raise RequestError(f"images[{i}]: cannot be decoded: {e}") from None
+        self.check_max_tokens(params.max_tokens)
+        image_id = self.tokenizer.convert_tokens_to_ids(self.image_token)
+        if isinstance(prompt, str):
+            if self.image_token in prompt:
+                raise RequestError(f"{where}: contains the image token {self.image_token!r}; this route takes text "
+                                   "only (send images to /v1/chat/completions)", where)
+            ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            bos = self.tokenizer.bos_token_id
+            if bos is not None and (not ids or ids[0] != bos):
+                ids.insert(0, bos)
+        else:
+            vocab = len(self.tokenizer)
+            bad = [t for t in prompt if not 0 <= t < vocab or t == image_id]
+            if bad:
+                raise RequestError(f"{where}: token ids {bad[:5]} are outside [0, {vocab}) or the image token", where)
+            ids = list(prompt)
+        if not ids:
+            raise RequestError(f"{where}: empty prompt", where)
+        self.check_prompt_tokens(len(ids), where)
+        return GenerationRequest(request_id, torch.tensor(ids, dtype=torch.long), None, params)
+
+    def check_max_tokens(self, n: int, where: str = "max_tokens") -> None:
+        if n > self.limits.max_tokens:
+            raise RequestError(f"{where} {n} > the limit {self.limits.max_tokens}", where)
+
+    def check_prompt_tokens(self, n: int, where: str = "messages") -> None:
+        if n > self.limits.max_prompt_tokens:
+            raise RequestError(f"prompt of {n} tokens > max_prompt_tokens={self.limits.max_prompt_tokens}",
+                               where, code="context_length_exceeded")
+
+    def check_drafter(self, kind: str | None, where: str = "drafter") -> None:
+        """A request's drafter choice: this deployment runs one drafter (``drafter.kind``), or none with gamma 0;
+        the verifier cannot switch per request, so another choice is refused rather than silently ignored."""
+        if kind is None or kind == self.drafter_kind or (kind == "none" and self.drafter_kind is None):
+            return
+        have = self.drafter_kind or "none (gamma 0)"
+        raise RequestError(f"{where}: {kind!r} is not served here; this deployment drafts with {have} and the "
+                           "drafter cannot be chosen per request", where)
 
     # ------------------------------------------------------------------------------------------- responses
 
     def response(self, request: GenerationRequest) -> Response:
         return Response(self.tokenizer, request.request_id, int(request.input_ids.numel()))
+
+    def detokenizer(self, request: GenerationRequest) -> Detokenizer:
+        return Detokenizer(self.tokenizer, request.params.stop)
+
+    @staticmethod
+    def upstream(request: GenerationRequest) -> GenerationRequest:
+        """What the verifier runs: stop strings are matched here on the text (see Detokenizer), not there."""
+        if not request.params.stop:
+            return request
+        return replace(request, params=replace(request.params, stop=()))
+
+
+def served_model_name(config) -> str:
+    """The model id clients see: ``http.served_model_name``, else the last part of ``model.path``."""
+    return config.http.served_model_name or Path(config.model.path.rstrip("/\\")).name or config.model.path
+
+
+class Detokenizer:
+    """Verifier chunks -> the same chunks with ``"text"``: the new visible text, stop strings applied.
+
+    Text a stop string might still begin is held back until it cannot (so streamed text never shows part of a stop
+    string); a stop string ends the answer just before it, and the chunk that completes it comes back finished
+    with finish_reason "stop" (the caller then cancels the verifier's stream; that chunk has no "metrics").
+    ``text`` is the concatenation of every delta, so a streamed and a whole answer are the same string::
+
+        detok = Detokenizer(tokenizer, stop=("\\n\\n",))
+        for chunk in verifier_chunks:
+            out = detok.add(chunk)          # {..., "tokens", "text", "finished", "finish_reason"}
+            if out["finished"]: break
+    """
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = ()) -> None:
+        self.tokenizer, self.stop = tokenizer, tuple(stop)
+        self.tokens: list[int] = []
+        self.text = ""  # visible text sent so far
+
+    def add(self, chunk: dict) -> dict:
+        self.tokens.extend(chunk["tokens"])
+        full = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        finished, reason = chunk["finished"], chunk["finish_reason"]
+        cut = min((i for i in (full.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            full, finished, reason = full[:cut], True, "stop"
+        end = len(full)
+        if not finished:
+            if full.endswith("\ufffd"):  # a character cut between tokens: wait for the rest
+                end = len(self.text)
+            else:
+                end -= self._held(full)
+        # decoding is not always prefix-stable (merged spaces): the new text is what lies past what was sent
+        delta = full[len(self.text):end] if end > len(self.text) else ""
+        self.text += delta
+        out = {**chunk, "text": delta, "finished": finished, "finish_reason": reason}
+        if finished and not chunk["finished"]:
+            out.update(metrics=None, drafter=None)
+        return out
+
+    def _held(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
 
 
 class Response:
@@ -192,5 +299,8 @@ class Response:
         return delta
 
 
-def error_record(exc: BaseException) -> dict:
-    return {"error": {"type": type(exc).__name__, "message": str(exc)[:2000]}}
+def _loc(loc) -> str:
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out

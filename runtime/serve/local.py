@@ -4,6 +4,9 @@ directly; the drafter still runs a real DrafterService on loopback gRPC, so the 
     with LocalApp.from_config(load_config("specula.yaml")) as app:
         app.generate({"prompt": "What colour is the circle?", "images": [b64_png], "max_tokens": 32})
         for record in app.stream({...}): ...          # the NDJSON records of POST /generate with stream: true
+        app.openai("chat", {"messages": [...], "max_tokens": 32})   # the JSON of POST /v1/chat/completions
+        app.openai("chat", {..., "stream": True})     # its SSE chunk objects, in order (without [DONE])
+        app.openai("completions", {"prompt": "...", "max_tokens": 8})
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from specula.runtime.dataplane import DrafterServer
+from specula.runtime.engine import GenerationRequest
 from specula.runtime.serve.ingress import IngressEngine
+from specula.runtime.serve.openai_api import OpenAIApi
 from specula.runtime.serve.verifier import VerifierEngine
 from specula.runtime.serve.vision import VisionEngine
 
@@ -22,6 +27,7 @@ class LocalApp:
     def __init__(self, ingress: IngressEngine, vision: VisionEngine, verifier: VerifierEngine,
                  drafter: DrafterServer | None = None) -> None:
         self.ingress, self.vision, self.verifier, self.drafter = ingress, vision, verifier, drafter
+        self.openai_api = OpenAIApi(ingress)
 
     @classmethod
     def from_config(cls, config) -> LocalApp:
@@ -45,12 +51,37 @@ class LocalApp:
             resp.add(chunk)
         return resp.result()
 
-    def _start(self, body: dict | bytes):
-        req = self.ingress.prepare(self.ingress.parse(body), uuid.uuid4().hex)
+    def openai(self, kind: str, body: dict | bytes) -> dict | list[dict]:
+        """``POST /v1/chat/completions`` (kind "chat") or ``/v1/completions`` ("completions"): the JSON answer, or
+        with ``stream: true`` the SSE chunk objects in order. RequestError (with .status, .param) when refused."""
+        api = self.openai_api
+        plan = api.parse(kind, body)
+        req = api.prepare(plan, uuid.uuid4().hex)
+        detok, shaper = self.ingress.detokenizer(req), api.shaper(plan, req)
+        objects: list[dict] = []
+        chunks = self.run(req)
+        try:
+            for chunk in chunks:
+                out = detok.add(chunk)
+                objects += shaper.add(out)
+                if out["finished"]:
+                    break
+        finally:
+            chunks.close()  # a stop string ended it early: cancel the verifier request
+        return objects if plan.stream else shaper.result()
+
+    def run(self, request: GenerationRequest) -> Iterator[dict]:
+        """The Ingress deployment's ``run`` in one process: vision encode, then the verifier's chunks (closing the
+        iterator early cancels the request)."""
+        req = IngressEngine.upstream(request)
         if req.pixel_values is not None:  # the VisionEncoder's step
             req = replace(req, visual=self.vision.encode(req.pixel_values, req.image_grid_thw))
         address = self.drafter.address if self.drafter is not None else None
-        return self.ingress.response(req), self.verifier.stream(req, drafter_address=address)
+        yield from self.verifier.stream(req, drafter_address=address)
+
+    def _start(self, body: dict | bytes):
+        req = self.ingress.prepare(self.ingress.parse(body), uuid.uuid4().hex)
+        return self.ingress.response(req), self.run(req)
 
     def close(self) -> None:
         self.verifier.close()

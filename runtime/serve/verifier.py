@@ -11,6 +11,11 @@ steps (continuous batching), so a request's KV cache never leaves this engine::
 
     async for chunk in engine.astream(request, drafter_address=...):   # the same, for an event loop (Serve)
 
+The last chunk also carries "dataplane": the request's time split seen from here (``verify_s``: target verify,
+sample and commit; ``draft_s`` / ``idle_s`` / ``transfer_s``: waiting for proposals, split by what the drafter
+reported, ``runtime/dataplane/client.py``), ``ahead_s`` (drafting that overlapped verification), the pre-drafted
+blocks used and dropped (``spec_used`` / ``spec_dropped``), wire bytes and the codec; None without a session.
+
 If the drafter is unreachable, slow or broken the request decodes alone (the plain step), output unchanged, and its
 last chunk says why under "drafter". If the target fails, every request in the failed step gets ``VerifierError``
 (never a truncated answer) and the engine goes on with the next requests.
@@ -77,7 +82,8 @@ class VerifierEngine:
         if d.gamma > 0:
             remote = RemoteDrafter(vocab_size=target.info.vocab_size, codec_preference=d.codec_preference,
                                    limits=WireLimits(max_message_bytes=config.dataplane.max_message_bytes),
-                                   propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s)
+                                   propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s,
+                                   overlap=d.overlap)
         return cls(target, remote, gamma=d.gamma, max_batch_size=settings.max_batch_size)
 
     # ------------------------------------------------------------------------------------------- callers' side
@@ -92,8 +98,10 @@ class VerifierEngine:
             self._ids.add(request.request_id)
         if self.remote is not None:
             self.remote.attach(request.request_id, drafter_address)
-            if request.visual is not None and "pixels" not in self.remote.spec.needs:
-                request = replace(request, pixel_values=None)  # the target reads the visual features
+            if request.visual is not None and not {"pixels", "pre_projector"} & self.remote.spec.needs:
+                # the target reads the visual features; pixels stay only for a drafter that needs them (or the
+                # tower's pre-projector features, recomputed here from the pixels)
+                request = replace(request, pixel_values=None)
         self._inbox.put(("add", request, sink))
 
     def cancel(self, request_id: str) -> None:
@@ -247,6 +255,7 @@ class VerifierEngine:
                 result = self.engine.finished.pop(ev.request_id, None)
                 chunk["metrics"] = result.metrics.to_dict() if result is not None else None
                 chunk["drafter"] = self._drafter_status(ev.request_id)
+                chunk["dataplane"] = self._dataplane(ev.request_id, result)
                 sink = self._sinks.pop(ev.request_id, None)
                 with self._ids_lock:
                     self._ids.discard(ev.request_id)
@@ -260,6 +269,13 @@ class VerifierEngine:
             return "off"
         reason = self.remote.fallbacks.pop(rid, None)
         return "ok" if reason is None else f"fallback: {reason}"
+
+    def _dataplane(self, rid: str, result) -> dict | None:
+        st = self.remote.pop_stats(rid) if self.remote is not None else None
+        if st is not None and result is not None:
+            t = result.metrics.time
+            st["verify_s"] = round(t.get("verify", 0.0) + t.get("sample", 0.0) + t.get("commit", 0.0), 6)
+        return st
 
     def _fail(self, ids: list[str], exc: BaseException) -> None:
         if not ids:
@@ -279,5 +295,6 @@ class VerifierEngine:
             self._ids.discard(rid)
         if self.remote is not None:
             self.remote.fallbacks.pop(rid, None)
+            self.remote.stats.pop(rid, None)
         if sink is not None:
             sink(err)

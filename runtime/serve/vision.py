@@ -3,11 +3,13 @@
 The target consumes these in place of its image tokens (``GenerationRequest.visual``), so the vision tower can run
 on its own device and batch images across requests::
 
-    vision = VisionEngine(load_target(path))
+    vision = VisionEngine(load_vision_target(path))        # only the vision tower + projector are resident
     feats = vision.encode(pixel_values)                    # VisualFeatures, features [N_img, T_img, H] on the CPU
     many = vision.encode_many([(pix_a, None), (pix_b, None)])   # one forward pass, one result per request
 
-Results are on the CPU: they cross a process boundary next.
+``from_config`` (what the VisionEncoder replica runs) loads only the vision side of the checkpoint
+(``vision_weights.load_vision_target``): the language model stays on the meta device, so a vision replica's
+memory is the vision tower's and the projector's. Results are on the CPU: they cross a process boundary next.
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from specula.targets.types import VisualFeatures
 
 
 class VisionEngine:
-    """Wraps a Target's ``encode_images(..., "projected")``; thread-compatible, not thread-safe."""
+    """Wraps a Target's ``encode_images(..., "projected")`` (a full one or a vision-only one); thread-compatible,
+    not thread-safe."""
 
     def __init__(self, target) -> None:
         self.target = target
 
     @classmethod
     def from_config(cls, config) -> VisionEngine:
-        from specula.runtime.serve.factory import load_target_for, set_threads
+        from specula.runtime.serve.factory import load_vision_target_for, set_threads
 
         settings = config.deployments.vision_encoder
         set_threads(settings)
-        return cls(load_target_for(config, settings.device))
+        return cls(load_vision_target_for(config, settings.device))
 
     @torch.inference_mode()
     def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | None = None) -> VisualFeatures:

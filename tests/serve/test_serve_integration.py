@@ -138,3 +138,47 @@ def test_verifier_failure_reaches_the_client_as_an_error(served):
     assert status == 200 and records[0]["tokens"]  # the prefill token went out before the failure ...
     assert "simulated GPU failure" in records[-1]["error"]["message"]  # ... then an error, never "finished"
     assert not any(r.get("finished") for r in records)
+
+
+def _grpc_address(app_name: str) -> str:
+    """host:port of the public gRPC API the app's Ingress replica serves (a free port: serve_kit's config)."""
+    from ray import serve
+
+    return serve.get_deployment_handle("Ingress", app_name=app_name).grpc_address.remote().result(timeout_s=60)
+
+
+def test_the_ingress_replica_serves_the_grpc_api(served):
+    import base64
+
+    import grpc
+
+    from specula.runtime.client import ApiError, SpeculaClient
+
+    cfg, url = served
+    body = world_body(0, max_tokens=16)
+    status, raw = _post(f"{url}/generate", body)
+    assert status == 200, raw[:500]
+    want = json.loads(raw)
+    images = [base64.b64decode(s) for s in body["images"]]
+    with SpeculaClient(_grpc_address(cfg.name), timeout=120) as client:
+        assert client.health() == "SERVING"
+        whole = client.generate(body["prompt"], images, max_tokens=16)
+        chunks = list(client.stream(body["prompt"], images, max_tokens=16))
+        assert whole.tokens == want["tokens"] and whole.text == want["text"] and whole.drafter == "ok"
+        assert [t for c in chunks for t in c.tokens] == whole.tokens and "".join(c.text for c in chunks) == whole.text
+        with pytest.raises(ApiError) as e:
+            client.generate(body["prompt"], images, max_tokens=0)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "max_tokens" in e.value.message
+
+
+def test_verifier_failure_reaches_the_grpc_client_as_internal(served):
+    import grpc
+
+    from specula.runtime.client import ApiError, SpeculaClient
+
+    body = world_body(2, max_tokens=8)  # text only
+    with SpeculaClient(_grpc_address("broken"), timeout=120) as client:
+        for call in (client.generate, lambda *a, **k: list(client.stream(*a, **k))):
+            with pytest.raises(ApiError) as e:
+                call(body["prompt"], max_tokens=8)
+            assert e.value.code == grpc.StatusCode.INTERNAL and "simulated GPU failure" in e.value.message

@@ -1,0 +1,311 @@
+"""``ensemble``: In-batch Ensemble Drafting (IbED, Lee et al. 2024): one drafter model, several contexts of the
+same request as rows of one batched forward, and the draft token sampled from the mixture of their distributions.
+
+    q(x) = sum_m w_m q_m(x) / sum_m w_m          q_m = softmax(logits_m / T), image token masked    (Algorithm 1)
+
+That q is the law the draft was really drawn from, so it is what goes to the verifier (``runtime/mixture.py``):
+the output stays exactly the target's. Greedy rows draft the argmax of the mixture at temperature 1 (the paper's
+greedy ensemble); their q is one-hot. Trees work too: a node's children are drawn from its mixture without
+replacement, in draw order (the sibling law ``verify_tree`` assumes).
+
+Members (``drafters/ensemble_members.py``): multimodal, text, caption, pooled; from config with weights (equal by
+default). The model is a ``MassvModel`` (``drafters/massv_model.py``: a small Llama + its projector over the target's
+vision features); its caption mode is the captioner unless another one is given. ``massv`` (one multimodal
+member), ``pooled`` and ``caption`` are this drafter with one member.
+
+Batching. The runner is ``text_lm``'s (``drafters/text_lm.py``): one ``BatchedKV`` over every cache row, one
+forward per draft level over all rows. Here a row is (request, member): rows = requests x members, each with its
+own prompt and positions; after the prompt every member reads the same committed tokens and the same draft tokens.
+``propose`` asks the text_lm runner for the member rows of the call; its ``_children`` (overridden) mixes each
+request's member distributions, draws the request's children once and gives every member row the same tokens, so
+the rows stay in lockstep and their drafts (tokens, tree, columns) are identical; the proposal keeps one row per
+request. ``observe`` applies each verdict to all of its request's rows. A request without images has one row: every
+member's context is then the same text, and so is every q_m.
+
+Captions are made once per request in ``begin`` (one batched greedy decode over all images of the call), timed,
+and reported by ``pop_begin_times`` (the engine books them as "caption" instead of "draft").
+
+    drafter = create({"kind": "ensemble", "path": "massv",
+                      "members": ["multimodal", "text", "caption", {"kind": "pooled", "grid": 3}]}, target=target)
+    engine = SpecEngine(target, drafter, gamma=5)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specula.drafters.ensemble_members import DEFAULT_GRID, Member, member_context, parse_members
+from specula.drafters.massv_model import CONFIG_FILE, MassvModel
+from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
+from specula.drafters.registry import register
+from specula.drafters.text_lm import TextLMDrafter, _Row
+from specula.runtime.mixture import mix_distributions  # pure torch, no Ray/gRPC
+from specula.runtime.sampling import sample_without_replacement
+from specula.targets.kv import attention_mask
+
+ALL_MEMBERS = ("multimodal", "text", "caption", "pooled")
+
+
+@register("ensemble")
+class EnsembleDrafter(TextLMDrafter):
+    """Options: ``path`` (zoo name or directory of a MassvModel, default "massv"; a plain Llama directory serves
+    text-only members) or ``model`` (a ``MassvModel`` or a ``LlamaForCausalLM``); ``members`` (list of kind names
+    or ``{"kind", "weight", "grid"}``, default all four, equal weights); ``weights`` (one per member); ``grid``
+    (pooled members' default grid, an int or [g_h, g_w]; default 6 -> 36 tokens); ``captioner`` (a path or a
+    ``MassvModel``; default the drafting model); ``caption_max_tokens``; and ``text_lm``'s ``structure``,
+    ``branching``, ``depth``, ``seed``, ``image_token_id``, ``kv_policy``, ``device``, ``dtype``,
+    ``attn_implementation``. ``vocab_size`` (if given) must match. Resources: ``target``, ``tokenizer`` (unused)."""
+
+    KIND = "ensemble"
+    DEFAULT_MEMBERS: tuple = ALL_MEMBERS
+
+    def __init__(self, path: str | Path = "massv", model: nn.Module | None = None, members: Sequence | None = None,
+                 weights: Sequence[float] | None = None, grid=DEFAULT_GRID, captioner=None,
+                 caption_max_tokens: int | None = None, vocab_size: int | None = None, dtype: str | None = None,
+                 attn_implementation: str = "sdpa", image_token_id: int | None = None, device: str | None = None,
+                 target=None, tokenizer=None, **options):
+        options.update(image_token_id=image_token_id, device=device, target=target, tokenizer=tokenizer)
+        kind = self.KIND
+        self.members: tuple[Member, ...] = parse_members(
+            list(self.DEFAULT_MEMBERS) if members is None else members, weights, grid, where=kind)
+        if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(f"{kind}: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
+        torch_dtype = getattr(torch, str(dtype)) if dtype is not None else None
+        if model is None:
+            model = _load(path, torch_dtype, attn_implementation)
+        self.massv = model if isinstance(model, MassvModel) else None
+        lm = model.lm if self.massv is not None else model
+        if options.get("image_token_id") is None and options.get("target") is None:
+            own = getattr(lm, "specula_info", {}).get("image_token_id")
+            for m in (captioner, self.massv):
+                own = m.config.image_token_id if isinstance(m, MassvModel) else own
+            if own is not None:
+                options["image_token_id"] = own
+        super().__init__(model=lm, dtype=dtype, **options)
+        self.lookahead = False  # text_lm's extend works on cache rows, not on a request's member rows (not yet)
+        if self.massv is not None:
+            self.massv.to(self.device, self.dtype)
+            if self.massv.config.image_token_id != self.image_token_id:
+                raise ValueError(f"{kind}: the model's image token {self.massv.config.image_token_id} != "
+                                 f"{self.image_token_id}")
+        if vocab_size is not None and int(vocab_size) != self.vocab_size:
+            raise ValueError(f"{kind}: drafter vocabulary {self.vocab_size} != the target's {vocab_size}")
+        if any(m.kind in ("multimodal", "pooled") for m in self.members) and self.massv is None:
+            raise ValueError(f"{kind}: members {[m.name for m in self.members]} read images; the model has no "
+                             f"projector (give a massv model, not a plain LM)")
+        self.captioner = None
+        if any(m.kind == "caption" for m in self.members):
+            cap = captioner if captioner is not None else self.massv
+            if isinstance(cap, (str, Path)):
+                cap = _load(cap, torch_dtype, attn_implementation)
+            if not isinstance(cap, MassvModel) or not cap.config.caption_prompt:
+                raise ValueError(f"{kind}: a caption member needs a captioner: a massv model with a caption_prompt")
+            self.captioner = cap.to(self.device, self.dtype).eval()
+            if cap.config.image_token_id != self.image_token_id:
+                raise ValueError(f"{kind}: the captioner's image token differs from the drafter's")
+            if self.massv is not None and cap.config.feature != self.massv.config.feature:
+                raise ValueError(f"{kind}: the captioner reads {cap.config.feature!r} features, the drafter "
+                                 f"{self.massv.config.feature!r}; one request carries one kind")
+        if caption_max_tokens is not None and (isinstance(caption_max_tokens, bool)
+                                               or not isinstance(caption_max_tokens, int) or caption_max_tokens < 1):
+            raise ValueError(f"{kind}: caption_max_tokens must be an integer >= 1, got {caption_max_tokens!r}")
+        self.caption_max_tokens = caption_max_tokens
+        self.spec = DrafterSpec(kind=kind, structure=self.spec.structure, needs=self._needs())
+        self._groups_of: dict[str, list[str]] = {}  # request id -> its cache row keys, member order
+        self._weights_of: dict[str, list[float]] = {}
+        self._call_groups: list[tuple[int, int, list[float]]] | None = None  # (first row, rows, weights) per request
+        self._begin_times: dict[str, dict[str, float]] = {}
+
+    def _needs(self) -> frozenset[str]:
+        model = self.massv if self.massv is not None else self.captioner
+        if model is None or not any(m.sees_images for m in self.members):
+            return frozenset()
+        return frozenset({"pre_projector" if model.config.feature == "pre_projector" else "visual"})
+
+    # ------------------------------------------------------------------------------------------------ protocol
+
+    @torch.no_grad()
+    def begin(self, contexts: Sequence[DraftContext]) -> None:
+        """Caption the images (if a member needs it), build every member's context, prefill all rows at once."""
+        contexts = list(contexts)
+        if not contexts:
+            return
+        kind = self.KIND
+        ids = [c.request_id for c in contexts]
+        if len(set(ids)) != len(ids) or any(i in self._groups_of for i in ids):
+            raise ValueError(f"{kind}.begin: request ids must be new and unique, got {ids}")
+        for c in contexts:
+            if not float(c.temperature) >= 0:
+                raise ValueError(f"{kind}.begin: request {c.request_id!r} has temperature {c.temperature!r}")
+        feats = [self._features(c) for c in contexts]
+        captions = self._captions(contexts, feats)
+        rows: list[tuple[str, list[int], torch.Tensor | None]] = []  # (key, tokens, visual rows)
+        groups, weights = {}, {}
+        for c, f, cap in zip(contexts, feats, captions):
+            prompt = c.prompt_ids.tolist()
+            members = self.members if f is not None else self.members[:1]  # no image: one context, one row
+            keys = []
+            for j, m in enumerate(members):
+                toks, vis = member_context(m, prompt, f, cap, self.image_token_id)
+                keys.append(f"{c.request_id}\x00{j}")
+                rows.append((keys[-1], toks, vis))
+            groups[c.request_id] = keys
+            weights[c.request_id] = [m.weight for m in members] if f is not None else [1.0]
+        self._prefill(rows)
+        self._groups_of.update(groups)
+        self._weights_of.update(weights)
+        by_id = {c.request_id: (c, self._generator(c)) for c in contexts}  # one generator per request
+        for key, toks, _ in rows:
+            c, gen = by_id[key.split("\x00")[0]]
+            self._rows[key] = _Row(toks + [int(c.first_token)], [int(c.first_token)], len(toks),
+                                   float(c.temperature), gen)
+
+    def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
+        ids = tuple(request_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{self.KIND}.propose: duplicate request ids {list(ids)}")
+        keys, groups = [], []
+        for rid in ids:
+            ks = self._keys(rid)
+            groups.append((len(keys), len(ks), self._weights_of[rid]))
+            keys += ks
+        self._call_groups = groups
+        try:
+            prop = super().propose(keys, gamma)
+        finally:
+            self._call_groups = None
+        first = torch.tensor([g[0] for g in groups], dtype=torch.long)  # [B] the first row of each request
+        q = prop.q[first.to(prop.q.device)] if prop.q is not None else None  # [B, N, V] the mixtures
+        parents = prop.parents[first] if prop.parents is not None else None
+        return Proposal(ids, prop.tokens[first], tuple(prop.counts[g[0]] for g in groups), parents, q)
+
+    def observe(self, verdicts: Sequence[Verdict]) -> None:
+        super().observe([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        keys = [k for r in request_ids if r in self._groups_of for k in self._groups_of[r]]
+        for r in request_ids:
+            self._groups_of.pop(r, None)
+            self._weights_of.pop(r, None)
+            self._begin_times.pop(r, None)
+        super().release(keys)
+
+    def context(self, request_id: str, member: int = 0) -> list[int]:
+        """The committed context of one member row of a request (its prompt form + committed tokens)."""
+        return super().context(self._keys(request_id)[member])
+
+    def pop_begin_times(self) -> dict[str, dict[str, float]]:
+        """Drafter-side parts of the last ``begin`` calls per request (seconds, e.g. {"caption": 0.02}); cleared."""
+        out, self._begin_times = self._begin_times, {}
+        return out
+
+    # ------------------------------------------------------------------------------------------------ internals
+
+    def _keys(self, request_id: str) -> list[str]:
+        keys = self._groups_of.get(request_id)
+        if keys is None:
+            raise ValueError(f"{self.KIND}: unknown request id {request_id!r}")
+        return keys
+
+    def _features(self, c: DraftContext) -> torch.Tensor | None:
+        """The target features of the request's images [N_img, T, D], or None (no image, or no member reads them)."""
+        n = int((c.prompt_ids == self.image_token_id).sum())
+        if not n or not self.spec.needs:
+            return None
+        model = self.massv if self.massv is not None else self.captioner
+        cfg = model.config
+        field = "extra['pre_projector']" if cfg.feature == "pre_projector" else "visual"
+        f = c.extra.get("pre_projector") if cfg.feature == "pre_projector" else c.visual
+        got = None if f is None else tuple(f.shape)
+        if f is None or f.ndim != 3 or f.shape[-1] != cfg.feature_dim or f.shape[0] * f.shape[1] != n:
+            raise ValueError(f"{self.KIND}.begin: {c.request_id!r} has {n} image tokens and needs DraftContext."
+                             f"{field} [N_img, T_img, D={cfg.feature_dim}] with N_img * T_img = {n}, got {got}")
+        return f.to(self.device, self.dtype)
+
+    def _captions(self, contexts, feats) -> list[list[list[int]] | None]:
+        """One caption (token list) per image of each context that has images, in one batched greedy decode."""
+        out: list[list[list[int]] | None] = [None] * len(contexts)
+        todo = [i for i, f in enumerate(feats) if f is not None]
+        if self.captioner is None or not todo:
+            return out
+        t0 = time.perf_counter()
+        by_len: dict[int, list[int]] = {}  # images with the same token count decode together
+        for i in todo:
+            by_len.setdefault(feats[i].shape[1], []).append(i)
+        for group in by_len.values():
+            caps = self.captioner.caption(torch.cat([feats[i] for i in group]), self.caption_max_tokens)
+            k = 0
+            for i in group:
+                n = feats[i].shape[0]
+                out[i], k = caps[k:k + n], k + n
+        spent = time.perf_counter() - t0
+        n_img = sum(feats[i].shape[0] for i in todo)
+        for i in todo:  # the batch's time, shared in proportion to each request's images
+            rid = contexts[i].request_id
+            self._begin_times.setdefault(rid, {})["caption"] = spent * feats[i].shape[0] / n_img
+        return out
+
+    def _prefill(self, rows: list[tuple[str, list[int], torch.Tensor | None]]) -> None:
+        """One forward over every new row's context (input embeddings: the projector's output at image tokens)."""
+        b, seq = len(rows), max([len(t) for _, t, _ in rows] + [1])  # an empty prompt gets one invalid slot
+        tokens = torch.zeros(b, seq, dtype=torch.long)  # [B, L]
+        for i, (_, t, _) in enumerate(rows):
+            tokens[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+        lengths = torch.tensor([len(t) for _, t, _ in rows])  # [B]
+        valid = torch.arange(seq)[None, :] < lengths[:, None]  # [B, L] bool
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+        allowed = (causal[None] & valid[:, None, :]) | torch.eye(seq, dtype=torch.bool)[None]  # [B, L, L]
+        pos = torch.arange(seq).expand(b, seq)  # [B, L]
+        tokens = tokens.to(self.device)
+        if self.massv is not None:
+            embeds = self.massv.embed(tokens, [v for _, _, v in rows])  # [B, L, H]
+        else:
+            embeds = self._body.get_input_embeddings()(tokens)
+        cache = self._kv.new_cache()
+        self._body(inputs_embeds=embeds, position_ids=pos.to(self.device), past_key_values=cache, use_cache=True,
+                   attention_mask=attention_mask(allowed[:, None].to(self.device), self._attn, self.dtype))
+        self._kv.join(cache, valid.to(self.device))
+
+    def _children(self, logits, k: int, temps, greedy, gens):
+        """``text_lm``'s children, drawn from each request's mixture (module docstring).
+
+        logits [Bc, W, V] fp32 over the call's member rows (request by request) -> tokens [Bc, W, k] (-1 where no
+        mass is left) and the mixture each was drawn from [Bc, W, V] (None if every row is greedy); rows of one
+        request get the same tokens and the same mixture.
+        """
+        groups = self._call_groups
+        logits = logits.clone()
+        logits[..., self.image_token_id] = float("-inf")
+        probs = torch.softmax(logits / temps[:, None, None], dim=-1)  # [Bc, W, V] q_m (T = 1 for greedy rows)
+        mixed = torch.stack([mix_distributions(probs[s:s + n], w) for s, n, w in groups])  # [B, W, V]
+        first = [s for s, _, _ in groups]
+        g_greedy = greedy[first]  # [B] bool
+        top = mixed.topk(k, dim=-1).indices  # [B, W, k]
+        if bool(g_greedy.all()):
+            kids, q = top, None
+        else:
+            drawn = sample_without_replacement(mixed, k, [gens[s] for s in first])  # [B, W, k]
+            kids, q = torch.where(g_greedy.to(mixed.device)[:, None, None], top, drawn), mixed
+        owner = torch.tensor([i for i, (_, n, _) in enumerate(groups) for _ in range(n)],
+                             device=mixed.device)  # [Bc] request of each row
+        return kids[owner], (q[owner] if q is not None else None)
+
+
+def _load(path, dtype, attn_implementation) -> nn.Module:
+    """A MassvModel from a massv directory, else a plain LlamaForCausalLM (text-only members)."""
+    from specula.drafters.text_lm import _load as load_lm
+    from specula.zoo.paths import resolve
+
+    d = resolve(path)
+    if (d / CONFIG_FILE).exists():
+        return MassvModel.load(d, dtype, attn_implementation)
+    model, info = load_lm(d, dtype, attn_implementation)
+    model.specula_info = info  # image_token_id of a text_lm export
+    return model
+

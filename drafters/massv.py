@@ -1,0 +1,36 @@
+"""``massv``: the MASSV drafter (Ganesan et al. 2025): a small LM that reads the target's own vision features
+through its own projector (``drafters/massv_model.py``), trained in two phases by ``drafters/train_massv.py``
+(projector pretraining on captions with the LM frozen, then self-distilled visual instruction tuning on the
+target's own answers; ``--no-sdvit`` is the ablation).
+
+Drafting is the ``ensemble`` drafter with one member, "multimodal": every image token of the prompt becomes the
+projector's output for that visual token; then the ``text_lm`` runner's chain or tree drafting over one batched
+cache. ``spec.needs`` = {"pre_projector"} (the engine passes ``DraftContext.extra["pre_projector"]`` [N_img, T, D])
+or {"visual"} for a model trained on the target's projected features.
+
+    drafter = create({"kind": "massv", "path": "massv", "structure": "chain"}, target=target)
+    engine = SpecEngine(target, drafter, gamma=5)
+"""
+
+from __future__ import annotations
+
+from specula.drafters.ensemble import EnsembleDrafter
+from specula.drafters.registry import register
+
+
+@register("massv")
+class MassvDrafter(EnsembleDrafter):
+    """Options: those of ``ensemble`` without ``members`` / ``weights`` / ``grid`` / ``captioner`` (one multimodal
+    member): ``path`` (default "massv") or ``model``, ``structure``, ``branching``, ``depth``, ``seed``,
+    ``image_token_id``, ``kv_policy``, ``device``, ``dtype``, ``attn_implementation``, ``vocab_size``."""
+
+    KIND = "massv"
+    DEFAULT_MEMBERS = ("multimodal",)
+
+    def __init__(self, target=None, tokenizer=None, vocab_size: int | None = None, image_token_id: int | None = None,
+                 device: str | None = None, **options):
+        fixed = {"members", "weights", "grid", "captioner", "caption_max_tokens"} & set(options)
+        if fixed:
+            raise ValueError(f"massv: unknown options {sorted(fixed)} (massv has one multimodal member)")
+        super().__init__(**options, target=target, tokenizer=tokenizer, vocab_size=vocab_size,
+                         image_token_id=image_token_id, device=device)

@@ -1,0 +1,169 @@
+"""``Pipeline``: one session's drafting on the drafter side, with PEARL's post-verify overlap when it can.
+
+Sequential (overlap off, or a drafter without ``Lookahead``)::
+
+    ProposeRequest(gamma) -> propose(gamma) -> Proposal ... Verdict -> observe
+
+With overlap (``drafters/protocol.py`` ``Lookahead``: ngram, text_lm, eagle, msd chains)::
+
+    ProposeRequest(gamma) -> propose(gamma + 1): send d_1 .. d_gamma, keep g = the drafter's own next token
+    while the verifier verifies:  extend(1) x (gamma + 1): x_1 .. x_gamma, g'   (as if d and g were committed)
+    Verdict, ProposeRequest(gamma):
+        all of d accepted and next_token == g  -> observe_ahead: send x_1 .. x_gamma at once (a hit), guess g'
+        otherwise                             -> observe (drops every node past the accepted path), propose anew
+
+The guess. The bonus token is the target's, unknown until the verdict; a drafter that needs the token before it
+(every autoregressive one) cannot start block n+1 without a stand-in, so the guess is the drafter's own next
+node: its argmax for greedy rows, a draw from its q for sampled ones (the same rule as every other node, so it
+costs nothing to explain and keeps each node's q honest). A hit needs the target to agree with the guess.
+
+Why a pre-drafted block is lossless: its tokens were drawn from q given d and g, with the drafter's own
+randomness, after g was fixed. The verdict's agreement (all of d, next token g) depends on the target's draws and
+on d and g only, so given a hit the block's tokens still have law q given the committed sequence, which is what
+the verifier's rejection rule assumes; the q sent is the q each token was drawn from. Greedy rows are argmax
+chains, so a hit sends exactly the block a sequential drafter would have drafted after the same verdict (ngram:
+always the same; the neural drafters: up to floating-point differences in how their caches were filled).
+
+Speculation is cut short as soon as the next message makes it pointless (a Verdict that already disagrees, a
+Release), one node at a time, so a miss costs at most one node's drafting on top of the sequential path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specula.drafters.protocol import Verdict, supports_lookahead
+
+
+@dataclass
+class Block:
+    """What one Proposal carries (one row): tokens [N], tree parents [N] or None, q [N, V] fp32 or None."""
+
+    tokens: list[int]
+    parents: list[int] | None
+    q: torch.Tensor | None
+    speculative: bool = False  # pre-drafted (an overlap hit)
+    dropped: int = 0  # pre-drafted blocks dropped since the previous proposal
+    draft_ns: int = 0  # drafting on the critical path
+    ahead_ns: int = 0  # drafting ahead that led to this proposal (hit or dropped)
+
+
+class Pipeline:
+    """Drafting for one session key of a (shared) drafter; ``lock`` serializes drafter calls across sessions."""
+
+    def __init__(self, drafter, key: str, lock: threading.Lock, overlap: bool) -> None:
+        self.drafter, self.key, self.lock = drafter, key, lock
+        self.overlap = bool(overlap) and supports_lookahead(drafter)
+        self._sent = 0  # nodes of the outstanding chain the verifier saw
+        self._gamma = 0  # the gamma they answered
+        self._guess: int | None = None  # the chain's node after them (overlap only)
+        self._ahead: list[int] = []  # nodes drafted past the guess
+        self._ahead_q: list[torch.Tensor | None] = []  # [V] each, None = deterministic
+        self._ahead_ns = 0
+        self._ready: Block | None = None  # a hit, waiting for its ProposeRequest
+        self._since = (0, 0)  # (blocks dropped, ns drafted ahead) since the last Proposal
+        self.used = self.dropped = 0  # speculative blocks sent / dropped over the session
+
+    # ------------------------------------------------------------------------------------------- messages
+
+    def propose(self, gamma: int) -> Block:
+        t0 = time.perf_counter_ns()
+        block = self._take_ready(gamma) if self._ready is not None else self._fresh(gamma)
+        block.draft_ns = time.perf_counter_ns() - t0
+        return block
+
+    def verdict(self, v: Verdict) -> None:
+        """Settle the block drafted ahead: a hit keeps it for the next ProposeRequest, a miss drops it."""
+        ahead, ahead_q, ahead_ns = self._ahead, self._ahead_q, self._ahead_ns
+        hit = bool(ahead) and self.would_hit(list(v.accepted), int(v.next_token))
+        self._ahead, self._ahead_q, self._ahead_ns, self._guess, self._ready = [], [], 0, None, None
+        dropped, before_ns = self._since
+        if not hit:
+            with self.lock:
+                self.drafter.observe([v])  # drops every node past the accepted path: the rollback
+            self.dropped += bool(ahead)
+            self._since = (dropped + bool(ahead), before_ns + ahead_ns)
+            return
+        with self.lock:
+            self.drafter.observe_ahead([v])  # the block drafted ahead is now the drafter's outstanding chain
+        self._since = (0, 0)
+        self._ready = Block(ahead, None, _stack_q(ahead, ahead_q), speculative=True, dropped=dropped,
+                            ahead_ns=before_ns + ahead_ns)
+
+    def would_hit(self, accepted: list[int], next_token: int) -> bool:
+        """Would a verdict with this path and next token keep the block drafted ahead?"""
+        return self._guess is not None and accepted == list(range(self._sent)) and next_token == self._guess
+
+    # ------------------------------------------------------------------------------------------- drafting ahead
+
+    @property
+    def wants_ahead(self) -> bool:
+        return self.overlap and self._guess is not None and not self._ahead
+
+    def speculate(self, should_stop: Callable[[], bool]) -> None:
+        """Draft up to gamma + 1 nodes past the guess (after the Proposal was sent), one at a time."""
+        if not self.wants_ahead:
+            return
+        t0 = time.perf_counter_ns()
+        for _ in range(self._gamma + 1):
+            if should_stop():
+                break
+            with self.lock:
+                p = self.drafter.extend([self.key], 1)
+            if not p.counts[0]:
+                break
+            self._ahead.append(int(p.tokens[0, 0]))
+            self._ahead_q.append(p.q[0, 0].float().cpu() if p.q is not None else None)
+        self._ahead_ns += time.perf_counter_ns() - t0
+
+    # ------------------------------------------------------------------------------------------- internals
+
+    def _take_ready(self, gamma: int) -> Block:
+        """Send the kept block: its first gamma nodes; node gamma (if it is the chain's last) is the next guess."""
+        b, self._ready = self._ready, None
+        chain = b.tokens
+        send = min(len(chain), max(gamma, 0))
+        self._sent, self._gamma = send, gamma
+        self.used += 1
+        # a longer chain (gamma shrank) is sent in part and not extended: observe drops its tail later
+        self._guess = chain[gamma] if len(chain) == gamma + 1 and gamma > 0 else None
+        q = b.q[:send] if b.q is not None and send else None
+        return Block(chain[:send], None, q, speculative=True, dropped=b.dropped, ahead_ns=b.ahead_ns)
+
+    def _fresh(self, gamma: int) -> Block:
+        dropped, ahead_ns = self._since
+        self._since = (0, 0)
+        self._sent, self._gamma, self._guess = 0, gamma, None
+        if gamma <= 0:
+            return Block([], None, None, dropped=dropped, ahead_ns=ahead_ns)
+        n = gamma + 1 if self.overlap else gamma
+        with self.lock:
+            prop = self.drafter.propose([self.key], n)
+        c = int(prop.counts[0])
+        tokens = prop.tokens[0, :c].tolist()
+        parents = prop.parents[0, :c].tolist() if prop.parents is not None else None
+        q = prop.q[0, :c].float() if prop.q is not None and c else None  # [N, V]
+        if self.overlap and c == gamma + 1:  # the last node is the guess, not sent
+            self._guess = tokens[gamma]
+            tokens, q = tokens[:gamma], (q[:gamma] if q is not None else None)
+        self._sent = len(tokens)
+        return Block(tokens, parents, q, dropped=dropped, ahead_ns=ahead_ns)
+
+
+def _stack_q(tokens: list[int], qs: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """Per-node q rows (None = deterministic) -> [N, V] fp32, one-hot for deterministic rows; None if all are."""
+    if not tokens or all(q is None for q in qs):
+        return None
+    V = next(q for q in qs if q is not None).shape[-1]
+    out = torch.zeros(len(tokens), V)  # [N, V]
+    for i, (t, q) in enumerate(zip(tokens, qs)):
+        if q is None:
+            out[i, t] = 1.0
+        else:
+            out[i] = q
+    return out

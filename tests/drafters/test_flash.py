@@ -1,0 +1,297 @@
+"""The ``flash`` drafter on the small random LLaVA targets of ``test_eagle.py`` (same harness: world prompts, most
+with images, the plain-decoding reference, chi-square), heads built from ``test_eagle``'s:
+
+``random`` (a seeded random FlashHead: drafts depend on the whole context, compressed images included, k = 3),
+``copy1`` / ``copy`` (the copy of the bigram target's layer 0 with k = 1 / 3: its first offset drafts the greedy
+token exactly), ``mixed`` (that copy with attention and offsets switched on: images reach q, each offset differs).
+Greedy output must equal plain decoding; every q must equal a from-scratch recompute over the committed sequence
+(the target's own hidden states, each image compressed to m tokens) and the chain's earlier passes; sampled output
+must follow the target (slow, chi-square).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+import torch
+from test_eagle import _chi2_same, _copy_head, _random_head, _target, plain, requests
+
+from specula.drafters import DraftContext, Drafter, create, kinds
+from specula.drafters.flash import FlashDrafter
+from specula.drafters.flash_head import FlashConfig, FlashHead, draft_inputs, layout
+from specula.drafters.protocol import supports_lookahead
+from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.sampling import SamplingParams
+from specula.targets import PrefillRequest, load_target
+from specula.targets.kv import KVPolicy
+from specula.targets.processor import load_processor
+from specula.zoo.paths import TOKENIZER_DIR
+
+M = 8  # compressed tokens per image in these tests (the tiny target has 144 per image)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def as_flash(head, k: int, std: float = 0.0, seed: int = 5) -> FlashHead:
+    """The weights of an EagleHead as a FlashHead with k offsets (zero, or random with ``std``) and seeded
+    queries."""
+    cfg = FlashConfig(**{**asdict(head.config), "tokens_per_pass": k, "visual_tokens": M, "image_tokens": 144})
+    flash = FlashHead(cfg)
+    missing, unexpected = flash.load_state_dict(head.state_dict(), strict=False)
+    assert not unexpected and all(n.startswith(("queries", "offsets")) for n in missing)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        flash.queries.normal_(0, 1, generator=g)
+        for lin in flash.offsets:
+            lin.weight.normal_(0, std, generator=g)
+    return flash.eval()
+
+
+@pytest.fixture(scope="module")
+def kit():
+    processor = load_processor(TOKENIZER_DIR)
+    ctx, bigram = _target(processor, False), _target(processor, True)
+    mixed = _copy_head(bigram)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # attention back on: the compressed images reach q
+        mixed.layer.self_attn.o_proj.weight.normal_(0, 0.01, generator=g)
+    mixed = as_flash(mixed, 2, 0.2)
+    with torch.no_grad():  # offset 1 stays the copy (q_1 close to p); offset 2 reads o through its own block
+        mixed.offsets[0].weight.zero_()
+    return {"processor": processor, "ctx": ctx, "bigram": bigram, "random": as_flash(_random_head(ctx), 3, 0.1),
+            "copy1": as_flash(_copy_head(bigram), 1), "copy": as_flash(_copy_head(bigram), 3), "mixed": mixed}
+
+
+def drafter(kit, head: str, target, **opts) -> FlashDrafter:
+    return create({"kind": "flash", "head": kit[head], **opts}, target=target)
+
+
+def test_registered_with_the_protocol(kit):
+    assert "flash" in kinds()
+    target = load_target(kit["ctx"])
+    d = drafter(kit, "random", target)
+    assert isinstance(d, Drafter) and d.spec.kind == "flash" and d.spec.needs == frozenset({"hidden", "visual"})
+    assert d.spec.structure == "chain" and d.k == 3 and not supports_lookahead(d)
+    assert d.head._shared[1] is kit["ctx"].get_output_embeddings()
+    assert not any("embed" in k or "lm_head" in k for k in d.head.state_dict())
+    assert drafter(kit, "random", target, tokens_per_pass=1).k == 1
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("model,head", [("ctx", "random"), ("bigram", "copy1"), ("bigram", "copy"),
+                                        ("bigram", "mixed")])
+def test_greedy_equals_plain_decoding(kit, model, head, batch):
+    reqs = requests(kit, 8, SamplingParams(max_tokens=20))
+    assert sum(r.pixel_values is not None for r in reqs) >= 6
+    ref = plain(kit, model, reqs, batch)
+    target = load_target(kit[model])
+    d = drafter(kit, head, target)
+    eng = SpecEngine(target, d, gamma=4, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
+    accepted, taus = 0, []
+    for i in range(0, len(reqs), batch):
+        got = eng.generate(reqs[i:i + batch])
+        for r in reqs[i:i + batch]:
+            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
+            accepted += got[r.request_id].metrics.accepted_tokens
+            taus.append(got[r.request_id].metrics.tau)
+    if head != "random":
+        assert accepted > 0
+    if head == "copy1":  # k = 1 is EAGLE's chain: exact drafts, every block accepted whole (the last may be cut)
+        assert min(taus) >= 4.0, taus
+    assert not target.live_ids and not d._rows
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+
+
+def _draft_sequence(head: FlashHead, model, target, seq: list[int], pix) -> torch.Tensor:
+    """The draft inputs [L', H] over the committed pairs of ``seq`` (committed tokens + the pending one), from
+    scratch: the target's hidden states, its projected visual embeddings compressed."""
+    with torch.no_grad():
+        h = model.model(input_ids=torch.tensor([seq[:-1]]), pixel_values=pix).last_hidden_state[0]  # [m, H]
+        pairs = head.pair_inputs(torch.tensor([seq[1:]]), h[None])[0]  # [m, H]
+        cfg = head.config
+        lay = layout(torch.tensor(seq[:-1]), cfg.image_token_id, cfg.image_tokens, cfg.visual_tokens)
+        comp = None
+        if pix is not None:
+            comp = head.compress(target.encode_images(pix, "projected").features)  # [N_img, m, H]
+        return draft_inputs(head, pairs, comp, lay)
+
+
+class Checked:
+    """A FlashDrafter whose every q is checked against a recompute: passes of k over full causal forwards."""
+
+    def __init__(self, d: FlashDrafter, target, model, reqs):
+        self.d, self.target, self.model, self.spec = d, target, model, d.spec
+        self.pix = {r.request_id: r.pixel_values for r in reqs}
+        self.temps = {r.request_id: r.params.temperature for r in reqs}
+        self.checked = 0
+
+    def begin(self, contexts):
+        self.d.begin(contexts)
+
+    @torch.no_grad()
+    def propose(self, ids, gamma):
+        prop = self.d.propose(ids, gamma)
+        head, k = self.d.head, self.d.k
+        for b, rid in enumerate(ids):
+            x = _draft_sequence(head, self.model, self.target, self.target.sequence(rid), self.pix[rid])  # [L', H]
+            toks, temp = prop.tokens[b, : prop.counts[b]].tolist(), self.temps[rid]
+            for p0 in range(0, len(toks), k):
+                o = head.decode(x[None], torch.arange(len(x))[None], None)[0, -1]  # [H] from scratch
+                feats = head.expand(o)[: len(toks[p0:p0 + k])]  # [n, H]
+                logits = head.logits(feats)
+                logits[:, self.d.image_token_id] = float("-inf")
+                for j, t in enumerate(toks[p0:p0 + k]):
+                    if temp > 0:
+                        torch.testing.assert_close(prop.q[b, p0 + j], torch.softmax(logits[j] / temp, -1),
+                                                   atol=1e-4, rtol=0)
+                    else:
+                        assert t == int(logits[j].argmax()) and (prop.q is None or prop.q[b, p0 + j, t] == 1)
+                    self.checked += 1
+                new = head.pair_inputs(torch.tensor([toks[p0:p0 + k]]), feats[None])[0]  # the pass's pairs
+                x = torch.cat([x, new])
+        return prop
+
+    def observe(self, verdicts):
+        self.d.observe(verdicts)
+
+    def release(self, ids):
+        self.d.release(ids)
+
+
+def test_every_q_equals_a_recompute(kit):
+    """Rows with and without images join and leave, sampled and greedy rows share a batch, some steps are plain,
+    compaction runs, gamma is not a multiple of k: every q equals a from-scratch recompute."""
+    model = kit["ctx"]
+    target = load_target(model)
+    temps = [1.0, 0.0, 0.8, 1.0, 0.0]
+    reqs = requests(kit, 5, [SamplingParams(temperature=t, seed=i, max_tokens=8 + 2 * i) for i, t in enumerate(temps)])
+    d = FlashDrafter(head=kit["random"], target=target, tokens_per_pass=2,
+                     kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+    chk = Checked(d, target, model, reqs)
+    eng = SpecEngine(target, chk, gamma=5, eos_token_ids=[-1])
+    eng.add(reqs[:3])
+    compactions, steps = 0, 0
+    while eng.rows:
+        steps += 1
+        if steps == 2:
+            eng.add(reqs[3:])
+        eng.gamma = 0 if steps in (3, 4) else 5
+        before = d._kv.seq_len
+        eng.step()
+        compactions += d._kv.seq_len < before
+    assert chk.checked > 40 and compactions > 0
+    assert not d._rows and d._kv.batch_size == 0
+
+
+def test_images_are_compressed_to_m_latent_tokens(kit):
+    """An image prompt's draft sequence is L - N_img (T_img - m) long; the layer reads eq. 3's compressed tokens
+    at each image's m slots and EAGLE pairs elsewhere; a text prompt is EAGLE's sequence."""
+    target = load_target(kit["ctx"])
+    reqs = [requests(kit, 1, SamplingParams(), start=i)[0] for i in (0, 2, 3)]  # vqa, text, multi_image
+    out = target.prefill([PrefillRequest(r.request_id, r.input_ids, r.pixel_values) for r in reqs])
+    image = kit["ctx"].config.image_token_id
+    head = kit["random"]
+    seen: list[torch.Tensor] = []
+    hook = head.layer.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach().clone()))
+    ctx = []
+    for b, r in enumerate(reqs):
+        vis = None if r.pixel_values is None else target.encode_images(r.pixel_values, "projected").features
+        ctx.append(DraftContext(r.request_id, r.input_ids, 7, hidden=out.features.hidden[b, : len(r.input_ids)],
+                                visual=vis))
+    try:
+        d = drafter(kit, "random", target)
+        d.begin(ctx)
+    finally:
+        hook.remove()
+    x = seen[0]  # [B, L', H]
+    for b, c in enumerate(ctx):
+        n_img = int((c.prompt_ids == image).sum()) // 144
+        assert d._rows[c.request_id].next_pos == len(c.prompt_ids) - n_img * (144 - M)
+        lay = layout(c.prompt_ids, image, 144, M)
+        nxt = torch.cat([c.prompt_ids[1:], torch.tensor([7])])
+        pairs = head.pair_inputs(nxt[None], c.hidden[None])[0]
+        torch.testing.assert_close(x[b, lay.text_slot], pairs[lay.text_pos])
+        if n_img:
+            torch.testing.assert_close(x[b, lay.image_slot.flatten()], head.compress(c.visual).reshape(-1, 64))
+    assert (reqs[0].pixel_values is not None and reqs[1].pixel_values is None
+            and reqs[2].pixel_values is not None and reqs[2].pixel_values.shape[0] >= 2)
+    target.release([r.request_id for r in reqs])
+
+
+def test_layout_places_whole_images():
+    ids = torch.tensor([5, 9, 9, 9, 9, 9, 9, 6, 9, 9, 9, 7])  # images of 3 tokens: two adjacent, one later
+    lay = layout(ids, 9, 3, 2)
+    assert lay.length == 12 - 3 * (3 - 2)
+    assert lay.text_pos.tolist() == [0, 7, 11] and lay.text_slot.tolist() == [0, 5, 8]
+    assert lay.image_slot.tolist() == [[1, 2], [3, 4], [6, 7]]
+    for bad in ([5, 9, 9, 6, 9, 7], [9, 9, 9, 9, 6, 9, 9]):  # runs that are not whole images
+        with pytest.raises(ValueError, match="image"):
+            layout(torch.tensor(bad), 9, 3, 2)
+
+
+def test_bad_config_is_refused(kit, tmp_path):
+    target = load_target(kit["ctx"])
+    for opts, match in [({"structure": "tree"}, "chain"), ({"tokens_per_pass": 4}, "tokens_per_pass"),
+                        ({"tokens_per_pass": 0}, "tokens_per_pass"), ({"top_k": 2}, "unknown"),
+                        ({"branching": 3}, "unknown"), ({"dtype": "float33"}, "dtype")]:
+        with pytest.raises(ValueError, match=match):
+            drafter(kit, "random", target, **opts)
+    with pytest.raises(ValueError, match="no flash.safetensors"):
+        create({"kind": "flash", "path": str(tmp_path)}, target=target)
+    base = asdict(kit["random"].config)
+    for field, value in [("tokens_per_pass", 0), ("visual_tokens", 200), ("image_tokens", 0)]:
+        with pytest.raises(ValueError, match=field if field != "visual_tokens" else "visual_tokens"):
+            FlashConfig(**{**base, field: value})
+    r = requests(kit, 1, SamplingParams(), start=0)[0]
+    out = target.prefill([PrefillRequest("r0", r.input_ids, r.pixel_values)])
+    vis = target.encode_images(r.pixel_values, "projected").features
+    d = drafter(kit, "random", target)
+    for bad in (None, vis[:, :-1], vis[..., :-1]):
+        with pytest.raises(ValueError, match="visual embeddings"):
+            d.begin([DraftContext("r0", r.input_ids, 7, hidden=out.features.hidden[0], visual=bad)])
+    with pytest.raises(ValueError, match="hidden"):
+        d.begin([DraftContext("r0", r.input_ids, 7, visual=vis)])
+    assert not d._rows
+    target.release(["r0"])
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.slow
+def test_sampled_tokens_follow_the_target(kit):
+    """Tokens 2-4 on an image prompt under speculative sampling with ``mixed`` (k = 2: d_2 of each pass is drawn
+    from q_2 without seeing d_1) vs plain sampling with other seeds. End to end only: here q_2 seldom overlaps p,
+    so a q_2 reported as q_1 would pass this; ``test_every_q_equals_a_recompute`` is what pins each offset's q."""
+    n = 1000
+    base = requests(kit, 1, SamplingParams(), start=0)[0]
+    assert base.pixel_values is not None
+
+    def batch(seed0, head):
+        target = load_target(kit["bigram"])
+        d = None if head is None else drafter(kit, head, target, seed=3)
+        eng = SpecEngine(target, d, gamma=3, eos_token_ids=[-1])
+        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
+                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4))
+                for i in range(n)]
+        res = {}
+        for i in range(0, n, 500):
+            res.update(eng.generate(reqs[i:i + 500]))
+        accepted = sum(r.metrics.accepted_tokens for r in res.values())
+        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+
+    ref, _ = batch(0, None)
+    spec, accepted = batch(10_000, "mixed")
+    assert accepted > n // 5
+    assert len(torch.unique(ref[:, 1])) >= 3
+    for pos in (1, 2, 3):
+        assert _chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos

@@ -1,0 +1,104 @@
+"""Helpers of the tests that start a real Ray (placement, autoscaling, faults): the environment Ray needs here,
+bounded waits (never an unbounded ``serve.run`` or poll), and HTTP calls to the Serve proxy.
+
+Ray 2.60 turns token authentication on for a new local cluster (and writes ~/.ray/auth_token) unless RAY_AUTH_MODE
+is set, so ``ray_env`` sets RAY_AUTH_MODE=disabled before anything starts (workers inherit it); Ray's unix socket
+paths must fit in 107 bytes, so its temp dir is a short one under /tmp; RAY_TMPDIR points there too, so files Ray
+writes by default (the current-cluster address of ``ray.cluster_utils.Cluster``) stay out of the shared /tmp/ray.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@contextlib.contextmanager
+def ray_env(extra: dict[str, str] | None = None) -> Iterator[str]:
+    """Set Ray's environment for the block; yields a fresh short temp dir (removed after)."""
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    os.makedirs(os.path.join(tmp, "ray"))
+    env = {**RAY_ENV, "RAY_TMPDIR": tmp, **(extra or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield tmp
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_app(app, name: str, route_prefix: str = "/", timeout: float = 120.0):
+    """``serve.run`` with a deadline (it waits forever for a replica that cannot be placed)."""
+    from ray import serve
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(serve.run, app, name=name, route_prefix=route_prefix)
+    try:
+        return future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        raise AssertionError(f"application {name!r} not running after {timeout:.0f} s: {serve.status()}") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float, every: float = 0.5):
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not reached within {timeout:.0f} s (last value {last!r})")
+
+
+def replicas(app: str, deployment: str) -> int:
+    """RUNNING replicas of a deployment, from ``serve.status()``."""
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None or deployment not in status.deployments:
+        return 0
+    return int(status.deployments[deployment].replica_states.get("RUNNING", 0))
+
+
+def post(url: str, body: dict, timeout: float = 60) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def stream_records(url: str, body: dict, timeout: float = 60) -> Iterator[dict]:
+    """The NDJSON records of ``POST url`` with ``stream: true``, as they arrive."""
+    req = urllib.request.Request(url, json.dumps({**body, "stream": True}).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for line in r:
+            if line.strip():
+                yield json.loads(line)

@@ -1,0 +1,278 @@
+"""Post-verify overlap (PEARL) on the data plane: a DrafterServer drafts block n+1 while the verifier verifies block n.
+
+Real gRPC on 127.0.0.1, tiny random LLaVA targets with the world's tokenizer. Two targets: ``model_dir`` (init
+weights: every answer repeats one token, so blocks are accepted whole and pre-drafted blocks are used) and
+``lively`` (large weights: answers vary, drafts are mostly rejected, pre-drafted blocks are dropped). Greedy output
+must equal plain decoding for every drafter that drafts ahead (ngram, text_lm, eagle), batched; with a seed, ngram
+gives the same sampled tokens with overlap on and off (its drafts are a function of the committed tokens, so the
+verifier's generator is consumed identically); for text_lm every sampled block's q, pre-drafted ones included,
+must be the drafter's true law given the committed sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
+
+from specula.drafters import create
+from specula.drafters.eagle_head import EagleConfig, EagleHead
+from specula.drafters.protocol import DraftContext, Verdict, supports_lookahead
+from specula.runtime.dataplane import DrafterServer, RemoteDrafter
+from specula.runtime.dataplane.overlap import Pipeline
+from specula.runtime.engine import SpecEngine
+from specula.runtime.sampling import SamplingParams
+from specula.runtime.serve.verifier import VerifierEngine
+from specula.targets import load_target
+
+from serve_kit import world_requests
+
+
+@pytest.fixture(scope="module")
+def lively(tmp_path_factory, processor):
+    from specula.zoo.paths import TOKENIZER_DIR  # noqa: F401  (the processor fixture already resolved it)
+    from specula.zoo.target_config import TargetArch, build_model
+
+    out = tmp_path_factory.mktemp("lively_llava")
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # larger weights than the init: answers vary instead of repeating one token
+        for p in model.model.language_model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3, generator=g)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def _text_lm(model_dir):
+    """The target's own language model, images dropped: exact on text prompts, off on image prompts."""
+    hf = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
+    lm = LlamaForCausalLM(hf.config.text_config)
+    lm.model.load_state_dict(hf.model.language_model.state_dict())
+    lm.lm_head.weight.data.copy_(hf.lm_head.weight.data)
+    return create({"kind": "text_lm", "model": lm.eval()}, target=load_target(model_dir))
+
+
+def _eagle(model_dir):
+    """A head that passes h_i through (fc = [0 | I], its layer the identity): it drafts the target's last choice."""
+    hf = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
+    head = EagleHead(EagleConfig.from_target(hf))
+    h = head.config.hidden_size
+    with torch.no_grad():
+        head.fc.bias.zero_()
+        head.fc.weight.copy_(torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1))
+        head.layer.self_attn.o_proj.weight.zero_()
+        head.layer.mlp.down_proj.weight.zero_()
+    return create({"kind": "eagle", "head": head.eval()}, target=load_target(model_dir))
+
+
+DRAFTERS = {"ngram": lambda d: create({"kind": "ngram", "max_n": 3}), "text_lm": _text_lm, "eagle": _eagle}
+
+
+def _verifier(model_dir, gamma=4, **remote) -> VerifierEngine:
+    target = load_target(model_dir)
+    return VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0, **remote),
+                          gamma=gamma)
+
+
+def _run_batch(verifier, reqs, address) -> dict:
+    """All requests at once (they share the verifier's batch and the drafter server)."""
+    got = {}
+
+    def one(r):
+        got[r.request_id] = verifier.generate(r, drafter_address=address)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in reqs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return got
+
+
+@pytest.mark.parametrize("kind", ["ngram", "text_lm", "eagle"])
+def test_greedy_overlap_equals_plain_decoding_batched(model_dir, lively, processor, kind):
+    settled = 0
+    for d in (model_dir, lively):
+        reqs = world_requests(processor, 3, SamplingParams(max_tokens=20))
+        plain = SpecEngine(load_target(d), None)
+        want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
+        drafter = DRAFTERS[kind](d)
+        assert supports_lookahead(drafter)
+        verifier = _verifier(d)
+        try:
+            with DrafterServer(drafter, overlap=True) as server:
+                got = _run_batch(verifier, reqs, server.address)
+        finally:
+            verifier.close()
+        assert {rid: g["tokens"] for rid, g in got.items()} == want, (kind, d.name)
+        stats = [g["dataplane"] for g in got.values()]
+        assert all(g["drafter"] == "ok" for g in got.values())
+        assert all(s["overlap"] and s["proposals"] > 0 for s in stats)
+        settled += sum(s["spec_used"] + s["spec_dropped"] for s in stats)
+    assert settled > 0, kind  # blocks really were drafted ahead and settled
+
+
+def test_repetitive_answers_use_blocks_drafted_ahead_and_rejections_drop_them(model_dir, lively, processor):
+    req = world_requests(processor, 1, SamplingParams(max_tokens=30), start=2)[0]
+    for d, want_used in ((model_dir, True), (lively, False)):
+        verifier = _verifier(d)
+        try:
+            with DrafterServer(_eagle(d), overlap=True) as server:
+                s = verifier.generate(req, drafter_address=server.address)["dataplane"]
+        finally:
+            verifier.close()
+        if want_used:  # one repeated token: every block accepted whole, its successor was drafted meanwhile
+            assert s["spec_used"] > 0 and s["spec_used"] >= s["proposals"] - 2, s
+            assert s["ahead_s"] > 0
+        else:  # the pass-through head is wrong on a varied answer: blocks drafted ahead are dropped
+            assert s["spec_dropped"] > 0 and s["spec_used"] < s["spec_dropped"], s
+
+
+def test_overlap_off_is_sequential_and_gives_the_same_tokens(lively, processor):
+    reqs = world_requests(processor, 2, SamplingParams(max_tokens=16), start=1)
+    out = {}
+    for overlap in (True, False):
+        verifier = _verifier(lively, overlap=overlap)  # the session asks; the replica allows
+        try:
+            with DrafterServer(_text_lm(lively), overlap=True) as server:
+                out[overlap] = {r.request_id: verifier.generate(r, drafter_address=server.address) for r in reqs}
+        finally:
+            verifier.close()
+    assert {k: v["tokens"] for k, v in out[True].items()} == {k: v["tokens"] for k, v in out[False].items()}
+    assert all(not g["dataplane"]["overlap"] and g["dataplane"]["spec_used"] + g["dataplane"]["spec_dropped"] == 0
+               for g in out[False].values())
+
+
+def test_seeded_sampling_is_identical_with_overlap_on_and_off_for_ngram(model_dir, lively, processor):
+    """ngram drafts a function of the committed tokens: same drafts, same verifier draws, same tokens."""
+    for d in (model_dir, lively):
+        reqs = world_requests(processor, 3, SamplingParams(temperature=1.0, seed=11, max_tokens=24))
+        single = SpecEngine(load_target(d), create({"kind": "ngram", "max_n": 3}), gamma=4)
+        want = {r.request_id: single.generate([r])[r.request_id] for r in reqs}
+        for overlap in (True, False):
+            verifier = _verifier(d)
+            try:
+                with DrafterServer(create({"kind": "ngram", "max_n": 3}), overlap=overlap) as server:
+                    got = {r.request_id: verifier.generate(r, drafter_address=server.address) for r in reqs}
+            finally:
+                verifier.close()
+            for rid, g in got.items():
+                assert g["tokens"] == want[rid].tokens, (d.name, overlap, rid)
+                m = g["metrics"]
+                assert (m["blocks"], m["draft_tokens"], m["accepted_tokens"]) == \
+                       (want[rid].metrics.blocks, want[rid].metrics.draft_tokens, want[rid].metrics.accepted_tokens)
+
+
+class _Recorder:
+    """A RemoteDrafter seen by the engine: records each proposal with the committed tokens it was drafted after."""
+
+    def __init__(self, remote: RemoteDrafter, engine_rows) -> None:
+        self.remote, self.rows, self.log = remote, engine_rows, []
+
+    @property
+    def spec(self):
+        return self.remote.spec
+
+    def begin(self, contexts):
+        self.remote.begin(contexts)
+
+    def propose(self, ids, gamma):
+        before = {r: self.remote.stats[r]["spec_used"] for r in ids}
+        prop = self.remote.propose(ids, gamma)
+        for b, r in enumerate(ids):
+            n = prop.counts[b]
+            spec = self.remote.stats[r]["spec_used"] > before[r]
+            q = prop.q[b, :n].clone() if prop.q is not None else None
+            self.log.append((r, list(self.rows[r].tokens), prop.tokens[b, :n].tolist(), q, spec))
+        return prop
+
+    def observe(self, verdicts):
+        self.remote.observe(verdicts)
+
+    def release(self, ids):
+        self.remote.release(ids)
+
+
+def test_sampled_blocks_drafted_ahead_carry_their_true_q(model_dir, processor):
+    """Every block's q (pre-drafted or not) equals softmax(LM(committed context + earlier drafts) / T)."""
+    T = 0.1  # peaked enough on the init-weight model that guesses hit, still a real sample
+    drafter = _text_lm(model_dir)
+    image = drafter.image_token_id
+    lm = drafter.model
+    reqs = world_requests(processor, 2, SamplingParams(temperature=T, seed=5, max_tokens=24), start=1)
+    target = load_target(model_dir)
+    remote = RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0)
+    engine = SpecEngine(target, None, gamma=4)
+    rec = _Recorder(remote, engine.rows)
+    engine.drafter = rec
+    with DrafterServer(drafter, overlap=True) as server:
+        for r in reqs:
+            remote.attach(r.request_id, server.address)
+            engine.generate([r])
+    remote.close()
+    prompts = {r.request_id: r.input_ids[r.input_ids != image].tolist() for r in reqs}
+    assert any(spec for *_, spec in rec.log) and any(not spec for *_, spec in rec.log)
+    checked = 0
+    with torch.no_grad():
+        for rid, committed, tokens, q, spec in rec.log:
+            if not tokens:
+                continue
+            assert q is not None and q.shape[0] == len(tokens)
+            ctx = prompts[rid] + committed + tokens[:-1]
+            logits = lm(torch.tensor([ctx])).logits[0, -len(tokens):].float()  # [N, V]
+            logits[:, image] = float("-inf")
+            want = torch.softmax(logits / T, dim=-1)
+            torch.testing.assert_close(q, want, atol=2e-4, rtol=1e-3)
+            checked += 1
+    assert checked > 2
+
+
+def test_pipeline_hit_sends_what_a_sequential_drafter_would_and_miss_rolls_back():
+    """The Pipeline on ngram, message by message: a hit answers with the block drafted ahead (exactly the
+    sequential block), a miss drops it and drafts from the corrected token."""
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    ahead, seq = create({"kind": "ngram"}), create({"kind": "ngram"})
+    ahead.begin([DraftContext("a", torch.tensor(prompt), 7)])
+    seq.begin([DraftContext("s", torch.tensor(prompt), 7)])
+    p = Pipeline(ahead, "a", threading.Lock(), overlap=True)
+    b = p.propose(3)
+    assert b.tokens == [8, 9, 5] and not b.speculative
+    p.speculate(lambda: False)  # guess 6, then drafts 7 8 9 + guess 5
+    assert p.would_hit([0, 1, 2], 6) and not p.would_hit([0, 1], 9)
+    p.verdict(Verdict("a", (0, 1, 2), (8, 9, 5), 6))
+    b = p.propose(3)
+    seq.observe([Verdict("s", (), (), 8)])  # the sequential drafter, brought to the same committed tokens
+    seq.observe([Verdict("s", (), (), 9)])
+    seq.observe([Verdict("s", (), (), 5)])
+    seq.observe([Verdict("s", (), (), 6)])
+    assert b.speculative and b.tokens == seq.propose(["s"], 3).tokens[0].tolist() == [7, 8, 9]
+    assert p.used == 1
+    p.speculate(lambda: False)
+    p.verdict(Verdict("a", (0,), (7,), 1))  # a rejection at node 1: corrected token 1
+    b = p.propose(3)
+    assert not b.speculative and b.dropped == 1 and p.dropped == 1
+    assert ahead._tokens["a"] == prompt + [7, 8, 9, 5, 6, 7, 1]  # rolled back to the committed tokens
+
+
+def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
+    from specula.cli import main
+
+    out = tmp_path / "bench"
+    rc = main(["bench", "distributed", "--quick", "--model", str(lively), "--drafter", "ngram", "--suite", "vqa",
+               "--suite", "text", "--n", "1",
+               "--max-tokens", "12", "--gamma", "3", "--out", str(out)])
+    assert rc == 0
+    r = json.loads((out / "bench_distributed.json").read_text())
+    assert set(r["configs"]) >= {"plain", "single_process", "sequential", "pipelined"}
+    for name in ("single_process", "sequential", "pipelined"):
+        assert r["configs"][name]["greedy_exact"] is True
+        assert r["configs"][name]["speedup_vs_plain"] > 0
+    assert r["configs"]["pipelined"]["spec_used"] + r["configs"]["pipelined"]["spec_dropped"] > 0
+    assert 0 < r["overlap"]["efficiency"]
+    assert set(r["wire"]) >= {"fp32", "fp16", "int8"}
+    assert (out / "bench_distributed.md").read_text().startswith("# ")
