@@ -37,20 +37,19 @@ head's own drafter kind) and ``export_head``.
 from __future__ import annotations
 
 import json
-import math
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 from specula.drafters.distill_data import Answer, load_answers, make_answers, pixels, target_fingerprint
 from specula.drafters.eagle_head import EagleHead, save_head
+from specula.drafters.train_common import Cadence, epoch_order, save_checkpoint, warmup_cosine
 from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
 
 EAGLE_DIR = ZOO_DIR / "eagle"
@@ -284,19 +283,7 @@ def engine_tau(head: EagleHead, target, processor, answers: list[Answer], cfg: E
 
 
 def lr_at(samples: int, cfg: EagleTrainConfig) -> float:
-    if samples < cfg.warmup_samples:
-        return cfg.lr * max(samples, 1) / cfg.warmup_samples
-    frac = min(1.0, (samples - cfg.warmup_samples) / max(1, cfg.total_samples - cfg.warmup_samples))
-    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def epoch_order(j: int, n: int, seed: int, cache: dict) -> int:
-    """Data index of the j-th training sample: epochs in a seeded order."""
-    epoch = j // n
-    if epoch not in cache:
-        cache.clear()
-        cache[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
-    return cache[epoch][j % n]
+    return warmup_cosine(samples, cfg.warmup_samples, cfg.total_samples, cfg.lr)
 
 
 # ------------------------------------------------------------------------------------------------------- training
@@ -382,16 +369,8 @@ def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], 
     log(f"{head.KIND} head: {state['params'] / 1e6:.2f} M params, {about}")
 
     def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in head.state_dict().items()}, tmp / "head.safetensors")
-        torch.save(opt.state_dict(), tmp / "optimizer.pt")
-        (tmp / head.CONFIG).write_text(hcfg.to_json())
-        (tmp / "state.json").write_text(json.dumps(state, indent=1))
-        ckpt.mkdir(exist_ok=True)
-        for f in tmp.iterdir():
-            f.replace(ckpt / f.name)
-        tmp.rmdir()
+        save_checkpoint(ckpt, "head.safetensors", {k: v.contiguous() for k, v in head.state_dict().items()}, opt,
+                        state, {head.CONFIG: hcfg.to_json()})
 
     ema: dict[str, float] = {}
 
@@ -407,7 +386,7 @@ def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], 
     head.train()
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc=f"train {head.KIND}",
                mininterval=5.0)
-    t_last = last_ckpt = last_eval = time.time()
+    clock = Cadence(state, cfg.eval_every_s, cfg.ckpt_every_s)
     while state["samples"] < cfg.total_samples:
         if stop_at is not None and state["samples"] >= stop_at:
             break
@@ -432,17 +411,9 @@ def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], 
             state["steps"] += 1
             state["samples"] += len(group)
             bar.update(len(group))
-        now = time.time()
-        state["elapsed_s"] += now - t_last
-        t_last = now
         bar.set_postfix({**(status(state["samples"]) if status else {}),
                          **{k: f"{v:.3f}" for k, v in ema.items()}}, refresh=False)
-        if now - last_eval > cfg.eval_every_s:
-            run_eval()
-            last_eval = t_last = time.time()
-        if now - last_ckpt > cfg.ckpt_every_s:
-            save()
-            last_ckpt = time.time()
+        clock.tick(run_eval, save)
     bar.close()
     if state["samples"] >= cfg.total_samples and (not state["history"]
                                                   or state["history"][-1].get("samples") != state["samples"]):

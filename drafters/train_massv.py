@@ -34,21 +34,19 @@ tau (gamma 4) on the held-out answers, multimodal and text-only (same model, ima
 from __future__ import annotations
 
 import json
-import math
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 from specula.drafters.distill_data import (Answer, encode, load_answers, make_answers, pixels, target_fingerprint,
                                            world_sample, write_answers)
 from specula.drafters.ensemble_members import Member, member_context
 from specula.drafters.massv_model import MassvConfig, MassvModel
+from specula.drafters.train_common import Cadence, chunks_to_make, epoch_order, save_checkpoint, warmup_cosine
 from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
 
 MASSV_DIR = ZOO_DIR / "massv"
@@ -207,16 +205,7 @@ def make_sdvit_data(folder: Path, target, processor, cfg: MassvTrainConfig, fing
                      gen_batch=cfg.gen_batch, log=log)
     if not cfg.sdvit:
         return folder
-
-    def complete(s: int) -> bool:
-        f = folder / f"vision-{s:08d}.safetensors"
-        if not f.exists():
-            return False
-        with safe_open(f, "pt") as h:
-            return h.get_slice("index").get_shape()[0] >= min(cfg.chunk, cfg.data_samples - s)
-
-    todo = [s for s in range(0, cfg.data_samples, cfg.chunk) if not complete(s)]
-    done = cfg.data_samples - sum(min(cfg.chunk, cfg.data_samples - s) for s in todo)
+    todo, done = chunks_to_make(folder, "vision", cfg.data_samples, cfg.chunk)
     if done:
         log(f"data: {done} of {cfg.data_samples} target answers already in {folder}")
     bar = tqdm(total=cfg.data_samples, initial=done, unit="sample", desc="massv data (SDViT)", mininterval=5.0)
@@ -248,20 +237,7 @@ def lr_at(j: int, cfg: MassvTrainConfig) -> float:
     """Warmup then cosine decay, within each phase (its own peak)."""
     start, total, peak = (0, cfg.pretrain_total, cfg.pretrain_lr) if phase_of(j, cfg) == 1 else \
         (cfg.pretrain_total, cfg.sdvit_total, cfg.sdvit_lr)
-    k = j - start
-    warm = min(cfg.warmup_samples, total // 4)
-    if k < warm:
-        return peak * max(k, 1) / warm
-    frac = min(1.0, (k - warm) / max(1, total - warm))
-    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def _order(i: int, n: int, seed: int, cache: dict) -> int:
-    epoch = i // n
-    if epoch not in cache:
-        cache.clear()
-        cache[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
-    return cache[epoch][i % n]
+    return warmup_cosine(j - start, min(cfg.warmup_samples, total // 4), total, peak)
 
 
 def features(target, pix: torch.Tensor, variant: str) -> torch.Tensor:
@@ -430,7 +406,7 @@ def train(cfg: MassvTrainConfig, log=print, stop_at: int | None = None) -> Path:
             ids, pix, ref = reference_answer(processor, caption_sample(cfg.data_start + j, cfg.seed))
             return Item(ids, ref, pix)
         k = j - cfg.pretrain_total
-        i = _order(k, cfg.data_samples, cfg.seed, orders)
+        i = epoch_order(k, cfg.data_samples, cfg.seed, orders)
         grid = cfg.pool_grids[(k // cfg.pool_every) % len(cfg.pool_grids)] \
             if cfg.pool_every and k % cfg.pool_every == cfg.pool_every - 1 else None
         if cfg.sdvit:
@@ -440,16 +416,8 @@ def train(cfg: MassvTrainConfig, log=print, stop_at: int | None = None) -> Path:
         return Item(ids, ref, pix, grid)
 
     def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
         sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm.lm_head.weight"}
-        save_file(sd, tmp / "model.safetensors")
-        torch.save(opt.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({**state, "phase": phase}, indent=1))
-        ckpt.mkdir(exist_ok=True)
-        for f in tmp.iterdir():
-            f.replace(ckpt / f.name)
-        tmp.rmdir()
+        save_checkpoint(ckpt, "model.safetensors", sd, opt, {**state, "phase": phase})
 
     ema: dict[str, float] = {}
 
@@ -463,7 +431,7 @@ def train(cfg: MassvTrainConfig, log=print, stop_at: int | None = None) -> Path:
 
     model.train()
     bar = tqdm(total=total, initial=state["samples"], unit="sample", desc="train massv", mininterval=5.0)
-    t_last = last_ckpt = last_eval = time.time()
+    clock = Cadence(state, cfg.eval_every_s, cfg.ckpt_every_s)
     while state["samples"] < total:
         if stop_at is not None and state["samples"] >= stop_at:
             break
@@ -495,16 +463,8 @@ def train(cfg: MassvTrainConfig, log=print, stop_at: int | None = None) -> Path:
             for k, v in parts.items():
                 x = float(v.detach())
                 ema[k] = 0.9 * ema.get(k, x) + 0.1 * x
-        now = time.time()
-        state["elapsed_s"] += now - t_last
-        t_last = now
         bar.set_postfix({"phase": phase, **{k: f"{v:.3f}" for k, v in ema.items()}}, refresh=False)
-        if now - last_eval > cfg.eval_every_s:
-            run_eval()
-            last_eval = t_last = time.time()
-        if now - last_ckpt > cfg.ckpt_every_s:
-            save()
-            last_ckpt = time.time()
+        clock.tick(run_eval, save)
     bar.close()
     if state["samples"] >= total and (not state["history"] or state["history"][-1].get("samples") != total):
         run_eval()

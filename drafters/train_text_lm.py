@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,6 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from specula.drafters.train_common import Cadence, chunks_to_make, epoch_order, save_checkpoint, warmup_cosine
 from specula.zoo import manifest
 from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
 from specula.zoo.text_lm_config import TextLMArch, build_model, matmul_macs_per_token
@@ -237,16 +236,7 @@ def make_data(cfg: TextLMTrainConfig, target, processor, key: dict, log=print) -
                    for i in range(cfg.eval_samples)]
         _write_examples(data / "eval.safetensors", list(range(cfg.eval_samples)),
                         _make_examples(target, processor, samples, cfg, "eval"), key)
-
-    def complete(s: int) -> bool:  # a shorter last chunk of a smaller earlier run is made again
-        f = data / f"train-{s:08d}.safetensors"
-        if not f.exists():
-            return False
-        with safe_open(f, "pt") as h:
-            return h.get_slice("index").get_shape()[0] >= min(cfg.chunk, cfg.data_samples - s)
-
-    todo = [s for s in range(0, cfg.data_samples, cfg.chunk) if not complete(s)]
-    done = cfg.data_samples - sum(min(cfg.chunk, cfg.data_samples - s) for s in todo)
+    todo, done = chunks_to_make(data, "train", cfg.data_samples, cfg.chunk)
     if done:
         log(f"data: {done} of {cfg.data_samples} target answers already in {data}")
     bar = tqdm(total=cfg.data_samples, initial=done, unit="sample", desc="text_lm data", mininterval=5.0)
@@ -369,19 +359,7 @@ def evaluate(model, examples: list[Example], pad_id: int, device, budget: int = 
 
 
 def lr_at(samples: int, cfg: TextLMTrainConfig) -> float:
-    if samples < cfg.warmup_samples:
-        return cfg.lr * max(samples, 1) / cfg.warmup_samples
-    frac = min(1.0, (samples - cfg.warmup_samples) / max(1, cfg.total_samples - cfg.warmup_samples))
-    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def _order(j: int, n: int, seed: int, cache: dict) -> int:
-    """Data index of the j-th training sample: epochs in a seeded order."""
-    epoch = j // n
-    if epoch not in cache:
-        cache.clear()
-        cache[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
-    return cache[epoch][j % n]
+    return warmup_cosine(samples, cfg.warmup_samples, cfg.total_samples, cfg.lr)
 
 
 def _target_info(target) -> dict:
@@ -433,16 +411,8 @@ def train(cfg: TextLMTrainConfig, log=print) -> Path:
         f"{state['compute_ratio']:.3f} of the target LM's matmul compute per token, {len(data)} examples")
 
     def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
         sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-        save_file(sd, tmp / "model.safetensors")
-        torch.save(opt.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps(state, indent=1))
-        ckpt.mkdir(exist_ok=True)
-        for f in tmp.iterdir():
-            f.replace(ckpt / f.name)
-        tmp.rmdir()
+        save_checkpoint(ckpt, "model.safetensors", sd, opt, state)
 
     def run_eval() -> None:
         if held_out:
@@ -457,11 +427,11 @@ def train(cfg: TextLMTrainConfig, log=print) -> Path:
     ema: dict[str, float] = {}
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train text_lm",
                mininterval=5.0)
-    t_last = last_ckpt = last_eval = time.time()
+    clock = Cadence(state, cfg.eval_every_s, cfg.ckpt_every_s)
     while state["samples"] < cfg.total_samples:
         start = state["samples"]
         stop = min(start + cfg.pool, cfg.total_samples)
-        items = [data[_order(j, len(data), cfg.seed, perm)] for j in range(start, stop)]
+        items = [data[epoch_order(j, len(data), cfg.seed, perm)] for j in range(start, stop)]
         for group in token_budget_batches(items, cfg.token_budget):
             lr = lr_at(state["samples"], cfg)
             for g in opt.param_groups:
@@ -478,16 +448,8 @@ def train(cfg: TextLMTrainConfig, log=print) -> Path:
             for k, v in parts.items():
                 x = float(v.detach())
                 ema[k] = 0.98 * ema.get(k, x) + 0.02 * x
-        now = time.time()
-        state["elapsed_s"] += now - t_last
-        t_last = now
         bar.set_postfix({k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
-        if now - last_eval > cfg.eval_every_s:
-            run_eval()
-            last_eval = t_last = time.time()
-        if now - last_ckpt > cfg.ckpt_every_s:
-            save()
-            last_ckpt = time.time()
+        clock.tick(run_eval, save)
     bar.close()
     run_eval()
     save()

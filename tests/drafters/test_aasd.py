@@ -1,4 +1,4 @@
-"""The ``aasd`` drafter on the small random LLaVA targets of ``test_eagle.py`` (same harness: world prompts, most
+"""The ``aasd`` drafter on the small random LLaVA targets of ``drafter_kit`` (as test_eagle: world prompts, most
 with images, the plain-decoding reference, chi-square).
 
 Heads: ``random`` (seeded random weights and KV projector: drafts depend on the target's whole cache, compressed
@@ -15,13 +15,14 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from test_eagle import _chi2_same, _target, plain, requests
+from drafter_kit import (Checked, assert_equals_plain, assert_same_law, churn, eos, head_drafter, lively_target,
+                         mixed_requests, plain, requests, sample_many)
 from transformers import DynamicCache
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.aasd import AasdDrafter
 from specula.drafters.aasd_head import AasdConfig, AasdHead, context_kv, image_runs
-from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.engine import SpecEngine
 from specula.runtime.sampling import SamplingParams
 from specula.targets import PrefillRequest, load_target
 from specula.targets.kv import KVPolicy
@@ -29,14 +30,6 @@ from specula.targets.processor import load_processor
 from specula.zoo.paths import TOKENIZER_DIR
 
 KV = 8  # compressed entries per image in these tests (the tiny target has 144 image tokens per image)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _head(model, copy: bool, std: float = 0.1, attn: float = 0.0) -> AasdHead:
@@ -61,13 +54,13 @@ def _head(model, copy: bool, std: float = 0.1, attn: float = 0.0) -> AasdHead:
 @pytest.fixture(scope="module")
 def kit():
     processor = load_processor(TOKENIZER_DIR)
-    ctx, bigram = _target(processor, False), _target(processor, True)
+    ctx, bigram = lively_target(processor, False), lively_target(processor, True)
     return {"processor": processor, "ctx": ctx, "bigram": bigram, "random": _head(ctx, False),
             "copy": _head(bigram, True), "mixed": _head(bigram, True, attn=0.003)}
 
 
 def drafter(kit, head: str, target, **opts) -> AasdDrafter:
-    return create({"kind": "aasd", "head": kit[head], **opts}, target=target)
+    return head_drafter("aasd", kit, head, target, **opts)
 
 
 def test_registered_with_the_protocol(kit):
@@ -87,18 +80,11 @@ def test_greedy_equals_plain_decoding(kit, model, head, batch):
     ref = plain(kit, model, reqs, batch)
     target = load_target(kit[model])
     d = drafter(kit, head, target)
-    eng = SpecEngine(target, d, gamma=4, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    accepted, taus = 0, []
-    for i in range(0, len(reqs), batch):
-        got = eng.generate(reqs[i:i + batch])
-        for r in reqs[i:i + batch]:
-            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
-            accepted += got[r.request_id].metrics.accepted_tokens
-            taus.append(got[r.request_id].metrics.tau)
+    t = assert_equals_plain(SpecEngine(target, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, batch)
     if head != "random":
-        assert accepted > 0
+        assert t.accepted > 0
     if head == "copy":  # exact drafts: every block accepted whole (the last may be cut at max_tokens)
-        assert min(taus) >= 4.0, taus
+        assert min(t.taus) >= 4.0, t.taus
     assert not target.live_ids and not d._rows
 
 
@@ -121,17 +107,12 @@ def reference_chain(head: AasdHead, model, seq: list[int], pix, chain: list[int]
         return head(torch.tensor([chain]), pos, allowed[None, None], cache)[0]
 
 
-class Checked:
+class AasdChecked(Checked):
     """An AasdDrafter whose every q is checked against ``reference_chain``."""
 
     def __init__(self, d: AasdDrafter, target, model, reqs):
-        self.d, self.target, self.model, self.spec = d, target, model, d.spec
-        self.pix = {r.request_id: r.pixel_values for r in reqs}
-        self.temps = {r.request_id: r.params.temperature for r in reqs}
+        super().__init__(d, target, model, reqs)
         self.checked = 0
-
-    def begin(self, contexts):
-        self.d.begin(contexts)
 
     @torch.no_grad()
     def propose(self, ids, gamma):
@@ -156,30 +137,16 @@ class Checked:
             assert v.extra["last_k"].shape[1] == n and v.extra["last_v"].shape[1] == n
         self.d.observe(verdicts)
 
-    def release(self, ids):
-        self.d.release(ids)
-
 
 def test_every_q_equals_a_recompute(kit):
     """Rows with and without images join and leave, sampled and greedy rows share a batch, some steps are plain
     (the verdict's K/V still joins the context), compaction runs: every q equals the from-scratch recompute."""
     model = kit["ctx"]
     target = load_target(model)
-    temps = [1.0, 0.0, 0.8, 1.0, 0.0]
-    reqs = requests(kit, 5, [SamplingParams(temperature=t, seed=i, max_tokens=8 + 2 * i) for i, t in enumerate(temps)])
+    reqs = mixed_requests(kit, 8, 2)
     d = AasdDrafter(head=kit["random"], target=target, kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
-    chk = Checked(d, target, model, reqs)
-    eng = SpecEngine(target, chk, gamma=3, eos_token_ids=[-1])
-    eng.add(reqs[:3])
-    compactions, steps = 0, 0
-    while eng.rows:
-        steps += 1
-        if steps == 2:
-            eng.add(reqs[3:])
-        eng.gamma = 0 if steps in (3, 4, 7) else 3
-        before = d._kv.seq_len
-        eng.step()
-        compactions += d._kv.seq_len < before
+    chk = AasdChecked(d, target, model, reqs)
+    compactions = churn(target, chk, d, reqs, gamma=3, plain_steps=(3, 4, 7))
     assert chk.checked > 30 and compactions > 0
     assert not d._rows and d._kv.batch_size == 0
 
@@ -269,22 +236,12 @@ def test_sampled_tokens_follow_the_target(kit):
     def batch(seed0, head):
         target = load_target(kit["bigram"])
         d = None if head is None else drafter(kit, head, target, seed=3)
-        eng = SpecEngine(target, d, gamma=3, eos_token_ids=[-1])
-        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4))
-                for i in range(n)]
-        res = {}
-        for i in range(0, n, 500):
-            res.update(eng.generate(reqs[i:i + 500]))
-        accepted = sum(r.metrics.accepted_tokens for r in res.values())
-        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+        return sample_many(target, d, base, n, seed0, chunk=500)
 
     ref, _ = batch(0, None)
     spec, accepted = batch(10_000, "mixed")
     assert accepted > n // 5
-    assert len(torch.unique(ref[:, 1])) >= 3
-    for pos in (1, 2, 3):
-        assert _chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
+    assert_same_law(ref, spec)
 
 
 def test_the_target_kv_crosses_the_data_plane(kit):
@@ -297,11 +254,11 @@ def test_the_target_kv_crosses_the_data_plane(kit):
     reqs = requests(kit, 3, SamplingParams(max_tokens=16))
     ref = plain(kit, "bigram", reqs, 1)
     single = SpecEngine(load_target(kit["bigram"]), drafter(kit, "mixed", load_target(kit["bigram"])), gamma=3,
-                        eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
+                        eos_token_ids=eos(kit))
     target = load_target(kit["bigram"])
     verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0,
                                                     connect_timeout_s=5.0), gamma=3,
-                              eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
+                              eos_token_ids=eos(kit))
     try:
         with DrafterServer(drafter(kit, "mixed", load_target(kit["bigram"]))) as server:
             for r in reqs:

@@ -13,108 +13,30 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drafter_kit import (TREE, FeatureChecked, assert_equals_plain, assert_same_law, churn, copy_head, eos,
+                         head_drafter, lively_target, mixed_requests, plain, random_head, requests, sample_many)
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.eagle import EagleDrafter
 from specula.drafters.eagle_head import EagleConfig, EagleHead
-from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.engine import SpecEngine
 from specula.runtime.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.world import generate
-from specula.world.tokenizer import format_turns
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch, build_model
-
-SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _target(processor, bigram: bool):
-    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
-    g = torch.Generator().manual_seed(0)
-    lm = model.model.language_model
-    with torch.no_grad():  # larger weights than the init: greedy answers vary instead of repeating one token
-        for p in lm.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3, generator=g)
-        if bigram:  # h_j depends on x_j only: layer 0 without attention, layer 1 the identity
-            lm.layers[0].self_attn.o_proj.weight.zero_()
-            lm.layers[1].self_attn.o_proj.weight.zero_()
-            lm.layers[1].mlp.down_proj.weight.zero_()
-    return model
-
-
-def _copy_head(model, noise: float = 0.0, h_mix: float = 0.0) -> EagleHead:
-    """fc passes e(x_{i+1}) through (plus h_mix * random on h_i); the layer is the target's layer 0 (plus noise)."""
-    head = EagleHead(EagleConfig.from_target(model))
-    g = torch.Generator().manual_seed(0)
-    h = head.config.hidden_size
-    with torch.no_grad():
-        head.layer.load_state_dict(model.model.language_model.layers[0].state_dict())
-        head.fc.bias.zero_()
-        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.randn(h, h, generator=g) * h_mix], dim=1))
-        for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise)
-    return head.eval()
-
-
-def _random_head(model, std: float = 0.1) -> EagleHead:
-    """A seeded head with weights large enough for sharp, context-dependent q (logits of order 10)."""
-    head = EagleHead(EagleConfig.from_target(model))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.dim() == 2:
-                p.normal_(0, std, generator=g)
-    return head.eval()
 
 
 @pytest.fixture(scope="module")
 def kit():
     processor = load_processor(TOKENIZER_DIR)
-    ctx, bigram = _target(processor, False), _target(processor, True)
-    return {"processor": processor, "ctx": ctx, "bigram": bigram, "random": _random_head(ctx),
-            "copy": _copy_head(bigram), "partial": _copy_head(bigram, noise=0.001, h_mix=0.003)}
-
-
-def requests(kit, n: int, params, start: int = 0) -> list[GenerationRequest]:
-    processor = kit["processor"]
-    out = []
-    for i in range(start, start + n):
-        s = generate(SUITES[i % len(SUITES)], "eval", i)
-        text = format_turns(s.prompt)
-        if s.images:
-            enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
-            pix = enc["pixel_values"]
-        else:
-            enc, pix = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False), None
-        p = params[i - start] if isinstance(params, list) else params
-        out.append(GenerationRequest(f"r{i}", enc["input_ids"][0], pix, p))
-    return out
-
-
-TREE = {"top_k": 3, "depth": 4, "total_tokens": 10}
+    ctx, bigram = lively_target(processor, False), lively_target(processor, True)
+    return {"processor": processor, "ctx": ctx, "bigram": bigram, "random": random_head(ctx),
+            "copy": copy_head(bigram), "partial": copy_head(bigram, noise=0.001, h_mix=0.003)}
 
 
 def drafter(kit, head: str, target, **opts) -> EagleDrafter:
-    return create({"kind": "eagle", "head": kit[head], **opts}, target=target)
-
-
-def plain(kit, model: str, reqs, batch: int) -> dict:
-    eng = SpecEngine(load_target(kit[model]), None, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    ref = {}
-    for i in range(0, len(reqs), batch):
-        ref.update(eng.generate(reqs[i:i + batch]))
-    return ref
+    return head_drafter("eagle", kit, head, target, **opts)
 
 
 def test_registered_with_the_protocol(kit):
@@ -134,19 +56,12 @@ def test_greedy_equals_plain_decoding(kit, model, head, structure, batch):
     ref = plain(kit, model, reqs, batch)
     target = load_target(kit[model])
     d = drafter(kit, head, target, structure=structure, **TREE)
-    eng = SpecEngine(target, d, gamma=4, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    accepted, taus = 0, []
-    for i in range(0, len(reqs), batch):
-        got = eng.generate(reqs[i:i + batch])
-        for r in reqs[i:i + batch]:
-            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
-            accepted += got[r.request_id].metrics.accepted_tokens
-            taus.append(got[r.request_id].metrics.tau)
+    t = assert_equals_plain(SpecEngine(target, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, batch)
     if head != "random":
-        assert accepted > 0  # drafts were accepted, not only rejected
+        assert t.accepted > 0  # drafts were accepted, not only rejected
     if head == "copy":  # exact drafts: a chain is accepted whole (the last block may be cut at max_tokens); a tree
         # keeps the 10 most confident of its 30 candidates, so its argmax path may stop short of depth 4
-        assert min(taus) >= (4.0 if structure == "chain" else 2.0), taus
+        assert min(t.taus) >= (4.0 if structure == "chain" else 2.0), t.taus
     assert not target.live_ids and not d._rows  # every row released on both sides
 
 
@@ -176,69 +91,15 @@ def _ref_features(head: EagleHead, hidden: torch.Tensor, nxt: list[int], path: l
     return out
 
 
-class Checked:
+class Checked(FeatureChecked):
     """An EagleDrafter whose every proposal is checked against a from-scratch recompute (each node's q is the
     head's softmax after the committed sequence and the node's ancestors), and whose root logits are checked
     after verdicts (every ``every``-th observe, so tails also pile up across steps)."""
 
-    def __init__(self, d: EagleDrafter, target, model, reqs, every: int = 2):
-        self.d, self.target, self.model, self.every = d, target, model, every
-        self.spec = d.spec
-        self.pix = {r.request_id: r.pixel_values for r in reqs}
-        self.temps = {r.request_id: r.params.temperature for r in reqs}
-        self.checked_nodes = self.checked_roots = self.observed = 0
-
-    def _committed(self, rid):
+    def reference(self, rid):
         seq = self.target.sequence(rid)  # committed tokens + the pending one
-        with torch.no_grad():
-            h = self.model.model(input_ids=torch.tensor([seq[:-1]]), pixel_values=self.pix[rid]).last_hidden_state[0]
-        return h, seq[1:]
-
-    def begin(self, contexts):
-        self.d.begin(contexts)
-
-    @torch.no_grad()
-    def propose(self, ids, gamma):
-        prop = self.d.propose(ids, gamma)
-        image = self.d.image_token_id
-        for b, rid in enumerate(ids):
-            h, nxt = self._committed(rid)
-            n, temp = prop.counts[b], self.temps[rid]
-            toks = prop.tokens[b, :n].tolist()
-            parents = prop.parents[b, :n].tolist() if prop.parents is not None else list(range(-1, n - 1))
-            for i in range(n):
-                path, p = [], parents[i]
-                while p >= 0:
-                    path.insert(0, toks[p])
-                    p = parents[p]
-                logits = self.d.head.logits(_ref_features(self.d.head, h, nxt, path)[-1])
-                logits[image] = float("-inf")
-                if temp > 0:
-                    ref = torch.softmax(logits / temp, -1)
-                    torch.testing.assert_close(prop.q[b, i], ref, atol=1e-4, rtol=0)
-                else:
-                    k = self.d.top_k if prop.parents is not None else 1
-                    assert toks[i] in logits.topk(k).indices.tolist()
-                    assert prop.q is None or prop.q[b, i, toks[i]] == 1.0
-                self.checked_nodes += 1
-        return prop
-
-    @torch.no_grad()
-    def observe(self, verdicts):
-        self.d.observe(verdicts)
-        self.observed += 1
-        if self.observed % self.every:
-            return
-        ids = [v.request_id for v in verdicts]
-        got = self.d.root_logits(ids)  # [B, V]
-        for b, rid in enumerate(ids):
-            h, nxt = self._committed(rid)
-            ref = self.d.head.logits(_ref_features(self.d.head, h, nxt, [])[0])
-            torch.testing.assert_close(got[b], ref, atol=1e-4, rtol=1e-4)
-            self.checked_roots += 1
-
-    def release(self, ids):
-        self.d.release(ids)
+        h = self.model.model(input_ids=torch.tensor([seq[:-1]]), pixel_values=self.pix[rid]).last_hidden_state[0]
+        return lambda path: _ref_features(self.d.head, h, seq[1:], path)
 
 
 @pytest.mark.parametrize("structure", ["chain", "tree"])
@@ -247,22 +108,11 @@ def test_cache_and_every_q_equal_a_recompute(kit, structure):
     queues behind the tail), compaction runs: q and the root always equal a from-scratch recompute."""
     model = kit["ctx"]
     target = load_target(model)
-    temps = [1.0, 0.0, 0.8, 1.0, 0.0]
-    reqs = requests(kit, 5, [SamplingParams(temperature=t, seed=i, max_tokens=9 + 3 * i) for i, t in enumerate(temps)])
+    reqs = mixed_requests(kit, 9, 3)
     d = EagleDrafter(head=kit["random"], structure=structure, target=target,
                      kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0), top_k=2, depth=3, total_tokens=5)
     chk = Checked(d, target, model, reqs)
-    eng = SpecEngine(target, chk, gamma=3, eos_token_ids=[-1])
-    eng.add(reqs[:3])
-    compactions, steps = 0, 0
-    while eng.rows:
-        steps += 1
-        if steps == 2:
-            eng.add(reqs[3:])
-        eng.gamma = 0 if steps in (3, 4, 7) else 3  # plain steps: the drafter only observes
-        before = d._kv.seq_len
-        eng.step()
-        compactions += d._kv.seq_len < before
+    compactions = churn(target, chk, d, reqs, gamma=3, plain_steps=(3, 4, 7))  # plain steps: the drafter only observes
     assert chk.checked_nodes > 20 and chk.checked_roots > 5 and compactions > 0
     assert not d._rows and d._kv.batch_size == 0
 
@@ -364,21 +214,6 @@ def test_bad_config_is_refused(kit, tmp_path):
 # ---------------------------------------------------------------------------------------------- sampling
 
 
-def _chi2_same(a: torch.Tensor, b: torch.Tensor) -> float:
-    """p-value of a two-sample chi-square test that token samples a and b share one distribution."""
-    cats = torch.unique(torch.cat([a, b]))
-    ca = torch.stack([(a == c).sum() for c in cats]).double()
-    cb = torch.stack([(b == c).sum() for c in cats]).double()
-    keep = (ca + cb) >= 10
-    rest_a, rest_b = ca[~keep].sum(), cb[~keep].sum()
-    ca, cb = torch.cat([ca[keep], rest_a[None]]), torch.cat([cb[keep], rest_b[None]])
-    if rest_a + rest_b == 0:
-        ca, cb = ca[:-1], cb[:-1]
-    na, nb = ca.sum(), cb.sum()
-    stat = (((ca * (nb / na).sqrt() - cb * (na / nb).sqrt()) ** 2) / (ca + cb)).sum()
-    return float(torch.special.gammaincc(torch.tensor((len(ca) - 1) / 2.0, dtype=torch.double), stat / 2))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("structure", ["chain", "tree"])
 def test_sampled_tokens_follow_the_target(kit, structure):
@@ -393,17 +228,9 @@ def test_sampled_tokens_follow_the_target(kit, structure):
         target = load_target(kit["bigram"])
         d = None if head is None else drafter(kit, head, target, structure=structure, top_k=3, depth=3,
                                               total_tokens=5, seed=3)
-        eng = SpecEngine(target, d, gamma=3, eos_token_ids=[-1])
-        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4))
-                for i in range(n)]
-        res = eng.generate(reqs)
-        accepted = sum(r.metrics.accepted_tokens for r in res.values())
-        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+        return sample_many(target, d, base, n, seed0)
 
     ref, _ = batch(0, None)
     spec, accepted = batch(10_000, "copy")
     assert accepted > n // 2  # q overlaps p (same layer, no final norm): acceptance and rejection both happen
-    assert len(torch.unique(ref[:, 1])) >= 3  # p is not a point mass
-    for pos in (1, 2, 3):
-        assert _chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
+    assert_same_law(ref, spec)

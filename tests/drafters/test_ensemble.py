@@ -15,31 +15,22 @@ import copy
 
 import pytest
 import torch
+from drafter_kit import (assert_equals_plain, assert_same_law, eos, lively_target, node_paths, plain, requests,
+                         sample_many)
 from transformers import LlamaForCausalLM
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.ensemble import EnsembleDrafter
 from specula.drafters.massv_model import MassvConfig, MassvModel, pool_features
-from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.engine import SpecEngine
 from specula.runtime.mixture import mix_distributions
 from specula.runtime.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.world import generate
 from specula.world.tokenizer import format_turns
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch, build_model
 
-SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
 KINDS = ["massv", "pooled", "caption", "ensemble"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def massv_from_target(model, processor, noise: float = 0.0, seed: int = 0) -> MassvModel:
@@ -67,42 +58,13 @@ def massv_from_target(model, processor, noise: float = 0.0, seed: int = 0) -> Ma
 @pytest.fixture(scope="module")
 def kit():
     processor = load_processor(TOKENIZER_DIR)
-    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # larger weights than the init: greedy answers vary instead of repeating one token
-        for p in model.model.language_model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3, generator=g)
+    model = lively_target(processor)
     return {"target": model, "processor": processor, "copy": massv_from_target(model, processor),
             "noisy": massv_from_target(model, processor, noise=0.015)}
 
 
-def requests(kit, n: int, params, start: int = 0, suites=SUITES) -> list[GenerationRequest]:
-    processor = kit["processor"]
-    out = []
-    for i in range(start, start + n):
-        s = generate(suites[i % len(suites)], "eval", i)
-        text = format_turns(s.prompt)
-        if s.images:
-            enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
-            pix = enc["pixel_values"]
-        else:
-            enc, pix = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False), None
-        p = params[i - start] if isinstance(params, list) else params
-        out.append(GenerationRequest(f"r{i}", enc["input_ids"][0], pix, p))
-    return out
-
-
 def drafter(kit, kind: str = "ensemble", lm: str = "noisy", **opts) -> EnsembleDrafter:
     return create({"kind": kind, "model": kit[lm], **opts}, target=load_target(kit["target"]))
-
-
-def plain(kit, reqs, batch: int) -> dict:
-    eng = SpecEngine(load_target(kit["target"]), None, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    ref = {}
-    for i in range(0, len(reqs), batch):
-        ref.update(eng.generate(reqs[i:i + batch]))
-    return ref
 
 
 def test_kinds_are_registered_with_their_needs(kit):
@@ -118,36 +80,28 @@ def test_kinds_are_registered_with_their_needs(kit):
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_equals_plain_decoding(kit, kind, structure):
     reqs = requests(kit, 8, SamplingParams(max_tokens=16))
-    ref = plain(kit, reqs, 4)
+    ref = plain(kit, "target", reqs, 4)
     target = load_target(kit["target"])
     lm = "copy" if kind == "massv" else "noisy"
     d = drafter(kit, kind, lm, structure=structure, branching=[2, 2, 1])
-    eng = SpecEngine(target, d, gamma=4, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    drafted = accepted = 0
-    for i in range(0, len(reqs), 4):
-        got = eng.generate(reqs[i:i + 4])
-        for r in reqs[i:i + 4]:
-            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
-            accepted += got[r.request_id].metrics.accepted_tokens
-            drafted += got[r.request_id].metrics.draft_tokens
-    assert accepted > 0  # drafts were accepted, not only rejected
+    t = assert_equals_plain(SpecEngine(target, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, 4)
+    assert t.accepted > 0  # drafts were accepted, not only rejected
     if kind == "massv" and structure == "chain":  # the copy is the target: every draft holds (features wired right)
-        assert accepted == drafted
+        assert t.accepted == t.drafted
     assert not target.live_ids and not d._rows and not d._groups_of  # every row released on both sides
 
 
 def test_ensemble_greedy_batch_one_and_mixed_temperatures(kit):
     reqs = requests(kit, 4, SamplingParams(max_tokens=12))
-    ref = plain(kit, reqs, 1)
+    ref = plain(kit, "target", reqs, 1)
     target = load_target(kit["target"])
-    eng = SpecEngine(target, drafter(kit, weights=[3, 1, 1, 2]), gamma=3,
-                     eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
+    eng = SpecEngine(target, drafter(kit, weights=[3, 1, 1, 2]), gamma=3, eos_token_ids=eos(kit))
     for r in reqs:
         assert eng.generate([r])[r.request_id].tokens == ref[r.request_id].tokens
     temps = [0.0, 1.0, 0.0, 0.7]
     mixed = requests(kit, 4, [SamplingParams(temperature=t, seed=i, max_tokens=12) for i, t in enumerate(temps)])
     got = SpecEngine(target, drafter(kit, structure="tree"), gamma=3, eos_token_ids=[-1]).generate(mixed)
-    ref = plain(kit, requests(kit, 4, SamplingParams(max_tokens=12)), 4)
+    ref = plain(kit, "target", requests(kit, 4, SamplingParams(max_tokens=12)), 4)
     assert got["r0"].tokens[:len(ref["r0"].tokens)] == ref["r0"].tokens
     assert got["r2"].tokens[:len(ref["r2"].tokens)] == ref["r2"].tokens
 
@@ -184,15 +138,9 @@ def test_q_is_the_weighted_mixture_of_the_members(kit, structure):
         prop = d.propose(["r0", "r1"], gamma=3)
         verdicts = []
         for b, rid in enumerate(["r0", "r1"]):
-            n = prop.counts[b]
-            toks = prop.tokens[b, :n].tolist()
-            parents = prop.parents[b, :n].tolist() if prop.parents is not None else list(range(-1, n - 1))
+            toks, _, paths = node_paths(prop, b)
             f = feats[rid]
-            for i in range(n):
-                path, p = [], parents[i]
-                while p >= 0:
-                    path.insert(0, p)
-                    p = parents[p]
+            for i, path in enumerate(paths):
                 qs = []
                 for j, member in enumerate(d.members):
                     ctx = d.context(rid, j)
@@ -330,21 +278,6 @@ def test_a_seed_reproduces_the_drafts_whatever_the_batch(kit):
     assert drafts(["r0"]) == drafts(["r1", "r0", "r2"])
 
 
-def _chi2_same(a: torch.Tensor, b: torch.Tensor) -> float:
-    """p-value of a two-sample chi-square test that token samples a and b share one distribution."""
-    cats = torch.unique(torch.cat([a, b]))
-    ca = torch.stack([(a == c).sum() for c in cats]).double()
-    cb = torch.stack([(b == c).sum() for c in cats]).double()
-    keep = (ca + cb) >= 10
-    rest_a, rest_b = ca[~keep].sum(), cb[~keep].sum()
-    ca, cb = torch.cat([ca[keep], rest_a[None]]), torch.cat([cb[keep], rest_b[None]])
-    if rest_a + rest_b == 0:
-        ca, cb = ca[:-1], cb[:-1]
-    na, nb = ca.sum(), cb.sum()
-    stat = (((ca * (nb / na).sqrt() - cb * (na / nb).sqrt()) ** 2) / (ca + cb)).sum()
-    return float(torch.special.gammaincc(torch.tensor((len(ca) - 1) / 2.0, dtype=torch.double), stat / 2))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("structure", ["chain", "tree"])
 def test_sampled_tokens_follow_the_target(kit, structure):
@@ -355,21 +288,11 @@ def test_sampled_tokens_follow_the_target(kit, structure):
     n = 1000
     base = requests(kit, 1, SamplingParams(), suites=["vqa"])[0]
 
-    def batch(seed0, d):
-        eng = SpecEngine(load_target(kit["target"]), d, gamma=3, eos_token_ids=[-1])
-        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                                  SamplingParams(temperature=1.0, seed=seed0 + i, max_tokens=4))
-                for i in range(n)]
-        res = {}
-        for i in range(0, n, 250):
-            res.update(eng.generate(reqs[i:i + 250]))
-        accepted = sum(r.metrics.accepted_tokens for r in res.values())
-        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+    def batch(seed0, d):  # top_k 0: no top-k cut
+        return sample_many(load_target(kit["target"]), d, base, n, seed0, top_k=0, chunk=250)
 
     ref, _ = batch(0, None)
     d = drafter(kit, "ensemble", "copy", structure=structure, branching=[2, 2, 1], seed=3, weights=[1, 1, 2, 1])
     spec, accepted = batch(10_000, d)
     assert n // 4 < accepted < 3 * n  # q overlaps p: acceptance and rejection both happen often
-    assert len(torch.unique(ref[:, 1])) >= 3  # p is not a point mass
-    for pos in (1, 2, 3):
-        assert _chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
+    assert_same_law(ref, spec)

@@ -1,5 +1,5 @@
-"""The ``flash`` drafter on the small random LLaVA targets of ``test_eagle.py`` (same harness: world prompts, most
-with images, the plain-decoding reference, chi-square), heads built from ``test_eagle``'s:
+"""The ``flash`` drafter on the small random LLaVA targets of ``drafter_kit`` (as test_eagle: world prompts, most
+with images, the plain-decoding reference, chi-square), heads built from the kit's eagle heads:
 
 ``random`` (a seeded random FlashHead: drafts depend on the whole context, compressed images included, k = 3),
 ``copy1`` / ``copy`` (the copy of the bigram target's layer 0 with k = 1 / 3: its first offset drafts the greedy
@@ -15,13 +15,14 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from test_eagle import _chi2_same, _copy_head, _random_head, _target, plain, requests
+from drafter_kit import (Checked, assert_equals_plain, assert_same_law, churn, copy_head, eos, head_drafter,
+                         lively_target, mixed_requests, plain, random_head, requests, sample_many)
 
 from specula.drafters import DraftContext, Drafter, create, kinds
 from specula.drafters.flash import FlashDrafter
 from specula.drafters.flash_head import FlashConfig, FlashHead, draft_inputs, layout
 from specula.drafters.protocol import supports_lookahead
-from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.engine import SpecEngine
 from specula.runtime.sampling import SamplingParams
 from specula.targets import PrefillRequest, load_target
 from specula.targets.kv import KVPolicy
@@ -29,14 +30,6 @@ from specula.targets.processor import load_processor
 from specula.zoo.paths import TOKENIZER_DIR
 
 M = 8  # compressed tokens per image in these tests (the tiny target has 144 per image)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def as_flash(head, k: int, std: float = 0.0, seed: int = 5) -> FlashHead:
@@ -57,20 +50,20 @@ def as_flash(head, k: int, std: float = 0.0, seed: int = 5) -> FlashHead:
 @pytest.fixture(scope="module")
 def kit():
     processor = load_processor(TOKENIZER_DIR)
-    ctx, bigram = _target(processor, False), _target(processor, True)
-    mixed = _copy_head(bigram)
+    ctx, bigram = lively_target(processor, False), lively_target(processor, True)
+    mixed = copy_head(bigram)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # attention back on: the compressed images reach q
         mixed.layer.self_attn.o_proj.weight.normal_(0, 0.01, generator=g)
     mixed = as_flash(mixed, 2, 0.2)
     with torch.no_grad():  # offset 1 stays the copy (q_1 close to p); offset 2 reads o through its own block
         mixed.offsets[0].weight.zero_()
-    return {"processor": processor, "ctx": ctx, "bigram": bigram, "random": as_flash(_random_head(ctx), 3, 0.1),
-            "copy1": as_flash(_copy_head(bigram), 1), "copy": as_flash(_copy_head(bigram), 3), "mixed": mixed}
+    return {"processor": processor, "ctx": ctx, "bigram": bigram, "random": as_flash(random_head(ctx), 3, 0.1),
+            "copy1": as_flash(copy_head(bigram), 1), "copy": as_flash(copy_head(bigram), 3), "mixed": mixed}
 
 
 def drafter(kit, head: str, target, **opts) -> FlashDrafter:
-    return create({"kind": "flash", "head": kit[head], **opts}, target=target)
+    return head_drafter("flash", kit, head, target, **opts)
 
 
 def test_registered_with_the_protocol(kit):
@@ -93,18 +86,11 @@ def test_greedy_equals_plain_decoding(kit, model, head, batch):
     ref = plain(kit, model, reqs, batch)
     target = load_target(kit[model])
     d = drafter(kit, head, target)
-    eng = SpecEngine(target, d, gamma=4, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    accepted, taus = 0, []
-    for i in range(0, len(reqs), batch):
-        got = eng.generate(reqs[i:i + batch])
-        for r in reqs[i:i + batch]:
-            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
-            accepted += got[r.request_id].metrics.accepted_tokens
-            taus.append(got[r.request_id].metrics.tau)
+    t = assert_equals_plain(SpecEngine(target, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, batch)
     if head != "random":
-        assert accepted > 0
+        assert t.accepted > 0
     if head == "copy1":  # k = 1 is EAGLE's chain: exact drafts, every block accepted whole (the last may be cut)
-        assert min(taus) >= 4.0, taus
+        assert min(t.taus) >= 4.0, t.taus
     assert not target.live_ids and not d._rows
 
 
@@ -125,17 +111,12 @@ def _draft_sequence(head: FlashHead, model, target, seq: list[int], pix) -> torc
         return draft_inputs(head, pairs, comp, lay)
 
 
-class Checked:
+class FlashChecked(Checked):
     """A FlashDrafter whose every q is checked against a recompute: passes of k over full causal forwards."""
 
     def __init__(self, d: FlashDrafter, target, model, reqs):
-        self.d, self.target, self.model, self.spec = d, target, model, d.spec
-        self.pix = {r.request_id: r.pixel_values for r in reqs}
-        self.temps = {r.request_id: r.params.temperature for r in reqs}
+        super().__init__(d, target, model, reqs)
         self.checked = 0
-
-    def begin(self, contexts):
-        self.d.begin(contexts)
 
     @torch.no_grad()
     def propose(self, ids, gamma):
@@ -160,34 +141,17 @@ class Checked:
                 x = torch.cat([x, new])
         return prop
 
-    def observe(self, verdicts):
-        self.d.observe(verdicts)
-
-    def release(self, ids):
-        self.d.release(ids)
-
 
 def test_every_q_equals_a_recompute(kit):
     """Rows with and without images join and leave, sampled and greedy rows share a batch, some steps are plain,
     compaction runs, gamma is not a multiple of k: every q equals a from-scratch recompute."""
     model = kit["ctx"]
     target = load_target(model)
-    temps = [1.0, 0.0, 0.8, 1.0, 0.0]
-    reqs = requests(kit, 5, [SamplingParams(temperature=t, seed=i, max_tokens=8 + 2 * i) for i, t in enumerate(temps)])
+    reqs = mixed_requests(kit, 8, 2)
     d = FlashDrafter(head=kit["random"], target=target, tokens_per_pass=2,
                      kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
-    chk = Checked(d, target, model, reqs)
-    eng = SpecEngine(target, chk, gamma=5, eos_token_ids=[-1])
-    eng.add(reqs[:3])
-    compactions, steps = 0, 0
-    while eng.rows:
-        steps += 1
-        if steps == 2:
-            eng.add(reqs[3:])
-        eng.gamma = 0 if steps in (3, 4) else 5
-        before = d._kv.seq_len
-        eng.step()
-        compactions += d._kv.seq_len < before
+    chk = FlashChecked(d, target, model, reqs)
+    compactions = churn(target, chk, d, reqs, gamma=5, plain_steps=(3, 4))
     assert chk.checked > 40 and compactions > 0
     assert not d._rows and d._kv.batch_size == 0
 
@@ -279,19 +243,9 @@ def test_sampled_tokens_follow_the_target(kit):
     def batch(seed0, head):
         target = load_target(kit["bigram"])
         d = None if head is None else drafter(kit, head, target, seed=3)
-        eng = SpecEngine(target, d, gamma=3, eos_token_ids=[-1])
-        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4))
-                for i in range(n)]
-        res = {}
-        for i in range(0, n, 500):
-            res.update(eng.generate(reqs[i:i + 500]))
-        accepted = sum(r.metrics.accepted_tokens for r in res.values())
-        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+        return sample_many(target, d, base, n, seed0, chunk=500)
 
     ref, _ = batch(0, None)
     spec, accepted = batch(10_000, "mixed")
     assert accepted > n // 5
-    assert len(torch.unique(ref[:, 1])) >= 3
-    for pos in (1, 2, 3):
-        assert _chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
+    assert_same_law(ref, spec)

@@ -10,42 +10,26 @@ import json
 
 import pytest
 import torch
+from drafter_kit import world_requests
 from safetensors.torch import load_file
+from trainer_kit import save_lively_target
 
 from specula import cli
 from specula.drafters import create
 from specula.drafters import train_massv as tm
 from specula.drafters.distill_data import load_answers
 from specula.drafters.train_massv import MassvTrainConfig, export_massv, train
-from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.engine import SpecEngine
 from specula.runtime.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
 from specula.world import generate
-from specula.world.tokenizer import format_turns
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch, build_model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
-    model = build_model(TargetArch.from_name("tiny"), load_processor(TOKENIZER_DIR).tokenizer, seed=1)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # larger weights: answers vary instead of repeating one token
-        for p in model.model.language_model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3, generator=g)
-    out = tmp_path_factory.mktemp("massv") / "target"
-    model.save_pretrained(out)
-    return out
+    return save_lively_target(tmp_path_factory, "massv")
 
 
 def small(tmp_path, target_dir, name="run", **kw) -> MassvTrainConfig:
@@ -98,16 +82,7 @@ def test_two_phases_learn_resume_exactly_and_export(tmp_path, target_dir):
     info = json.loads((out / "specula.json").read_text())
     assert info["kind"] == "massv" and info["sdvit"] and info["trained_samples"] == 40
     processor = load_processor(TOKENIZER_DIR)
-    reqs = []
-    for i, suite in enumerate(["vqa", "text", "multi_image"]):
-        s = generate(suite, "eval", i)
-        text = format_turns(s.prompt)
-        if s.images:
-            enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
-            pix = enc["pixel_values"]
-        else:
-            enc, pix = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False), None
-        reqs.append(GenerationRequest(f"r{i}", enc["input_ids"][0], pix, SamplingParams(max_tokens=10)))
+    reqs = world_requests(processor, 3, SamplingParams(max_tokens=10), suites=["vqa", "text", "multi_image"])
     plain = SpecEngine(load_target(target_dir), None, eos_token_ids=[-1]).generate(reqs)
     for kind in ("massv", "ensemble", "text_lm"):
         t = load_target(target_dir)

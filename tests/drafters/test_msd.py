@@ -1,8 +1,8 @@
-"""The ``msd`` drafter on the small random LLaVA targets of ``test_eagle.py`` (same harness: prompts, plain-decoding
+"""The ``msd`` drafter on the small random LLaVA targets of ``drafter_kit`` (as test_eagle: prompts, plain-decoding
 reference, chi-square), with real world prompts, most of them with images.
 
-Heads: ``random`` (test_eagle's seeded random head as an ``MsdHead``: its drafts depend on the whole context, images
-included), ``copy`` (test_eagle's copy of the bigram target's layer 0: drafts its greedy tokens exactly) and
+Heads: ``random`` (the kit's seeded random eagle head as an ``MsdHead``: its drafts depend on the whole context, images
+included), ``copy`` (the kit's copy of the bigram target's layer 0: drafts its greedy tokens exactly) and
 ``mixed`` (that copy with its attention switched back on, so that the visual embeddings reach q). Greedy output must
 equal plain decoding; every q and the cache must equal a from-scratch recompute over the committed sequence with the
 target's own input embeddings at image positions; the head's input at image positions must be the raw visual
@@ -16,27 +16,20 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from test_eagle import TREE, _chi2_same, _copy_head, _random_head, _target, plain, requests
+from drafter_kit import (TREE, FeatureChecked, assert_equals_plain, assert_same_law, churn, copy_head, eos,
+                         head_drafter, lively_target, mixed_requests, plain, random_head, requests, sample_many)
 
 from specula.drafters import DraftContext, Drafter, create, kinds
 from specula.drafters.eagle_head import EagleHead
 from specula.drafters.msd import MsdDrafter
 from specula.drafters.msd_head import MsdConfig, MsdHead
 from specula.drafters.train_eagle import Batch, target_features
-from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.engine import SpecEngine
 from specula.runtime.sampling import SamplingParams
 from specula.targets import PrefillRequest, load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
 from specula.zoo.paths import TOKENIZER_DIR
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def as_msd(head: EagleHead, decoupled: bool = True) -> MsdHead:
@@ -49,18 +42,18 @@ def as_msd(head: EagleHead, decoupled: bool = True) -> MsdHead:
 @pytest.fixture(scope="module")
 def kit():
     processor = load_processor(TOKENIZER_DIR)
-    ctx, bigram = _target(processor, False), _target(processor, True)
-    mixed = _copy_head(bigram)
+    ctx, bigram = lively_target(processor, False), lively_target(processor, True)
+    mixed = copy_head(bigram)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # attention back on: image positions (and their embeddings) now reach q
         mixed.layer.self_attn.o_proj.weight.normal_(0, 0.01, generator=g)
-    eagle_random = _random_head(ctx)
+    eagle_random = random_head(ctx)
     return {"processor": processor, "ctx": ctx, "bigram": bigram, "eagle_random": eagle_random,
-            "random": as_msd(eagle_random), "copy": as_msd(_copy_head(bigram)), "mixed": as_msd(mixed)}
+            "random": as_msd(eagle_random), "copy": as_msd(copy_head(bigram)), "mixed": as_msd(mixed)}
 
 
 def drafter(kit, head: str, target, **opts) -> MsdDrafter:
-    return create({"kind": "msd", "head": kit[head], **opts}, target=target)
+    return head_drafter("msd", kit, head, target, **opts)
 
 
 def test_registered_with_the_protocol(kit):
@@ -85,18 +78,11 @@ def test_greedy_equals_plain_decoding(kit, model, head, structure, batch):
     ref = plain(kit, model, reqs, batch)
     target = load_target(kit[model])
     d = drafter(kit, head, target, structure=structure, **TREE)
-    eng = SpecEngine(target, d, gamma=4, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    accepted, taus = 0, []
-    for i in range(0, len(reqs), batch):
-        got = eng.generate(reqs[i:i + batch])
-        for r in reqs[i:i + batch]:
-            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
-            accepted += got[r.request_id].metrics.accepted_tokens
-            taus.append(got[r.request_id].metrics.tau)
+    t = assert_equals_plain(SpecEngine(target, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, batch)
     if head != "random":
-        assert accepted > 0
+        assert t.accepted > 0
     if head == "copy":  # exact drafts (see test_eagle)
-        assert min(taus) >= (4.0 if structure == "chain" else 2.0), taus
+        assert min(t.taus) >= (4.0 if structure == "chain" else 2.0), t.taus
     assert not target.live_ids and not d._rows
 
 
@@ -128,61 +114,16 @@ def _ref_features(head: MsdHead, hidden, embeds, xs_prev: list[int], nxt: list[i
     return out
 
 
-class Checked:
+class Checked(FeatureChecked):
     """An MsdDrafter whose proposals (every node's q) and root logits are checked against a from-scratch recompute
     over the committed sequence, with the target's own input embeddings at image positions."""
 
-    def __init__(self, d: MsdDrafter, target, model, reqs, every: int = 2):
-        self.d, self.target, self.model, self.every = d, target, model, every
-        self.spec = d.spec
-        self.pix = {r.request_id: r.pixel_values for r in reqs}
-        self.temps = {r.request_id: r.params.temperature for r in reqs}
-        self.checked_nodes = self.checked_roots = self.observed = 0
+    greedy_q_one_hot = False
 
-    def _ref(self, rid, path):
+    def reference(self, rid):
         seq = self.target.sequence(rid)  # committed + pending
         h, e = _committed_features(self.model, seq[:-1], self.pix[rid])
-        return _ref_features(self.d.head, h, e, seq[:-1], seq[1:], path, self.d.image_token_id)
-
-    def begin(self, contexts):
-        self.d.begin(contexts)
-
-    @torch.no_grad()
-    def propose(self, ids, gamma):
-        prop = self.d.propose(ids, gamma)
-        for b, rid in enumerate(ids):
-            n, temp = prop.counts[b], self.temps[rid]
-            toks = prop.tokens[b, :n].tolist()
-            parents = prop.parents[b, :n].tolist() if prop.parents is not None else list(range(-1, n - 1))
-            for i in range(n):
-                path, p = [], parents[i]
-                while p >= 0:
-                    path.insert(0, toks[p])
-                    p = parents[p]
-                logits = self.d.head.logits(self._ref(rid, path)[-1])
-                logits[self.d.image_token_id] = float("-inf")
-                if temp > 0:
-                    torch.testing.assert_close(prop.q[b, i], torch.softmax(logits / temp, -1), atol=1e-4, rtol=0)
-                else:
-                    k = self.d.top_k if prop.parents is not None else 1
-                    assert toks[i] in logits.topk(k).indices.tolist()
-                self.checked_nodes += 1
-        return prop
-
-    @torch.no_grad()
-    def observe(self, verdicts):
-        self.d.observe(verdicts)
-        self.observed += 1
-        if self.observed % self.every:
-            return
-        ids = [v.request_id for v in verdicts]
-        got = self.d.root_logits(ids)  # [B, V]
-        for b, rid in enumerate(ids):
-            torch.testing.assert_close(got[b], self.d.head.logits(self._ref(rid, [])[0]), atol=1e-4, rtol=1e-4)
-            self.checked_roots += 1
-
-    def release(self, ids):
-        self.d.release(ids)
+        return lambda path: _ref_features(self.d.head, h, e, seq[:-1], seq[1:], path, self.d.image_token_id)
 
 
 @pytest.mark.parametrize("structure", ["chain", "tree"])
@@ -192,22 +133,11 @@ def test_cache_and_every_q_equal_a_recompute(kit, structure):
     target itself read (the training-time features), so inference and training see the same inputs."""
     model = kit["ctx"]
     target = load_target(model)
-    temps = [1.0, 0.0, 0.8, 1.0, 0.0]
-    reqs = requests(kit, 5, [SamplingParams(temperature=t, seed=i, max_tokens=8 + 2 * i) for i, t in enumerate(temps)])
+    reqs = mixed_requests(kit, 8, 2)
     d = MsdDrafter(head=kit["random"], structure=structure, target=target,
                    kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0), top_k=2, depth=3, total_tokens=5)
     chk = Checked(d, target, model, reqs)
-    eng = SpecEngine(target, chk, gamma=3, eos_token_ids=[-1])
-    eng.add(reqs[:3])
-    compactions, steps = 0, 0
-    while eng.rows:
-        steps += 1
-        if steps == 2:
-            eng.add(reqs[3:])
-        eng.gamma = 0 if steps in (3, 4, 7) else 3
-        before = d._kv.seq_len
-        eng.step()
-        compactions += d._kv.seq_len < before
+    compactions = churn(target, chk, d, reqs, gamma=3, plain_steps=(3, 4, 7))
     assert chk.checked_nodes > 20 and chk.checked_roots > 5 and compactions > 0
     assert not d._rows and d._kv.batch_size == 0
 
@@ -319,21 +249,11 @@ def test_sampled_tokens_follow_the_target(kit, structure):
         target = load_target(kit["bigram"])
         d = None if head is None else drafter(kit, head, target, structure=structure, top_k=3, depth=3,
                                               total_tokens=5, seed=3)
-        eng = SpecEngine(target, d, gamma=3, eos_token_ids=[-1])
-        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4))
-                for i in range(n)]
-        res = {}
-        for i in range(0, n, 500):
-            res.update(eng.generate(reqs[i:i + 500]))
-        accepted = sum(r.metrics.accepted_tokens for r in res.values())
-        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+        return sample_many(target, d, base, n, seed0, chunk=500)
 
     if "sampled_ref" not in kit:  # plain sampling, shared by both structures
         kit["sampled_ref"] = batch(0, None)[0]
     ref = kit["sampled_ref"]
     spec, accepted = batch(10_000, "mixed")
     assert accepted > n // 5  # q overlaps p: acceptance and rejection both happen
-    assert len(torch.unique(ref[:, 1])) >= 3
-    for pos in (1, 2, 3):
-        assert _chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
+    assert_same_law(ref, spec)

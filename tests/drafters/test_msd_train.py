@@ -10,42 +10,23 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from trainer_kit import (answer_requests, assert_drafts_like_plain, assert_export_loads, assert_loss_falls,
+                         assert_resumes_exactly, save_lively_target, zoo_listing)
 
 from specula.drafters import create
 from specula.drafters import train_msd as tm
-from specula.drafters.distill_data import load_answers, pixels
+from specula.drafters.distill_data import load_answers
 from specula.drafters.msd_head import MsdConfig, MsdHead, load_msd
-from specula.drafters.train_eagle import collate, evaluate, target_features
+from specula.drafters.train_eagle import collate, target_features
 from specula.drafters.train_msd import MsdTrainConfig, Schedule, export_msd, train, train_msd_cli, vision_share
-from specula.runtime.engine import GenerationRequest, SpecEngine
-from specula.runtime.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
 from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
-from specula.zoo.target_config import TargetArch, build_model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
-    processor = load_processor(TOKENIZER_DIR)
-    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # larger weights than the init: answers vary instead of repeating one token
-        for p in model.model.language_model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3, generator=g)
-    d = tmp_path_factory.mktemp("msd") / "target"
-    model.save_pretrained(d)
-    return d
+    return save_lively_target(tmp_path_factory, "msd")
 
 
 def config(tmp_path, target_dir, name: str, **kw) -> MsdTrainConfig:
@@ -87,16 +68,9 @@ def test_the_progressive_mix_grows_from_text_to_multimodal():
 
 
 def test_train_lowers_the_loss_resumes_exactly_exports_and_reloads(tmp_path, target_dir):
-    logs: list[str] = []
     cfg = config(tmp_path, target_dir, "a")
     assert cfg.stage1_samples == 20
-    ckpt = train(cfg, log=logs.append, stop_at=36)  # interrupted in stage 2
-    assert json.loads((ckpt / "state.json").read_text())["samples"] == 36
-    train(cfg, log=logs.append)  # resumes
-    assert any("resumed from" in m for m in logs) and any("already in" in m for m in logs)
-    straight = train(config(tmp_path, target_dir, "b"), log=lambda m: None)
-    a, b = load_file(ckpt / "head.safetensors"), load_file(straight / "head.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ckpt, a = assert_resumes_exactly(train, cfg, config(tmp_path, target_dir, "b"), 36)  # interrupted in stage 2
 
     # D_text holds text-only conversations, D_vis prompts with images; both are the target's own answers
     target = load_target(target_dir)
@@ -118,40 +92,23 @@ def test_train_lowers_the_loss_resumes_exactly_exports_and_reloads(tmp_path, tar
     torch.manual_seed(cfg.seed)
     head = MsdHead(MsdConfig.from_target(target))  # the init train() starts from
     head.attach(target.model.get_input_embeddings(), target.model.get_output_embeddings())
-    before = evaluate(head, target, processor, text + vision, cfg)
-    head.load_state_dict(a)
-    after = evaluate(head, target, processor, text + vision, cfg)
-    assert after["eval_feat"] < 0.9 * before["eval_feat"] and after["eval_hard"] < before["eval_hard"]
+    assert_loss_falls(head, a, target, processor, text + vision, cfg)
     state = json.loads((ckpt / "state.json").read_text())
     last = state["history"][-1]
     assert state["samples"] == 60 and last["eval_tau_g4"] >= 1.0 and last["stage"] == 2 and last["vision_share"] > 0.9
 
     # export (fp16) and load back, with the target and without
     out = export_msd(ckpt, tmp_path / "zoo" / "msd")
-    assert sorted(p.name for p in out.iterdir()) == ["msd.safetensors", "msd_config.json", "specula.json"]
-    assert not (tmp_path / "zoo" / "manifest.json").exists()
-    info = json.loads((out / "specula.json").read_text())
-    assert info["kind"] == "msd" and info["decoupled"] and info["trained_samples"] == 60
+    info, loaded = assert_export_loads(out, "msd", load_msd, target, a)
+    assert info["decoupled"] and info["trained_samples"] == 60
     assert info["stage1_samples"] == 20 and info["stage2_samples"] == 40
-    assert all(v.dtype == torch.float16 for v in load_file(out / "msd.safetensors").values())
-    assert (out / "msd.safetensors").stat().st_size < 2 * 1.1 * info["params"]
-    loaded = load_msd(out, target)
-    assert loaded.config.decoupled and loaded._shared[1] is target.model.get_output_embeddings()
-    for k, v in loaded.state_dict().items():
-        torch.testing.assert_close(v, a[k], atol=2e-3, rtol=2e-3)
-    alone = load_msd(out)
-    x = torch.randn(3, H)
-    torch.testing.assert_close(alone.logits(x), loaded.logits(x))
+    assert loaded.config.decoupled
 
     # drafts through the engine from the exported directory on image prompts, output unchanged
-    reqs = [GenerationRequest(f"r{i}", v.prompt, pixels(processor, v, cfg.seed), SamplingParams(max_tokens=8))
-            for i, v in enumerate(vision[:3])]
-    eos = [processor.tokenizer.eos_token_id]
-    ref = SpecEngine(load_target(target_dir), None, eos_token_ids=eos).generate(reqs)
+    reqs = answer_requests(processor, vision[:3], cfg.seed)
     d = create({"kind": "msd", "path": str(out), "structure": "tree"}, target=target)
     assert d.spec.needs == frozenset({"hidden", "visual"})
-    got = SpecEngine(target, d, gamma=3, eos_token_ids=eos).generate(reqs)
-    assert {k: v.tokens for k, v in got.items()} == {k: v.tokens for k, v in ref.items()}
+    assert_drafts_like_plain(target_dir, target, d, reqs, 3, [processor.tokenizer.eos_token_id])
 
     # a checkpoint refuses to be resumed by another recipe
     with pytest.raises(ValueError, match="trained with"):
@@ -167,7 +124,7 @@ def _args(tmp_path, target_dir, **kw):
 
 
 def test_cli_runs_the_ablations(tmp_path, target_dir, capsys):
-    zoo = sorted(p.name for p in ZOO_DIR.iterdir()) if ZOO_DIR.is_dir() else []
+    zoo = zoo_listing()
     data = str(tmp_path / "shared-data")
     for name, flags in [("no-decouple", {"no_decouple": True}), ("no-stage1", {"no_stage1": True})]:
         args = _args(tmp_path, target_dir, run_dir=str(tmp_path / name), out=str(tmp_path / "out" / name),
@@ -181,7 +138,7 @@ def test_cli_runs_the_ablations(tmp_path, target_dir, capsys):
     assert not (tmp_path / "no-decouple" / "data").exists()
     d = create({"kind": "msd", "path": str(tmp_path / "out" / "no-decouple")}, target=load_target(target_dir))
     assert not d.decoupled and d.spec.needs == frozenset({"hidden"})
-    assert (sorted(p.name for p in ZOO_DIR.iterdir()) if ZOO_DIR.is_dir() else []) == zoo  # the zoo is untouched
+    assert zoo_listing() == zoo  # the zoo is untouched
 
 
 def test_cli_names_the_ablation_runs(tmp_path, target_dir, monkeypatch):

@@ -13,42 +13,28 @@ import random
 
 import pytest
 import torch
+from drafter_kit import (assert_equals_plain, assert_same_law, eos, lively_target, node_paths, plain, requests,
+                         sample_many)
 from transformers import LlamaForCausalLM
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.text_lm import TextLMDrafter
-from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.engine import SpecEngine
 from specula.runtime.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.world import generate
-from specula.world.tokenizer import format_turns
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.target_config import TargetArch
 from specula.zoo.text_lm_config import TextLMArch, compute_ratio
 from specula.zoo.text_lm_config import build_model as build_text_lm
-
-SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
 def kit():
     processor = load_processor(TOKENIZER_DIR)
-    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
     g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # larger weights than the init: greedy answers vary instead of repeating one token
-        for p in model.model.language_model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3, generator=g)
+    model = lively_target(processor, generator=g)  # g goes on to draw the noise below
     copy = LlamaForCausalLM(model.config.text_config)
     copy.model.load_state_dict(model.model.language_model.state_dict())
     copy.tie_weights()
@@ -60,32 +46,8 @@ def kit():
     return {"target": model, "copy": copy.eval(), "noisy": noisy.eval(), "processor": processor}
 
 
-def requests(kit, n: int, params, start: int = 0) -> list[GenerationRequest]:
-    processor = kit["processor"]
-    out = []
-    for i in range(start, start + n):
-        s = generate(SUITES[i % len(SUITES)], "eval", i)
-        text = format_turns(s.prompt)
-        if s.images:
-            enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
-            pix = enc["pixel_values"]
-        else:
-            enc, pix = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False), None
-        p = params[i - start] if isinstance(params, list) else params
-        out.append(GenerationRequest(f"r{i}", enc["input_ids"][0], pix, p))
-    return out
-
-
 def drafter(kit, lm: str = "noisy", **opts) -> TextLMDrafter:
     return create({"kind": "text_lm", "model": kit[lm], **opts}, target=load_target(kit["target"]))
-
-
-def plain(kit, reqs, batch: int) -> dict:
-    eng = SpecEngine(load_target(kit["target"]), None, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    ref = {}
-    for i in range(0, len(reqs), batch):
-        ref.update(eng.generate(reqs[i:i + batch]))
-    return ref
 
 
 def test_compute_is_under_a_sixth_of_the_target_lm():
@@ -102,18 +64,12 @@ def test_compute_is_under_a_sixth_of_the_target_lm():
 @pytest.mark.parametrize("structure", ["chain", "tree"])
 def test_greedy_equals_plain_decoding(kit, structure, batch, lm):
     reqs = requests(kit, 8, SamplingParams(max_tokens=20))
-    ref = plain(kit, reqs, batch)
+    ref = plain(kit, "target", reqs, batch)
     target = load_target(kit["target"])
     d = create({"kind": "text_lm", "model": kit[lm], "structure": structure, "branching": [2, 2, 1]}, target=target)
     assert isinstance(d, Drafter)
-    eng = SpecEngine(target, d, gamma=4, eos_token_ids=[kit["processor"].tokenizer.eos_token_id])
-    accepted = 0
-    for i in range(0, len(reqs), batch):
-        got = eng.generate(reqs[i:i + batch])
-        for r in reqs[i:i + batch]:
-            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
-            accepted += got[r.request_id].metrics.accepted_tokens
-    assert accepted > 0  # drafts were accepted, not only rejected
+    t = assert_equals_plain(SpecEngine(target, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, batch)
+    assert t.accepted > 0  # drafts were accepted, not only rejected
     assert not target.live_ids and not d._rows  # every row released on both sides
 
 
@@ -121,7 +77,7 @@ def test_greedy_rows_of_a_mixed_batch_equal_plain_decoding(kit):
     temps = [0.0, 1.0, 0.0, 0.7]
     params = [SamplingParams(temperature=t, seed=i, max_tokens=16) for i, t in enumerate(temps)]
     reqs = requests(kit, 4, params)
-    ref = plain(kit, reqs, 4)
+    ref = plain(kit, "target", reqs, 4)
     target = load_target(kit["target"])
     for structure in ("chain", "tree"):
         d = drafter(kit, structure=structure)
@@ -168,14 +124,9 @@ def test_cache_holds_the_committed_context(kit, structure):
         verdicts = []
         for b, rid in enumerate(live):
             n, context = prop.counts[b], d.context(rid)
-            toks = prop.tokens[b, :n].tolist()
-            parents = prop.parents[b, :n].tolist() if prop.parents is not None else list(range(-1, n - 1))
+            toks, parents, paths = node_paths(prop, b)
             assert image not in toks
-            for i in range(n):
-                path, p = [], parents[i]
-                while p >= 0:
-                    path.insert(0, p)
-                    p = parents[p]
+            for i, path in enumerate(paths):
                 ref = _ref_logp(lm, context + [toks[j] for j in path], image, temps[rid])
                 if temps[rid] > 0:
                     got = prop.q[b, i].log()
@@ -239,10 +190,10 @@ def test_siblings_without_mass_are_dropped(kit):
     assert prop.parents[0, :n].tolist() == [-1, 0, 1] and (prop.tokens[0, :n] >= 0).all()
     torch.testing.assert_close(prop.q[0, :n].sum(-1), torch.ones(n))
     # through the engine: p is one-hot too, so the output is the greedy one
-    ref = plain(kit, requests(kit, 4, SamplingParams(max_tokens=16)), 4)
+    ref = plain(kit, "target", requests(kit, 4, SamplingParams(max_tokens=16)), 4)
     target = load_target(kit["target"])
     got = SpecEngine(target, drafter(kit, structure="tree", branching=[3, 2, 1]), gamma=3,
-                     eos_token_ids=[kit["processor"].tokenizer.eos_token_id]).generate(reqs)
+                     eos_token_ids=eos(kit)).generate(reqs)
     assert {k: v.tokens for k, v in got.items()} == {k: v.tokens for k, v in ref.items()}
 
 
@@ -279,21 +230,6 @@ def test_bad_config_is_refused(kit, tmp_path):
         create({"kind": "text_lm", "path": str(tmp_path / "nowhere"), "image_token_id": 3})
 
 
-def _chi2_same(a: torch.Tensor, b: torch.Tensor) -> float:
-    """p-value of a two-sample chi-square test that token samples a and b share one distribution."""
-    cats = torch.unique(torch.cat([a, b]))
-    ca = torch.stack([(a == c).sum() for c in cats]).double()
-    cb = torch.stack([(b == c).sum() for c in cats]).double()
-    keep = (ca + cb) >= 10
-    rest_a, rest_b = ca[~keep].sum(), cb[~keep].sum()
-    ca, cb = torch.cat([ca[keep], rest_a[None]]), torch.cat([cb[keep], rest_b[None]])
-    if rest_a + rest_b == 0:
-        ca, cb = ca[:-1], cb[:-1]
-    na, nb = ca.sum(), cb.sum()
-    stat = (((ca * (nb / na).sqrt() - cb * (na / nb).sqrt()) ** 2) / (ca + cb)).sum()
-    return float(torch.special.gammaincc(torch.tensor((len(ca) - 1) / 2.0, dtype=torch.double), stat / 2))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("structure", ["chain", "tree"])
 def test_sampled_tokens_follow_the_target(kit, structure):
@@ -302,17 +238,9 @@ def test_sampled_tokens_follow_the_target(kit, structure):
     base = requests(kit, 1, SamplingParams(), start=2)[0]  # a text-only prompt: the drafter is close to p
 
     def batch(seed0, d):
-        eng = SpecEngine(load_target(kit["target"]), d, gamma=3, eos_token_ids=[-1])
-        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4))
-                for i in range(n)]
-        res = eng.generate(reqs)
-        accepted = sum(r.metrics.accepted_tokens for r in res.values())
-        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+        return sample_many(load_target(kit["target"]), d, base, n, seed0)
 
     ref, _ = batch(0, None)
     spec, accepted = batch(10_000, drafter(kit, structure=structure, branching=[2, 2, 1], seed=3))
     assert accepted > n // 2  # q overlaps p: acceptance and rejection both happen often
-    assert len(torch.unique(ref[:, 1])) >= 3  # p is not a point mass
-    for pos in (1, 2, 3):
-        assert _chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
+    assert_same_law(ref, spec)

@@ -7,8 +7,10 @@ import json
 
 import pytest
 import torch
+from drafter_kit import world_requests
 from safetensors import safe_open
 from safetensors.torch import load_file
+from trainer_kit import assert_drafts_like_plain, save_lively_target
 
 from specula.drafters import create
 from specula.drafters.train_text_lm import (
@@ -18,36 +20,16 @@ from specula.drafters.train_text_lm import (
     target_fingerprint,
     train,
 )
-from specula.runtime.engine import GenerationRequest, SpecEngine
 from specula.runtime.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.world import generate
-from specula.world.tokenizer import format_turns
 from specula.zoo.manifest import verify
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch, build_model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
-    model = build_model(TargetArch.from_name("tiny"), load_processor(TOKENIZER_DIR).tokenizer, seed=1)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # larger weights: answers vary instead of repeating one token
-        for p in model.model.language_model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3, generator=g)
-    out = tmp_path_factory.mktemp("target") / "target"
-    model.save_pretrained(out)
-    return out
+    return save_lively_target(tmp_path_factory, "target")
 
 
 def small(tmp_path, target_dir, **kw) -> TextLMTrainConfig:
@@ -89,22 +71,11 @@ def test_train_resumes_exports_and_reloads(tmp_path, target_dir):
     # the export is a text_lm drafter: from a target (image token from it) or alone (from specula.json)
     assert create({"kind": "text_lm", "path": str(out)}).image_token_id == 3
     processor = load_processor(TOKENIZER_DIR)
-    reqs = []
-    for i, suite in enumerate(["vqa", "text", "caption"]):
-        s = generate(suite, "eval", i)
-        text = format_turns(s.prompt)
-        if s.images:
-            enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
-            pix = enc["pixel_values"]
-        else:
-            enc, pix = processor.tokenizer([text], return_tensors="pt", add_special_tokens=False), None
-        reqs.append(GenerationRequest(f"r{i}", enc["input_ids"][0], pix, SamplingParams(max_tokens=12)))
-    ref = SpecEngine(load_target(target_dir), None, eos_token_ids=[-1]).generate(reqs)
+    reqs = world_requests(processor, 3, SamplingParams(max_tokens=12), suites=["vqa", "text", "caption"])
     target = load_target(target_dir)
     drafter = create({"kind": "text_lm", "path": str(out), "structure": "tree"}, target=target)
     assert next(drafter.model.parameters()).dtype == torch.float32
-    got = SpecEngine(target, drafter, gamma=3, eos_token_ids=[-1]).generate(reqs)
-    assert {k: v.tokens for k, v in got.items()} == {k: v.tokens for k, v in ref.items()}
+    assert_drafts_like_plain(target_dir, target, drafter, reqs, 3, [-1])
 
 
 def test_data_made_with_other_settings_is_refused(tmp_path, target_dir):

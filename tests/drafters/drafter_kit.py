@@ -1,0 +1,283 @@
+"""The harness the drafter tests share: lively tiny LLaVA targets with the world's tokenizer, heads built from them,
+world prompts as engine requests, the plain-decoding reference and the greedy-equality driver, the recompute
+checkers' plumbing, and the chi-square check of sampled output.
+
+A uniquely named module, so test files import it directly (``from conftest import`` resolves to whichever
+conftest.py pytest loaded last, which depends on collection order)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specula.drafters import create
+from specula.drafters.eagle_head import EagleConfig, EagleHead
+from specula.runtime.engine import GenerationRequest, SpecEngine
+from specula.runtime.prompts import encode_prompt
+from specula.runtime.sampling import SamplingParams
+from specula.targets import load_target
+from specula.world import generate
+from specula.zoo.target_config import TargetArch, build_model
+
+SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
+TREE = {"top_k": 3, "depth": 4, "total_tokens": 10}
+
+
+# ---------------------------------------------------------------------------------------------- targets and heads
+
+
+def lively_target(processor, bigram: bool = False, generator: torch.Generator | None = None):
+    """The tiny LLaVA (seed 1) with larger weights than the init, so greedy answers vary instead of repeating one
+    token. ``bigram``: h_j depends on x_j only (layer 0 without attention, layer 1 the identity). The weights are
+    drawn from ``generator`` (default: a fresh one seeded 0; pass one to keep drawing from it afterwards)."""
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
+    g = torch.Generator().manual_seed(0) if generator is None else generator
+    lm = model.model.language_model
+    with torch.no_grad():
+        for p in lm.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3, generator=g)
+        if bigram:
+            lm.layers[0].self_attn.o_proj.weight.zero_()
+            lm.layers[1].self_attn.o_proj.weight.zero_()
+            lm.layers[1].mlp.down_proj.weight.zero_()
+    return model
+
+
+def copy_head(model, noise: float = 0.0, h_mix: float = 0.0) -> EagleHead:
+    """fc passes e(x_{i+1}) through (plus h_mix * random on h_i); the layer is the target's layer 0 (plus noise)."""
+    head = EagleHead(EagleConfig.from_target(model))
+    g = torch.Generator().manual_seed(0)
+    h = head.config.hidden_size
+    with torch.no_grad():
+        head.layer.load_state_dict(model.model.language_model.layers[0].state_dict())
+        head.fc.bias.zero_()
+        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.randn(h, h, generator=g) * h_mix], dim=1))
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise)
+    return head.eval()
+
+
+def random_head(model, std: float = 0.1) -> EagleHead:
+    """A seeded head with weights large enough for sharp, context-dependent q (logits of order 10)."""
+    head = EagleHead(EagleConfig.from_target(model))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, std, generator=g)
+    return head.eval()
+
+
+def head_drafter(kind: str, kit, head: str, target, **opts):
+    """A ``kind`` drafter around the kit's head ``head`` on ``target``."""
+    return create({"kind": kind, "head": kit[head], **opts}, target=target)
+
+
+# ---------------------------------------------------------------------------------------------- requests, plain
+
+
+def world_requests(processor, n: int, params, start: int = 0, suites=SUITES) -> list[GenerationRequest]:
+    """World eval prompts start .. start + n - 1 (suite i % len(suites)), images included, as requests r{i};
+    ``params`` is one SamplingParams or a list, one per request."""
+    out = []
+    for i in range(start, start + n):
+        s = generate(suites[i % len(suites)], "eval", i)
+        ids, pix = encode_prompt(processor, s.prompt, s.images)
+        p = params[i - start] if isinstance(params, list) else params
+        out.append(GenerationRequest(f"r{i}", ids, pix, p))
+    return out
+
+
+def requests(kit, n: int, params, start: int = 0, suites=SUITES) -> list[GenerationRequest]:
+    """``world_requests`` with the kit's processor."""
+    return world_requests(kit["processor"], n, params, start, suites)
+
+
+def mixed_requests(kit, first_max: int, step: int) -> list[GenerationRequest]:
+    """Five requests of sampled (T = 1, 0.8, 1) and greedy rows, request i stopping after first_max + step * i."""
+    temps = [1.0, 0.0, 0.8, 1.0, 0.0]
+    return requests(kit, 5, [SamplingParams(temperature=t, seed=i, max_tokens=first_max + step * i)
+                             for i, t in enumerate(temps)])
+
+
+def eos(kit) -> list[int]:
+    return [kit["processor"].tokenizer.eos_token_id]
+
+
+def plain(kit, model: str, reqs, batch: int) -> dict:
+    """Plain decoding of ``reqs`` on the kit's target ``model``, ``batch`` requests at a time."""
+    eng = SpecEngine(load_target(kit[model]), None, eos_token_ids=eos(kit))
+    ref = {}
+    for i in range(0, len(reqs), batch):
+        ref.update(eng.generate(reqs[i:i + batch]))
+    return ref
+
+
+@dataclass
+class Tally:
+    """What the drafts of a run achieved: accepted and drafted tokens, and every request's tau."""
+
+    accepted: int = 0
+    drafted: int = 0
+    taus: list[float] = field(default_factory=list)
+
+
+def assert_equals_plain(eng: SpecEngine, reqs, ref: dict, batch: int) -> Tally:
+    """Generates ``reqs`` ``batch`` at a time and asserts every output equals the plain reference token for token."""
+    t = Tally()
+    for i in range(0, len(reqs), batch):
+        got = eng.generate(reqs[i:i + batch])
+        for r in reqs[i:i + batch]:
+            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
+            m = got[r.request_id].metrics
+            t.accepted += m.accepted_tokens
+            t.drafted += m.draft_tokens
+            t.taus.append(m.tau)
+    return t
+
+
+# ---------------------------------------------------------------------------------------------- exactness plumbing
+
+
+def node_paths(prop, b: int) -> tuple[list[int], list[int], list[list[int]]]:
+    """Row b of a proposal: its tokens, each node's parent (a chain: the node before) and each node's ancestors
+    (node indices, root first)."""
+    n = prop.counts[b]
+    toks = prop.tokens[b, :n].tolist()
+    parents = prop.parents[b, :n].tolist() if prop.parents is not None else list(range(-1, n - 1))
+    paths = []
+    for i in range(n):
+        path, p = [], parents[i]
+        while p >= 0:
+            path.insert(0, p)
+            p = parents[p]
+        paths.append(path)
+    return toks, parents, paths
+
+
+class Checked:
+    """Wraps a drafter for the engine (same spec, calls passed through); subclasses check what it proposes."""
+
+    def __init__(self, d, target, model, reqs):
+        self.d, self.target, self.model, self.spec = d, target, model, d.spec
+        self.pix = {r.request_id: r.pixel_values for r in reqs}
+        self.temps = {r.request_id: r.params.temperature for r in reqs}
+
+    def begin(self, contexts):
+        self.d.begin(contexts)
+
+    def observe(self, verdicts):
+        self.d.observe(verdicts)
+
+    def release(self, ids):
+        self.d.release(ids)
+
+
+class FeatureChecked(Checked):
+    """For heads that draft from features h^ (eagle, msd): every node's q must equal the head's softmax over a
+    from-scratch recompute after the committed sequence and the node's ancestors (a greedy node: one of the top
+    tokens), and the root logits must equal the recompute after every ``every``-th observe (so tails also pile up
+    across steps). Subclasses give ``reference(rid)``: path tokens -> [h^_root, h^(path[0]), ...]."""
+
+    greedy_q_one_hot = True  # also check a greedy node's q is one-hot at its token
+
+    def __init__(self, d, target, model, reqs, every: int = 2):
+        super().__init__(d, target, model, reqs)
+        self.every = every
+        self.checked_nodes = self.checked_roots = self.observed = 0
+
+    def reference(self, rid):
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def propose(self, ids, gamma):
+        prop = self.d.propose(ids, gamma)
+        image = self.d.image_token_id
+        for b, rid in enumerate(ids):
+            features, temp = self.reference(rid), self.temps[rid]
+            toks, _, paths = node_paths(prop, b)
+            for i, path in enumerate(paths):
+                logits = self.d.head.logits(features([toks[p] for p in path])[-1])
+                logits[image] = float("-inf")
+                if temp > 0:
+                    torch.testing.assert_close(prop.q[b, i], torch.softmax(logits / temp, -1), atol=1e-4, rtol=0)
+                else:
+                    k = self.d.top_k if prop.parents is not None else 1
+                    assert toks[i] in logits.topk(k).indices.tolist()
+                    if self.greedy_q_one_hot:
+                        assert prop.q is None or prop.q[b, i, toks[i]] == 1.0
+                self.checked_nodes += 1
+        return prop
+
+    @torch.no_grad()
+    def observe(self, verdicts):
+        self.d.observe(verdicts)
+        self.observed += 1
+        if self.observed % self.every:
+            return
+        ids = [v.request_id for v in verdicts]
+        got = self.d.root_logits(ids)  # [B, V]
+        for b, rid in enumerate(ids):
+            ref = self.d.head.logits(self.reference(rid)([])[0])
+            torch.testing.assert_close(got[b], ref, atol=1e-4, rtol=1e-4)
+            self.checked_roots += 1
+
+
+def churn(target, drafter, kv_owner, reqs, gamma: int, plain_steps: tuple[int, ...]) -> int:
+    """Decodes ``reqs`` through ``drafter``: three rows first, the rest joining at step 2, plain steps (gamma 0: the
+    drafter only observes) at ``plain_steps``. Returns how many steps compacted ``kv_owner``'s cache."""
+    eng = SpecEngine(target, drafter, gamma=gamma, eos_token_ids=[-1])
+    eng.add(reqs[:3])
+    compactions, steps = 0, 0
+    while eng.rows:
+        steps += 1
+        if steps == 2:
+            eng.add(reqs[3:])
+        eng.gamma = 0 if steps in plain_steps else gamma
+        before = kv_owner._kv.seq_len
+        eng.step()
+        compactions += kv_owner._kv.seq_len < before
+    return compactions
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def chi2_same(a: torch.Tensor, b: torch.Tensor) -> float:
+    """p-value of a two-sample chi-square test that token samples a and b share one distribution."""
+    cats = torch.unique(torch.cat([a, b]))
+    ca = torch.stack([(a == c).sum() for c in cats]).double()
+    cb = torch.stack([(b == c).sum() for c in cats]).double()
+    keep = (ca + cb) >= 10
+    rest_a, rest_b = ca[~keep].sum(), cb[~keep].sum()
+    ca, cb = torch.cat([ca[keep], rest_a[None]]), torch.cat([cb[keep], rest_b[None]])
+    if rest_a + rest_b == 0:
+        ca, cb = ca[:-1], cb[:-1]
+    na, nb = ca.sum(), cb.sum()
+    stat = (((ca * (nb / na).sqrt() - cb * (na / nb).sqrt()) ** 2) / (ca + cb)).sum()
+    return float(torch.special.gammaincc(torch.tensor((len(ca) - 1) / 2.0, dtype=torch.double), stat / 2))
+
+
+def sample_many(target, drafter, base: GenerationRequest, n: int, seed0: int, top_k: int = 8,
+                chunk: int | None = None) -> tuple[torch.Tensor, int]:
+    """n copies of ``base`` sampled at T = 1 (seeds seed0 ..), 4 tokens each, ``chunk`` requests per generate call
+    (None: all in one). Returns the tokens [n, 4] and the accepted draft count."""
+    eng = SpecEngine(target, drafter, gamma=3, eos_token_ids=[-1])
+    reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
+                              SamplingParams(temperature=1.0, top_k=top_k, seed=seed0 + i, max_tokens=4))
+            for i in range(n)]
+    res = {}
+    step = chunk or n
+    for i in range(0, n, step):
+        res.update(eng.generate(reqs[i:i + step]))
+    accepted = sum(r.metrics.accepted_tokens for r in res.values())
+    return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
+
+
+def assert_same_law(ref: torch.Tensor, spec: torch.Tensor) -> None:
+    """Tokens 2-4 (decided by the verifier) of speculative sampling follow plain sampling's law; p is no point mass."""
+    assert len(torch.unique(ref[:, 1])) >= 3  # p is not a point mass
+    for pos in (1, 2, 3):
+        assert chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
