@@ -54,6 +54,7 @@ class DraftContext:
     visual: torch.Tensor | None = None  # [N_img, T_img, H] projected visual embeddings when "visual" is needed
     hidden: torch.Tensor | None = None  # [L, H] target final hidden states of the prompt when "hidden" is needed
     extra: dict = field(default_factory=dict)  # other features by name (e.g. "last_k"/"last_v" [H_kv, L, D])
+    drafter: str | None = None  # the drafter the request chose by name (a MultiDrafter routes on it); None = default
 
 
 @dataclass(frozen=True)

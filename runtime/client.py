@@ -55,7 +55,7 @@ class Completion:
     tokens: list[int]
     finish_reason: str  # "eos" | "length" | "stop" | "cancelled"
     usage: dict  # {"prompt_tokens", "completion_tokens"}
-    metrics: dict  # {"blocks", "draft_tokens", "accepted_tokens", "emitted", "tau", "alpha", "time_s"}
+    metrics: dict  # {"blocks", "draft_tokens", "accepted_tokens", "emitted", "tau", "alpha", "time_s", "drafter"}
     drafter: str  # "ok" | "off" | "fallback: <why>"
     model: str
 
@@ -197,7 +197,7 @@ def _usage(u) -> dict:
 
 def _metrics(m) -> dict:
     return {"blocks": m.blocks, "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
-            "emitted": m.emitted, "tau": m.tau, "alpha": list(m.alpha), "time_s": dict(m.time_s)}
+            "emitted": m.emitted, "tau": m.tau, "alpha": list(m.alpha), "time_s": dict(m.time_s), "drafter": m.drafter}
 
 
 def _error(e: grpc.RpcError) -> ApiError:

@@ -185,13 +185,42 @@ class ModelConfig(_Strict):
         return v
 
 
+class AlternativeDrafter(_Strict):
+    """One more drafter the DrafterEnsemble serves next to the default one; a request chooses it by name."""
+
+    kind: str = Field(description="Drafter registry key (specula.drafters.kinds()), e.g. 'eagle'.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword options of that drafter, as for the default drafter's.")
+
+
 class DrafterConfig(_Strict):
-    """Which drafter the DrafterEnsemble runs and how the verifier uses it."""
+    """Which drafter(s) the DrafterEnsemble runs and how the verifier uses them.
+
+    One drafter by default; with ``alternatives`` a request may choose another by name (its ``drafter`` field)::
+
+        drafter:
+          kind: ngram                      # the default, chosen by name "ngram" (or by ``name``) or by none
+          options: {max_n: 3}
+          gamma: 4                         # shared by every drafter
+          alternatives:
+            eagle: {kind: eagle, options: {path: /models/eagle}}
+            ngram_long: {kind: ngram, options: {max_n: 6}}
+    """
 
     kind: str = Field("ngram", description="Drafter registry key (specula.drafters.kinds()), e.g. 'ngram'.")
     options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options of that drafter (see its class); 'vocab_size' and "
                                           "'image_token_id' default to the target's when the drafter takes them.")
+    name: str | None = Field(
+        None, description="The name a request gives (its `drafter` field) to choose this, the default drafter; "
+                          "null = its kind. A request that names no drafter gets the default.")
+    alternatives: dict[str, AlternativeDrafter] = Field(
+        default_factory=dict,
+        description="More drafters served next to the default one, by name: a request naming one (OpenAI extension "
+                    "field `drafter`, gRPC GenerateRequest.drafter, POST /generate `drafter`) drafts with it. Every "
+                    "DrafterEnsemble replica loads them all. gamma, codecs, timeouts and overlap are shared (overlap "
+                    "applies to the requests whose drafter can draft ahead). Names: 1-64 letters, digits, '_', '.', "
+                    "'-', not 'none' and not the default drafter's name.")
     gamma: int = Field(4, ge=0, le=64, description="Draft tokens per block (nodes for tree drafters); 0 = no "
                                                    "drafting (plain target decoding).")
     accept_codecs: list[str] = Field(
@@ -226,6 +255,38 @@ class DrafterConfig(_Strict):
         except WireError as e:
             raise ValueError(str(e)) from None
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        from specula.drafters.multi import check_name
+
+        return None if v is None else check_name(v)
+
+    @field_validator("alternatives")
+    @classmethod
+    def _alternative_names(cls, v: dict) -> dict:
+        from specula.drafters.multi import check_name
+
+        for name in v:
+            check_name(name)
+        return v
+
+    @model_validator(mode="after")
+    def _distinct(self) -> DrafterConfig:
+        if self.default_name in self.alternatives:
+            raise ValueError(f"alternatives: {self.default_name!r} is the default drafter's name; name the "
+                             "alternative differently (or set drafter.name)")
+        return self
+
+    @property
+    def default_name(self) -> str:
+        """The name that chooses the default drafter: ``name``, else ``kind``."""
+        return self.name or self.kind
+
+    def names(self) -> tuple[str, ...]:
+        """Every drafter a request may choose, the default first."""
+        return (self.default_name, *self.alternatives)
+
 
 class DataplaneConfig(_Strict):
     """The verifier <-> drafter gRPC stream (DrafterService in protos/specula_dataplane.proto)."""
@@ -242,6 +303,15 @@ class DataplaneConfig(_Strict):
                                                           "(gRPC limit); bigger messages are chunked.")
     max_sessions: int = Field(64, ge=1, description="Concurrent sessions (requests) one drafter replica serves; "
                                                     "more are refused and those requests decode alone.")
+    max_batch_size: int = Field(
+        64, ge=1, description="Most requests (rows) in one drafter call: a drafter replica runs the pending calls of "
+                              "all its sessions as batched calls (one propose over every session asking with the "
+                              "same gamma); a bigger group runs as several calls.")
+    batch_wait_ms: float = Field(
+        0.0, ge=0, le=1000, description="How long the drafter replica's drafting worker waits, after the first "
+                                        "pending call, for other sessions' calls to batch with it (milliseconds); "
+                                        "0 = batch only what is pending at that moment (batches still form under "
+                                        "load, while the drafter runs).")
 
 
 class LimitsConfig(_Strict):
@@ -390,7 +460,8 @@ def _explain(e: ValidationError) -> str:
 
 
 __all__ = [
-    "ActorOptions", "AuthConfig", "AutoscalingConfig", "ConfigError", "DataplaneConfig", "DeploymentSettings",
-    "DeviceDeploymentSettings", "Deployments", "DrafterConfig", "GrpcConfig", "HttpConfig", "LimitsConfig", "ModelConfig",
+    "ActorOptions", "AlternativeDrafter", "AuthConfig", "AutoscalingConfig", "ConfigError", "DataplaneConfig",
+    "DeploymentSettings", "DeviceDeploymentSettings", "Deployments", "DrafterConfig", "GrpcConfig", "HttpConfig",
+    "LimitsConfig", "ModelConfig",
     "SpeculaConfig", "VerifierSettings", "VisionSettings", "load_config",
 ]

@@ -38,6 +38,8 @@ class GenerationRequest:
     # precomputed projected visual embeddings ([N_img, T_img, H] or VisualFeatures, e.g. from a VisionEncoder);
     # when given, the target consumes these and pixel_values only feed a drafter that needs "pixels"
     visual: torch.Tensor | VisualFeatures | None = None
+    # the drafter this request chose by name (DraftContext.drafter: a MultiDrafter routes on it); None = the default
+    drafter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ class SpecEngine:
                                                                image_grid_thw=r.image_grid_thw).features
         return DraftContext(r.request_id, r.input_ids, first, r.params.temperature, r.params.seed,
                             pixel_values=r.pixel_values if "pixels" in needs else None, visual=visual,
-                            hidden=hidden, extra=extra)
+                            hidden=hidden, extra=extra, drafter=r.drafter)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Drop rows after a failure (no result, no event): free their target and drafter state if held.

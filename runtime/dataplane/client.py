@@ -16,7 +16,11 @@ engine's plain step: gamma = 0), so the output does not change. ``fallbacks`` sa
 Time split (``stats``, per request; the caller pops it): every Proposal says how long the drafter queued the request
 (``idle``: it was still drafting ahead, or busy with other sessions) and drafted it (``draft``); the rest of the
 round trip is ``transfer`` (encode, gRPC, decode, both ways). ``ahead`` is drafting that overlapped verification;
-``spec_used`` / ``spec_dropped`` count pre-drafted blocks; ``bytes_out`` / ``bytes_in`` are serialized frame bytes.
+``spec_used`` / ``spec_dropped`` count pre-drafted blocks; ``bytes_out`` / ``bytes_in`` are serialized frame bytes;
+``drafter`` names the drafter that drafted the request's blocks, as the replica reported it ("" before any).
+
+A request's drafter choice (``DraftContext.drafter``, from ``GenerationRequest.drafter``) goes in its Begin; a
+replica that does not serve that name (``DrafterInfo.drafters``) is not asked, and the request decodes alone.
 
 Threads: ``attach`` may be called from any thread (it blocks up to ``connect_timeout_s``); every other method is
 called by the one thread that drives the engine. Each open session has a reader thread (gRPC's sync API blocks).
@@ -239,13 +243,17 @@ class RemoteDrafter:
                 rep = self._replicas.get(address) if address is not None else None
             if rep is None or rep.error is not None:
                 continue
+            if c.drafter and rep.info.drafters and c.drafter not in rep.info.drafters:
+                self._drop(c.request_id, f"drafter {c.drafter!r} is not served by {address} (it serves "
+                                         f"{list(rep.info.drafters)})")
+                continue
             tensors = {name: t for name, t in (("pixel_values", c.pixel_values), ("visual", c.visual),
                                                ("hidden", c.hidden), *c.extra.items()) if t is not None}
             sampling = pb.SamplingParams(temperature=c.temperature)
             if c.seed is not None:
                 sampling.seed = c.seed
             begin = pb.Begin(prompt_ids=c.prompt_ids.tolist(), first_token=int(c.first_token), sampling=sampling,
-                             codec=rep.codec)
+                             codec=rep.codec, drafter=c.drafter or "")
             if self.overlap is not None:
                 begin.overlap = bool(self.overlap)
             self.stats[c.request_id] = _new_stats(rep.codec, bool(rep.info.overlap) and self.overlap is not False)
@@ -330,6 +338,8 @@ class RemoteDrafter:
         st["ahead_s"] += ps.ahead_ns / 1e9
         st["spec_used"] += int(ps.speculative)
         st["spec_dropped"] += int(ps.dropped)
+        if ps.drafter:
+            st["drafter"] = ps.drafter
         self._bytes(rid, s)
 
     def _bytes(self, rid: str, s: SessionStream) -> None:
@@ -371,8 +381,8 @@ class RemoteDrafter:
 
 
 def _new_stats(codec: str, overlap: bool) -> dict:
-    return {"codec": codec, "overlap": overlap, "proposals": 0, "draft_s": 0.0, "transfer_s": 0.0, "idle_s": 0.0,
-            "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0, "bytes_out": 0, "bytes_in": 0}
+    return {"codec": codec, "overlap": overlap, "drafter": "", "proposals": 0, "draft_s": 0.0, "transfer_s": 0.0,
+            "idle_s": 0.0, "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0, "bytes_out": 0, "bytes_in": 0}
 
 
 def _batch(ids: tuple[str, ...], rows, vocab_size: int) -> Proposal:

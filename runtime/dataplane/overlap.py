@@ -26,10 +26,18 @@ always the same; the neural drafters: up to floating-point differences in how th
 
 Speculation is cut short as soon as the next message makes it pointless (a Verdict that already disagrees, a
 Release), one node at a time, so a miss costs at most one node's drafting on top of the sequential path.
+
+Batched across sessions. In the DrafterServer every Pipeline drafts through the replica's ``DraftBatcher``
+(``batcher.py``): its ``propose`` joins the other sessions' proposals with the same n in one drafter call, and its
+drafting ahead is the same ``extend(1)`` per node, so sessions drafting ahead at the same moment share one
+``extend`` call (a pass runs the critical-path proposals before the speculative extends). Drafting ahead stays
+one node per call on purpose: the stop check between nodes is what keeps a miss cheap, and batching happens
+across sessions rather than along one chain.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -54,10 +62,16 @@ class Block:
 
 
 class Pipeline:
-    """Drafting for one session key of a (shared) drafter; ``lock`` serializes drafter calls across sessions."""
+    """Drafting for one session key of a (shared) drafter.
 
-    def __init__(self, drafter, key: str, lock: threading.Lock, overlap: bool) -> None:
-        self.drafter, self.key, self.lock = drafter, key, lock
+    ``drafter`` is called with ``[key]`` only. The DrafterServer passes a ``batcher.DraftBatcher`` view (thread-safe:
+    the calls of all sessions are batched on its worker, the drafting ahead's ``extend`` calls included) and no
+    lock; a caller driving a plain drafter from several threads passes a ``lock`` that serializes its calls.
+    """
+
+    def __init__(self, drafter, key: str, lock: threading.Lock | None = None, overlap: bool = False) -> None:
+        self.drafter, self.key = drafter, key
+        self.lock = lock if lock is not None else contextlib.nullcontext()
         self.overlap = bool(overlap) and supports_lookahead(drafter)
         self._sent = 0  # nodes of the outstanding chain the verifier saw
         self._gamma = 0  # the gamma they answered

@@ -8,11 +8,23 @@ Each ``Session`` stream is one request's drafter session (DESIGN.md "Where state
 The server owns one drafter instance (a ``specula.drafters.Drafter``) shared by all its sessions: the protocol is
 batched over request ids, so a session is a request id in that drafter (named by the server, unique per replica,
 so two verifiers' ids never collide) and the stream's end frees it, however it ends (Release, a broken or cancelled
-stream, a bad frame). Drafter calls are serialized by a lock; batching proposals across streams is the next step.
+stream, a bad frame).
+
+Batching across sessions (``batcher.py``): one worker thread owns the drafter; every session hands it its calls
+(begin, observe, propose, the overlap's extend / observe_ahead, release) and waits, and the worker runs what is
+pending as one drafter call per kind (proposals with the same gamma: one ``propose`` over all their rows, split
+back per session). Config ``dataplane.batch_wait_ms`` (a window to gather more; default 0 = what is pending now)
+and ``dataplane.max_batch_size``. A drafter exception fails only the sessions whose rows were in that call.
 
 Overlap (``overlap.py``): with ``overlap=True`` and a drafter that can draft ahead (``drafters.protocol.Lookahead``),
 a session drafts the next block right after sending a Proposal, while the verifier verifies; a reader thread per
 stream takes the verifier's messages meanwhile, so drafting ahead stops as soon as a Verdict shows it is wasted.
+Drafting ahead goes through the batcher one node (``extend(1)``) at a time, so sessions drafting ahead at once
+share one ``extend`` call, and a stop check still comes between nodes.
+
+Several drafters (``drafters.multi.MultiDrafter``, config ``drafter.alternatives``): a session drafts with the one
+its Begin names (``Begin.drafter``; empty = the default; ``DrafterInfo.drafters`` lists them), and its pipeline
+runs on that drafter, so it overlaps when that drafter can draft ahead. Every ProposalStats names the drafter.
 
 A bad frame, a message out of protocol order or a drafter failure ends that session with an ``Error`` frame; the
 server and its other sessions go on. gRPC runs the server on its own threads, so it lives beside whatever owns the
@@ -36,11 +48,13 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import torch
 
+from specula.drafters.multi import MultiDrafter
 from specula.drafters.protocol import DraftContext, Verdict, supports_lookahead
 from specula.protos import load
 from specula.runtime.wire import DEFAULT_LIMITS, FrameEncoder, Message, Reassembler, WireError, WireLimits, pb
 from specula.runtime.wire.codecs import parse_codec
 
+from .batcher import BatchedView, DraftBatcher
 from .overlap import Block, Pipeline
 
 log = logging.getLogger(__name__)
@@ -69,11 +83,17 @@ class DrafterServer:
         max_sessions: concurrent streams; more are refused (RESOURCE_EXHAUSTED) and those requests decode alone.
         device: where decoded features go before the drafter sees them.
         overlap: draft the next block while the verifier verifies (when the drafter can); sessions may opt out.
+        name: the name a Begin may give to choose ``drafter`` (default its kind); a MultiDrafter has its own names.
+        max_batch_size: most rows in one drafter call across sessions (``batcher.DraftBatcher``).
+        batch_wait_ms: how long the drafting worker waits for more calls after the first (0 = none).
+        on_call: optional ``f(op, n_rows)`` after each drafter call (counts batches; tests, metrics).
     """
 
     def __init__(self, drafter, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
                  accept_codecs: Sequence[str] = ("fp32",), limits: WireLimits = DEFAULT_LIMITS,
-                 max_sessions: int = 64, device: str | torch.device = "cpu", overlap: bool = True) -> None:
+                 max_sessions: int = 64, device: str | torch.device = "cpu", overlap: bool = True,
+                 name: str | None = None, max_batch_size: int = 64, batch_wait_ms: float = 0.0,
+                 on_call=None) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.drafter, self.limits, self.device = drafter, limits, torch.device(device)
@@ -81,12 +101,15 @@ class DrafterServer:
         self._advertise = advertise_host
         codecs = [parse_codec(c).name for c in accept_codecs]
         spec = drafter.spec
-        self.overlap = bool(overlap) and supports_lookahead(drafter)
+        multi = isinstance(drafter, MultiDrafter)
+        self.choices = drafter.names if multi else (name or spec.kind,)  # what a Begin may name; default first
+        self._overlap = bool(overlap)  # sessions of drafters that can draft ahead do
+        self.overlap = self._overlap and supports_lookahead(drafter.drafters[drafter.default] if multi else drafter)
         self.info = pb.DrafterInfo(kind=spec.kind, structure=spec.structure, needs=sorted(spec.needs),
                                    accepted_codecs=codecs, max_message_bytes=limits.max_message_bytes,
-                                   overlap=self.overlap)
+                                   overlap=self.overlap, drafters=self.choices)
         self._accepts = frozenset(codecs) | {"raw"}
-        self._lock = threading.Lock()  # drafter calls
+        self.batcher = DraftBatcher(drafter, max_batch_size=max_batch_size, wait_ms=batch_wait_ms, on_call=on_call)
         self._ids = itertools.count()
         self._live: set[str] = set()
         self._server: grpc.Server | None = None
@@ -102,7 +125,8 @@ class DrafterServer:
         return cls(make_drafter(config), host=dp.host, port=dp.port,
                    advertise_host=dp.advertise_host or advertise_host, accept_codecs=config.drafter.accept_codecs,
                    limits=WireLimits(max_message_bytes=dp.max_message_bytes), max_sessions=dp.max_sessions,
-                   device=settings.device, overlap=config.drafter.overlap)
+                   device=settings.device, overlap=config.drafter.overlap, name=config.drafter.default_name,
+                   max_batch_size=dp.max_batch_size, batch_wait_ms=dp.batch_wait_ms)
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -118,6 +142,7 @@ class DrafterServer:
         port = server.add_insecure_port(f"{bind}:{self.port}")
         if port == 0:
             raise OSError(f"DrafterServer could not bind {bind}:{self.port}")
+        self.batcher.start()
         server.start()
         self._server, self.port = server, port
         host = self._advertise or (_own_ip() if self.host in _WILDCARD else self.host)
@@ -140,6 +165,7 @@ class DrafterServer:
         self._stopped = True
         if self._server is not None:
             self._server.stop(grace).wait()
+        self.batcher.stop()  # sessions still ending free their state inline
 
     def check_health(self) -> None:
         if self._server is None or self._stopped:
@@ -185,8 +211,10 @@ class DrafterServer:
         finally:
             self._live.discard(state.key)
             if state.begun and not state.released:
-                with self._lock:
-                    self.drafter.release([state.key])
+                try:
+                    self.batcher.release([state.key])
+                except Exception:  # a broken drafter: nothing more to do for this session
+                    log.exception("session %s: release failed", state.key)
 
     def _handle(self, s: _Session, msg: Message, arrived_ns: int, enc: FrameEncoder) -> Iterator:
         kind = msg.kind
@@ -197,12 +225,19 @@ class DrafterServer:
             if s.begun:
                 raise SessionError(pb.Error.CODE_INVALID_FRAME, "a second Begin in one session")
             s.request_id = msg.request_id
-            ctx = self._context(s.key, msg)
-            with self._lock:
-                self.drafter.begin([ctx])
-            s.begun = True
+            s.choice = msg.body.drafter or self.choices[0]
+            if s.choice not in self.choices:
+                raise SessionError(pb.Error.CODE_UNSUPPORTED, f"drafter {s.choice!r} is not served by this replica; "
+                                                              f"it serves {list(self.choices)}")
+            ctx = self._context(s.key, msg, s.choice)
+            try:
+                self.batcher.begin([ctx])
+            finally:
+                s.begun = True  # a failed begin may have left state: the session's end releases it
             wants = msg.body.overlap if msg.body.HasField("overlap") else True
-            s.pipeline = Pipeline(self.drafter, s.key, self._lock, self.overlap and wants)
+            # the session's own drafter: with several, the pipeline drafts ahead when the chosen one can
+            drafter = self.drafter.drafter_for(s.key) if isinstance(self.drafter, MultiDrafter) else self.drafter
+            s.pipeline = Pipeline(BatchedView(self.batcher, drafter), s.key, overlap=self._overlap and wants)
             return
         if kind == "error":  # the verifier gave up on this session
             s.done = True
@@ -211,20 +246,21 @@ class DrafterServer:
             raise SessionError(pb.Error.CODE_INVALID_FRAME, f"{kind} before Begin")
         if kind == "propose_request":
             queued = time.perf_counter_ns() - arrived_ns
-            yield from enc.encode(s.request_id, *self._proposal(s.pipeline.propose(int(msg.body.gamma)), queued))
+            yield from enc.encode(s.request_id, *self._proposal(s.pipeline.propose(int(msg.body.gamma)), queued,
+                                                                s.choice))
         elif kind == "verdict":
             b = msg.body
             extra = {k: t for k, t in msg.tensors.items() if k != "hidden"}  # e.g. "last_k" / "last_v"
             s.pipeline.verdict(Verdict(s.key, tuple(int(i) for i in b.accepted), tuple(int(t) for t in b.tokens),
                                        int(b.next_token), msg.tensors.get("hidden"), extra))
         elif kind == "release":
-            with self._lock:
-                self.drafter.release([s.key])
-            s.released = s.done = True
+            s.done = True
+            self.batcher.release([s.key])
+            s.released = True
         else:
             raise SessionError(pb.Error.CODE_INVALID_FRAME, f"a {kind} is not sent to a drafter")
 
-    def _context(self, key: str, msg: Message) -> DraftContext:
+    def _context(self, key: str, msg: Message, choice: str) -> DraftContext:
         b = msg.body
         if b.codec and b.codec not in self._accepts:
             raise SessionError(pb.Error.CODE_UNSUPPORTED, f"codec {b.codec!r} is not one this drafter accepts "
@@ -235,12 +271,12 @@ class DrafterServer:
         fields = {name: t.pop(name, None) for name in _BEGIN_FIELDS}
         seed = int(b.sampling.seed) if b.sampling.HasField("seed") else None
         return DraftContext(key, torch.tensor(list(b.prompt_ids), dtype=torch.long), int(b.first_token),
-                            float(b.sampling.temperature), seed, extra=t, **fields)
+                            float(b.sampling.temperature), seed, extra=t, drafter=choice, **fields)
 
     @staticmethod
-    def _proposal(block: Block, queued_ns: int) -> tuple:
+    def _proposal(block: Block, queued_ns: int, drafter: str) -> tuple:
         stats = pb.ProposalStats(speculative=block.speculative, dropped=block.dropped, queued_ns=max(queued_ns, 0),
-                                 draft_ns=block.draft_ns, ahead_ns=block.ahead_ns)
+                                 draft_ns=block.draft_ns, ahead_ns=block.ahead_ns, drafter=drafter)
         tensors = {}
         if block.q is not None and block.tokens:
             tensors["q"] = block.q.float().contiguous()  # [N, V] fp32
@@ -296,10 +332,10 @@ class _Inbox:
 
 
 class _Session:
-    __slots__ = ("key", "request_id", "begun", "released", "done", "pipeline")
+    __slots__ = ("key", "request_id", "begun", "released", "done", "pipeline", "choice")
 
     def __init__(self, key: str) -> None:
-        self.key, self.request_id = key, ""
+        self.key, self.request_id, self.choice = key, "", ""
         self.begun = self.released = self.done = False
         self.pipeline: Pipeline | None = None
 

@@ -50,10 +50,24 @@ def target_facts(config: SpeculaConfig) -> dict:
 
 def make_drafter(config: SpeculaConfig):
     """The drafter of ``config.drafter``; options it leaves out that its class takes by name (``vocab_size``,
-    ``image_token_id``, ``device``) come from the target and the DrafterEnsemble's device."""
+    ``image_token_id``, ``device``) come from the target and the DrafterEnsemble's device. With
+    ``drafter.alternatives`` a ``MultiDrafter`` over all of them (the default under ``drafter.default_name``), so
+    each request drafts with the one it names."""
+    d = config.drafter
+    default = _one_drafter(config, d.kind, d.options)
+    if not d.alternatives:
+        return default
+    from specula.drafters.multi import MultiDrafter
+
+    subs = {d.default_name: default}
+    subs.update({name: _one_drafter(config, a.kind, a.options) for name, a in d.alternatives.items()})
+    return MultiDrafter(subs, default=d.default_name)
+
+
+def _one_drafter(config: SpeculaConfig, kind: str, options: dict):
     from specula.drafters import create, registry
 
-    kind, opts = config.drafter.kind, dict(config.drafter.options)
+    opts = dict(options)
     registry.kinds()  # registers the built-in drafters
     cls = registry._REGISTRY.get(kind)  # noqa: SLF001 (no public lookup yet; see the session report)
     if cls is not None:

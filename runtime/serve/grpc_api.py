@@ -21,7 +21,8 @@ Ray Serve Ingress replica and in one process (tests, ``local_run``)::
                "metrics", "drafter"]}; leaving it early (``aclose``) cancels the request and frees its KV cache
     admission  the replica's Admission, shared with HTTP: ``Overloaded`` -> RESOURCE_EXHAUSTED
 
-Status codes (also in the .proto): INVALID_ARGUMENT for a bad field (named in the message), NOT_FOUND for an
+Status codes (also in the .proto): INVALID_ARGUMENT for a bad field (named in the message) or bytes that are not
+the request message (``DecodeGuard``), NOT_FOUND for an
 unknown model, UNAUTHENTICATED without a valid bearer token (``AuthInterceptor``: every method, health checks
 open when ``auth.open_health``), RESOURCE_EXHAUSTED under backpressure, DEADLINE_EXCEEDED when the client's
 deadline or ``limits.request_timeout_s`` passes, CANCELLED when the client leaves; INTERNAL when the target fails.
@@ -74,7 +75,8 @@ class PublicApiServicer(api.pb2_grpc.SpeculaServicer):
     """``specula.api.v1.Specula`` over an IngressEngine, a ``run`` callable and an Admission.
 
     Args:
-        engine: the ingress's IngressEngine (its ``model_name`` and ``drafter_kind`` are what ListModels reports).
+        engine: the ingress's IngressEngine (its ``model_name``, ``drafter_kind`` and ``drafters`` are what
+            ListModels reports).
         run: GenerationRequest -> async iterator of verifier chunks (vision encode + verifier stream).
         admission: the replica's Admission (shared with HTTP).
         limits: the config's LimitsConfig (max_tokens, max_images, request_timeout_s).
@@ -114,7 +116,7 @@ class PublicApiServicer(api.pb2_grpc.SpeculaServicer):
         self._count("ListModels", grpc.StatusCode.OK)
         return api.pb2.ListModelsResponse(models=[api.pb2.Model(
             id=self.engine.model_name, drafter=self.engine.drafter_kind or "", gamma=self.gamma,
-            max_tokens=self.limits.max_tokens, max_images=self.limits.max_images)])
+            max_tokens=self.limits.max_tokens, max_images=self.limits.max_images, drafters=self.engine.drafters)])
 
     # ------------------------------------------------------------------------------------------- one request
 
@@ -174,6 +176,8 @@ class PublicApiServicer(api.pb2_grpc.SpeculaServicer):
             raise RequestError(f"images: {len(request.images)} images > max_images={self.limits.max_images}",
                                "images")
         body: dict = {"prompt": request.prompt, "images": [base64.b64encode(b).decode() for b in request.images]}
+        if request.drafter:  # checked above; the request carries it to the drafter replica
+            body["drafter"] = request.drafter
         for name in ("temperature", "seed", "max_tokens"):
             if request.HasField(name):
                 body[name] = getattr(request, name)
@@ -253,7 +257,8 @@ class _Stats:
 def _metrics(m: dict):
     return api.pb2.Metrics(blocks=m.get("blocks", 0), draft_tokens=m.get("draft_tokens", 0),
                            accepted_tokens=m.get("accepted_tokens", 0), emitted=m.get("emitted", 0),
-                           tau=m.get("tau", 0.0), alpha=m.get("alpha", []), time_s=m.get("time_s", {}))
+                           tau=m.get("tau", 0.0), alpha=m.get("alpha", []), time_s=m.get("time_s", {}),
+                           drafter=m.get("drafter") or "")
 
 
 def _deadline(context, request_timeout_s: float | None) -> float | None:
@@ -304,6 +309,41 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if isinstance(header, bytes):
             header = header.decode(errors="replace")
         return handler if authorized(header, self.keys) else _refuse(handler)
+
+
+class _Undecodable:
+    """Request bytes that are not the method's message; the guarded handler answers INVALID_ARGUMENT."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    """A request to the API whose bytes do not parse as the method's message (truncated, corrupt, bad UTF-8 in a
+    string) gets INVALID_ARGUMENT naming the parse error; grpc alone answers UNKNOWN, as for a server fault."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming or not details.method.startswith(f"/{SERVICE}/"):
+            return handler
+        parse, behaviour = handler.request_deserializer, handler.unary_unary or handler.unary_stream
+
+        def deserialize(raw: bytes):
+            try:
+                return parse(raw)
+            except Exception as e:  # noqa: BLE001 - DecodeError and friends: the client's bytes
+                return _Undecodable(f"{type(e).__name__}: {e}")
+
+        async def guarded(request, context):
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"request: not a valid {details.method.rsplit('/', 1)[-1]} request message: "
+                                    f"{request.error}"[:2000])
+            return await behaviour(request, context)  # the API's handlers are coroutines (streams: context.write)
+
+        make = grpc.unary_stream_rpc_method_handler if handler.response_streaming else \
+            grpc.unary_unary_rpc_method_handler
+        return make(guarded, request_deserializer=deserialize, response_serializer=handler.response_serializer)
 
 
 def _refuse(handler) -> grpc.RpcMethodHandler:
@@ -381,7 +421,7 @@ def create_grpc_server(config, servicer: PublicApiServicer) -> GrpcServer:
 
     g = config.grpc
     server = grpc.aio.server(
-        interceptors=[AuthInterceptor(config.auth.keys(), config.auth.open_health)],
+        interceptors=[AuthInterceptor(config.auth.keys(), config.auth.open_health), DecodeGuard()],
         options=[("grpc.max_receive_message_length", g.max_message_bytes),
                  ("grpc.max_send_message_length", g.max_message_bytes)])
     api.pb2_grpc.add_SpeculaServicer_to_server(servicer, server)

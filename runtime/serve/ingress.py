@@ -6,7 +6,7 @@ The OpenAI routes translate their bodies in openai_api.py and prepare through th
 Request body (JSON; unknown keys are a 400)::
 
     {"prompt": "What colour is the circle?", "images": ["<base64 PNG>"], "max_tokens": 64,
-     "temperature": 0.0, "seed": 0, "stream": false}
+     "temperature": 0.0, "seed": 0, "stream": false, "drafter": "ngram"}
 
 Images go where the prompt says ``<image>``, else in front of it. Response (``stream: false``)::
 
@@ -47,6 +47,8 @@ class GenerateBody(BaseModel):
     temperature: float = Field(0.0, ge=0, le=100, description="0 = greedy; > 0 samples.")
     seed: int | None = Field(None, ge=0, lt=2**63, description="Seeds the request's sampler.")
     stream: bool = Field(False, description="NDJSON records as tokens are accepted, instead of one JSON object.")
+    drafter: str | None = Field(None, description="The drafter to speculate with, by name (config drafter.kind / "
+                                                  "drafter.name or a drafter.alternatives key); null = the default.")
 
 
 class IngressEngine:
@@ -55,12 +57,16 @@ class IngressEngine:
     Every front door (POST /generate, the OpenAI routes in openai_api.py, the gRPC API) builds its
     ``GenerationRequest`` through ``prepare_chat`` / ``prepare_text``, so limits, the chat template and image
     handling are the same whichever door a request comes through. ``model_name`` is the id the OpenAI routes and
-    gRPC ListModels report; ``drafter_kind`` the drafter this deployment runs (``check_drafter``).
+    gRPC ListModels report; ``drafter_kind`` the name of the default drafter (None: no drafting, gamma 0) and
+    ``drafters`` every name a request may choose, the default first (``check_drafter``; default: just
+    ``drafter_kind``).
     """
 
-    def __init__(self, processor, limits, model_name: str = "target", drafter_kind: str | None = None) -> None:
+    def __init__(self, processor, limits, model_name: str = "target", drafter_kind: str | None = None,
+                 drafters: tuple[str, ...] | None = None) -> None:
         self.processor, self.limits = processor, limits
         self.model_name, self.drafter_kind = model_name, drafter_kind
+        self.drafters = tuple(drafters) if drafters is not None else ((drafter_kind,) if drafter_kind else ())
         self.tokenizer = processor.tokenizer
         self.image_token = getattr(processor, "image_token", "<image>")
         self.images = ImageLoader(limits)
@@ -70,9 +76,10 @@ class IngressEngine:
         from specula.runtime.serve.factory import load_processor_for, set_threads
 
         set_threads(config.deployments.ingress)
-        drafter = config.drafter.kind if config.drafter.gamma > 0 else None
+        on = config.drafter.gamma > 0
         return cls(load_processor_for(config), config.limits, model_name=served_model_name(config),
-                   drafter_kind=drafter)
+                   drafter_kind=config.drafter.default_name if on else None,
+                   drafters=config.drafter.names() if on else ())
 
     # ------------------------------------------------------------------------------------------- requests
 
@@ -88,6 +95,7 @@ class IngressEngine:
                 f"{'unknown key' if x['type'] == 'extra_forbidden' else x['msg']}" for x in e.errors()),
                 _loc(err["loc"]) or None) from None
         self.check_max_tokens(body.max_tokens)
+        self.check_drafter(body.drafter)
         if len(body.images) > self.limits.max_images:
             raise RequestError(f"{len(body.images)} images > max_images={self.limits.max_images}", "images")
         return body
@@ -99,9 +107,16 @@ class IngressEngine:
                 raise RequestError(f"request body of {len(raw)} bytes > max_request_bytes="
                                    f"{self.limits.max_request_bytes}", status=413)
             try:
-                raw = json.loads(raw)
+                data = json.loads(raw)
             except (ValueError, UnicodeDecodeError) as e:
                 raise RequestError(f"body is not JSON: {e}") from None
+            except RecursionError:
+                raise RequestError("body nests arrays or objects too deeply") from None
+            where = _lone_surrogate(data)  # JSON may spell one ("\\ud800"); UTF-8 and the tokenizer cannot
+            if where is not None:
+                raise RequestError(f"{where}: holds a lone UTF-16 surrogate, which is not text",
+                                   where if where != "body" else None)
+            raw = data
         if not isinstance(raw, dict):
             raise RequestError("body must be a JSON object")
         return raw
@@ -123,12 +138,14 @@ class IngressEngine:
                 if text:
                     content.append({"type": "text", "text": text})
         params = SamplingParams(temperature=body.temperature, seed=body.seed, max_tokens=body.max_tokens)
-        return self.prepare_chat([{"role": "user", "content": content}], images, params, request_id, "prompt")
+        return self.prepare_chat([{"role": "user", "content": content}], images, params, request_id, "prompt",
+                                 drafter=self.check_drafter(body.drafter))
 
     def prepare_chat(self, messages: list[dict], images: list, params: SamplingParams, request_id: str,
-                     where: str = "messages") -> GenerationRequest:
+                     where: str = "messages", drafter: str | None = None) -> GenerationRequest:
         """Messages in the processor's chat format (``{"role", "content": str | [{"type": "text", "text"} |
-        {"type": "image"}]}``, one ``image`` part per entry of ``images``, in order) -> the request."""
+        {"type": "image"}]}``, one ``image`` part per entry of ``images``, in order) -> the request.
+        ``drafter``: the request's drafter choice, as ``check_drafter`` returned it."""
         if len(images) > self.limits.max_images:
             raise RequestError(f"{len(images)} images > max_images={self.limits.max_images}", where)
         self.check_max_tokens(params.max_tokens)
@@ -139,12 +156,13 @@ class IngressEngine:
             enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
         ids = enc["input_ids"][0]  # [L] int64
         self.check_prompt_tokens(ids.numel(), where)
-        return GenerationRequest(request_id, ids, enc.get("pixel_values"), params, enc.get("image_grid_thw"))
+        return GenerationRequest(request_id, ids, enc.get("pixel_values"), params, enc.get("image_grid_thw"),
+                                 drafter=drafter)
 
     def prepare_text(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                     where: str = "prompt") -> GenerationRequest:
+                     where: str = "prompt", drafter: str | None = None) -> GenerationRequest:
         """A raw text prompt (no chat template; the tokenizer's BOS in front, as the model saw in training) or
-        exact token ids -> the request. Text only: the image token is refused."""
+        exact token ids -> the request. Text only: the image token is refused. ``drafter`` as for prepare_chat."""
         import torch
 
         self.check_max_tokens(params.max_tokens)
@@ -166,7 +184,7 @@ class IngressEngine:
         if not ids:
             raise RequestError(f"{where}: empty prompt", where)
         self.check_prompt_tokens(len(ids), where)
-        return GenerationRequest(request_id, torch.tensor(ids, dtype=torch.long), None, params)
+        return GenerationRequest(request_id, torch.tensor(ids, dtype=torch.long), None, params, drafter=drafter)
 
     def check_max_tokens(self, n: int, where: str = "max_tokens") -> None:
         if n > self.limits.max_tokens:
@@ -177,14 +195,19 @@ class IngressEngine:
             raise RequestError(f"prompt of {n} tokens > max_prompt_tokens={self.limits.max_prompt_tokens}",
                                where, code="context_length_exceeded")
 
-    def check_drafter(self, kind: str | None, where: str = "drafter") -> None:
-        """A request's drafter choice: this deployment runs one drafter (``drafter.kind``), or none with gamma 0;
-        the verifier cannot switch per request, so another choice is refused rather than silently ignored."""
-        if kind is None or kind == self.drafter_kind or (kind == "none" and self.drafter_kind is None):
-            return
-        have = self.drafter_kind or "none (gamma 0)"
-        raise RequestError(f"{where}: {kind!r} is not served here; this deployment drafts with {have} and the "
-                           "drafter cannot be chosen per request", where)
+    def check_drafter(self, name: str | None, where: str = "drafter") -> str | None:
+        """A request's drafter choice -> what the request carries (``GenerationRequest.drafter``; None = the
+        default). One of ``drafters`` (config ``drafter.names()``), or none; with gamma 0 only "none". Anything
+        else is refused (400 / INVALID_ARGUMENT naming ``where`` and listing the choices), never ignored."""
+        if name is None or name in self.drafters:
+            return name
+        if not self.drafters:
+            if name == "none":
+                return None
+            raise RequestError(f"{where}: {name!r} is not served here; this deployment does not speculate "
+                               "(gamma 0): give 'none' or leave it out", where)
+        raise RequestError(f"{where}: {name!r} is not served here; choose one of {list(self.drafters)} (default "
+                           f"{self.drafters[0]!r}) or leave it out", where)
 
     # ------------------------------------------------------------------------------------------- responses
 
@@ -297,6 +320,24 @@ class Response:
         delta = text[len(self.text):]
         self.text = text
         return delta
+
+
+def _lone_surrogate(data) -> str | None:
+    """Where in parsed JSON a string (or key) holds an unpaired surrogate, or None; iterative: any depth."""
+    todo = [(data, "")]
+    while todo:
+        value, where = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                todo += [(k, where or "body"), (v, f"{where}.{k}" if where else str(k))]
+        elif isinstance(value, list):
+            todo += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return None
 
 
 def _loc(loc) -> str:

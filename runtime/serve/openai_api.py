@@ -18,8 +18,8 @@ What is accepted (``POST /v1/chat/completions``; ``/v1/completions`` takes ``pro
 - sampling: ``temperature`` (default 1.0, as OpenAI's), ``top_p``, ``seed``, ``max_tokens`` /
   ``max_completion_tokens`` (chat default: ``limits.max_tokens``; completions default 16, as OpenAI's),
   ``stop`` (string or list), ``n`` (1 only); extensions (vLLM's names; ``extra_body`` in the openai client):
-  ``top_k`` (0 or -1 = off), ``min_p``, ``drafter`` (must be the deployment's drafter kind, see
-  ``IngressEngine.check_drafter``).
+  ``top_k`` (0 or -1 = off), ``min_p``, ``drafter`` (the drafter to speculate with, by name: one of the
+  deployment's, listed by ``GET /v1/models`` as ``drafters``; see ``IngressEngine.check_drafter``).
 - ``stream`` with ``stream_options.include_usage``.
 - accepted and ignored because they cannot change the output here: ``user``, ``metadata``, ``store``,
   ``service_tier``, ``parallel_tool_calls``, ``safety_identifier``, ``prompt_cache_key``.
@@ -33,7 +33,8 @@ Statuses: 400 not JSON / unknown or unsupported field / bad image / over a limit
 out of range; 404 unknown ``model`` (code ``model_not_found``); 413 body over ``max_request_bytes``.
 
 Every answer carries an extension field ``specula``: ``{"finish_reason": "eos" | "stop" | "length",
-"metrics": {tau, alpha, draft_tokens, accepted_tokens, time_s, ...}, "drafter": "ok" | "off" | "fallback: ..."}``
+"metrics": {tau, alpha, draft_tokens, accepted_tokens, time_s, drafter (the name of the one that drafted), ...},
+"drafter": "ok" | "off" | "fallback: ..."}``
 (streamed: in the chunk with ``finish_reason``). A streamed answer's deltas concatenate to exactly the content of
 the same request unstreamed (same seed): both come from the same ``Detokenizer``.
 """
@@ -90,7 +91,8 @@ class _Common(_Strict):
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
     user: str | None = Field(None, description="Accepted, no effect.")
-    drafter: str | None = Field(None, description="Extension: the drafter kind; must be the deployment's.")
+    drafter: str | None = Field(None, description="Extension: the drafter to speculate with, by name (GET /v1/models "
+                                                  "lists them as `drafters`); null = the deployment's default.")
 
 
 class ChatBody(_Common):
@@ -163,6 +165,7 @@ class Plan:
     messages: list = field(default_factory=list)  # chat: the processor's format, one {"type": "image"} per image
     images: tuple[tuple[str, str], ...] = ()  # chat: (url, the field it came from), in order
     prompt: str | list[int] | None = None  # completions
+    drafter: str | None = None  # the request's drafter choice (None = the default)
 
 
 # ----------------------------------------------------------------------------------------------- requests
@@ -183,7 +186,8 @@ class OpenAIApi:
         return self._model()
 
     def _model(self) -> dict:
-        return {"id": self.engine.model_name, "object": "model", "created": self.created, "owned_by": "specula"}
+        return {"id": self.engine.model_name, "object": "model", "created": self.created, "owned_by": "specula",
+                "drafters": list(self.engine.drafters)}  # extension: what a request's `drafter` may name
 
     def check_model(self, model_id: str | None) -> None:
         if model_id is not None and model_id != self.engine.model_name:
@@ -203,7 +207,7 @@ class OpenAIApi:
             if rule is not None and not rule[0](getattr(body, name)):
                 raise RequestError(f"{name}: {rule[1]}", name)
         self.check_model(body.model)
-        self.engine.check_drafter(body.drafter)
+        drafter = self.engine.check_drafter(body.drafter)
         params = self._params(body, kind)
         stream = bool(body.stream)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -211,15 +215,15 @@ class OpenAIApi:
             raise RequestError("stream_options: only allowed with stream: true", "stream_options")
         if kind == "chat":
             messages, images = self._messages(body.messages)
-            return Plan(kind, params, stream, include_usage, messages, images)
-        return Plan(kind, params, stream, include_usage, prompt=self._prompt(body.prompt))
+            return Plan(kind, params, stream, include_usage, messages, images, drafter=drafter)
+        return Plan(kind, params, stream, include_usage, prompt=self._prompt(body.prompt), drafter=drafter)
 
     def prepare(self, plan: Plan, request_id: str) -> GenerationRequest:
         """Images + template + tokens (blocking: decode and tokenize; run off the event loop)."""
         if plan.kind == "completions":
-            return self.engine.prepare_text(plan.prompt, plan.params, request_id)
+            return self.engine.prepare_text(plan.prompt, plan.params, request_id, drafter=plan.drafter)
         images = [self.engine.images.from_url(url, where) for url, where in plan.images]
-        return self.engine.prepare_chat(plan.messages, images, plan.params, request_id)
+        return self.engine.prepare_chat(plan.messages, images, plan.params, request_id, drafter=plan.drafter)
 
     def shaper(self, plan: Plan, request: GenerationRequest) -> Shaper:
         return Shaper(plan.kind, self.engine.model_name, request.request_id, int(request.input_ids.numel()),
@@ -259,7 +263,7 @@ class OpenAIApi:
             role = m.get("role")
             if role == "tool" or role == "function":
                 raise RequestError(f"{where}.role: {role!r} messages are not supported (no tools)", f"{where}.role")
-            if role not in _ROLES:
+            if not isinstance(role, str) or role not in _ROLES:
                 raise RequestError(f"{where}.role: must be one of {sorted(_ROLES)}, got {role!r}", f"{where}.role")
             for key, value in m.items():
                 if key in ("role", "content", "name"):
@@ -316,15 +320,15 @@ class OpenAIApi:
         return out, tuple(images)
 
     @staticmethod
-    def _prompt(prompt) -> str | list[int]:
+    def _prompt(prompt, nested: bool = False) -> str | list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestError("prompt: empty", "prompt")
             return prompt
         if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
-        if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            return OpenAIApi._prompt(prompt[0])
+        if len(prompt) == 1 and isinstance(prompt[0], (str, list)) and not nested:  # a batch of one: one level
+            return OpenAIApi._prompt(prompt[0], nested=True)
         raise RequestError("prompt: one prompt per request (a string, or a list of token ids)", "prompt")
 
 

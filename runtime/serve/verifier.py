@@ -14,7 +14,8 @@ steps (continuous batching), so a request's KV cache never leaves this engine::
 The last chunk also carries "dataplane": the request's time split seen from here (``verify_s``: target verify,
 sample and commit; ``draft_s`` / ``idle_s`` / ``transfer_s``: waiting for proposals, split by what the drafter
 reported, ``runtime/dataplane/client.py``), ``ahead_s`` (drafting that overlapped verification), the pre-drafted
-blocks used and dropped (``spec_used`` / ``spec_dropped``), wire bytes and the codec; None without a session.
+blocks used and dropped (``spec_used`` / ``spec_dropped``), wire bytes, the codec and the drafter that drafted;
+None without a session. Its "metrics" name that drafter too (``metrics["drafter"]``, "" when none drafted).
 
 If the drafter is unreachable, slow or broken the request decodes alone (the plain step), output unchanged, and its
 last chunk says why under "drafter". If the target fails, every request in the failed step gets ``VerifierError``
@@ -256,6 +257,8 @@ class VerifierEngine:
                 chunk["metrics"] = result.metrics.to_dict() if result is not None else None
                 chunk["drafter"] = self._drafter_status(ev.request_id)
                 chunk["dataplane"] = self._dataplane(ev.request_id, result)
+                if chunk["metrics"] is not None:  # which drafter drafted (the request's choice): "" = none did
+                    chunk["metrics"]["drafter"] = (chunk["dataplane"] or {}).get("drafter", "")
                 sink = self._sinks.pop(ev.request_id, None)
                 with self._ids_lock:
                     self._ids.discard(ev.request_id)

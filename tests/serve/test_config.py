@@ -99,5 +99,6 @@ def test_serve_cli_arguments():
     add_serve_arguments(p)
     a = p.parse_args(["--config", "c.yaml", "--port", "9000", "--num-cpus", "2"])
     assert (a.config, a.port, a.num_cpus, a.address, a.host) == ("c.yaml", 9000, 2, None, None)
+    assert p.parse_args([]).config is None  # no config: the shipped default
     with pytest.raises(SystemExit):
-        p.parse_args([])
+        p.parse_args(["--port", "not-a-port"])
