@@ -18,7 +18,8 @@ Cache (one ``targets.kv.BatchedKV`` over a one-layer ``DynamicCache``, keys post
   columns explicitly), as ``eagle``'s.
 - ``observe``: the verdict's target K/V at the pending token and the accepted drafts (``Verdict.extra``, [H_kv,
   1 + k, D]) are appended as valid slots, so the context is always exactly the target's cache of the committed
-  sequence (images compressed); ``next_token`` becomes pending. ``BatchedKV.maybe_compact`` drops the holes.
+  sequence (images compressed); ``next_token`` becomes pending. ``BatchedKV.maybe_compact`` drops the holes,
+  whether or not proposals are outstanding: a draft's columns are dead once its chain is drawn.
 
 ``spec.needs`` = {"last_kv"}. Chains only (``structure="tree"`` is refused), as in the paper. Positions are sequence
 indices: exact for LLaVA; a Qwen2.5-VL target (mrope, compressed image positions) would see its text keys at
@@ -225,8 +226,9 @@ class AasdDrafter:
                 row.pending, row.next_pos, row.draft = int(v.next_token), row.next_pos + n, None
             self._kv.cache.update(kk, vv, 0)
             self._kv.extend_valid(valid)
-        if all(r.draft is None for r in self._rows.values()):
-            self._kv.maybe_compact()  # moves columns: only with no proposal outstanding
+        # moves columns, proposals outstanding or not: no state keeps a draft column once its proposal is drawn
+        # (waiting for a moment with none outstanding let the cache grow without bound under concurrent sessions)
+        self._kv.maybe_compact()
 
     def release(self, request_ids: Sequence[str]) -> None:
         drop = {r for r in request_ids if r in self._rows}
@@ -236,8 +238,7 @@ class AasdDrafter:
         self._kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
         for rid in drop:
             del self._rows[rid]
-        if self._rows and all(r.draft is None for r in self._rows.values()):
-            self._kv.maybe_compact()
+        self._kv.maybe_compact()
 
     # ------------------------------------------------------------------------------------------------ internals
 

@@ -39,7 +39,10 @@ Cache (one ``targets.kv.BatchedKV`` for all live rows, keys post-RoPE, positions
 - ``observe`` appends the verdict's pairs (h at the pending token and at each accepted draft, paired with the
   accepted tokens then ``next_token``) to the tail: the draft's columns, fed with predicted h^, stay invalid
   holes, so the cache always equals the committed sequence with the target's own features (what EAGLE does).
-  ``BatchedKV.maybe_compact`` reclaims holes when no proposal is outstanding.
+  ``BatchedKV.reclaim`` compacts the holes whenever they pile up, proposals outstanding or not (with sessions
+  drafting ahead some proposal always is, and waiting for none let the cache grow without bound): a proposal's
+  columns are dead once it is drawn, except a chain's that ``extend`` still attends to, which are pinned
+  through the compaction and renumbered (``_reclaim``).
 - Lookahead (chains only, ``drafters/protocol.py``): a chain remembers its fed nodes' columns and the head output
   its last node was drawn from; ``extend`` feeds the pair (that output, the last node) and draws on, each query
   seeing the row's valid slots and the chain's columns. ``observe_ahead`` appends the verdict's pairs (the target's
@@ -226,7 +229,7 @@ class EagleDrafter:
             r.draft = (t[:n], p[:n])
             # a chain drawn to full length: node i (i < n - 1) was fed at column draft_start + i
             r.ahead = _Ahead(list(range(draft_start, draft_start + n - 1)), last_out[b, 0]) \
-                if chain and n == depth else None
+                if self.lookahead and chain and n == depth else None
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
@@ -256,8 +259,7 @@ class EagleDrafter:
             row.draft, row.root, row.ahead = None, None, None
             row.tail_h = torch.cat([row.tail_h, v.hidden.to(self.device, self.dtype)])  # [T + 1 + k, H]
             row.tail_x += [int(t) for t in v.tokens] + [int(v.next_token)]
-        if all(r.draft is None for r in self._rows.values()):
-            self._kv.maybe_compact()  # moves columns: only with no proposal outstanding
+        self._reclaim()
 
     @torch.no_grad()
     def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
@@ -342,8 +344,6 @@ class EagleDrafter:
                 raise ValueError(f"{self.KIND}.observe_ahead: {v.request_id!r} needs hidden [1 + {k}, {H}], "
                                  f"got {got}")
             (plain if len(toks) == k + 1 or row.ahead is None else keep).append(v)  # nothing past the guess
-        if plain:
-            self.observe(plain)  # no compaction while ``keep`` rows hold proposals
         for v in keep:
             row, k = self._rows[v.request_id], len(v.accepted)
             toks = row.draft[0]
@@ -353,6 +353,10 @@ class EagleDrafter:
             rest = len(toks) - k - 1
             row.draft = (toks[k + 1:], list(range(-1, rest - 1)))
             row.ahead.cols = row.ahead.cols[k + 1:]
+        if plain:
+            self.observe(plain)  # after ``keep``'s chains dropped their accepted nodes: fewer pinned columns
+        else:
+            self._reclaim()
 
     def release(self, request_ids: Sequence[str]) -> None:
         drop = {r for r in request_ids if r in self._rows}
@@ -362,8 +366,7 @@ class EagleDrafter:
         self._kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
         for rid in drop:
             del self._rows[rid]
-        if all(r.draft is None for r in self._rows.values()):
-            self._kv.maybe_compact()
+        self._reclaim()
 
     @torch.no_grad()
     def root_logits(self, request_ids: Sequence[str]) -> torch.Tensor:
@@ -394,6 +397,17 @@ class EagleDrafter:
         """nxt [B, T] int64, hid [B, T, H], pos [B, T], allowed [B, 1, T, S + T] bool -> head output [B, T, H]."""
         mask = attention_mask(allowed.to(self.device), self._attn, self.dtype)
         return self.head(nxt.to(self.device), hid, pos.to(self.device), mask, cache, **extra)
+
+    def _reclaim(self) -> None:
+        """``BatchedKV.reclaim``, pinning the fed columns of the chains ``extend`` can still grow (invalid slots,
+        fed with predicted h^, that the chain's next node attends to) and renumbering them. Every other draft
+        column is dead once its proposal is drawn (``observe`` feeds the target's own h instead)."""
+        ahead = {b: r.ahead for b, r in enumerate(self._rows.values()) if r.ahead is not None}  # by cache row
+        moved = self._kv.reclaim({b: a.cols for b, a in ahead.items()})  # [B, S_old] int64 (CPU) or None
+        if moved is None:
+            return
+        for b, a in ahead.items():
+            a.cols = [int(moved[b, c]) for c in a.cols]
 
     def _feed_tails(self, rows: list[_Row], where: list[int]) -> None:
         """Feed ``rows``' tails (cache rows ``where``; others ride along with an invalid slot); sets their root."""

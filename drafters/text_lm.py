@@ -28,8 +28,9 @@ KV cache (one ``targets.kv.BatchedKV`` over all live rows, keys stored post-RoPE
   other column of the proposal is marked invalid; the unfed rest of the path (the last-level node when a whole
   branch is accepted) and the next token become the new tail. So after ``observe`` the cache holds exactly the
   committed sequence minus the tail, which the next ``propose`` feeds first.
-- Holes left by rejected drafts cost attention work only; ``BatchedKV.maybe_compact`` reclaims them when no
-  proposal is outstanding (it moves columns).
+- Holes left by rejected drafts cost attention work only; ``BatchedKV.reclaim`` compacts them (``_reclaim``:
+  it moves columns, so outstanding proposals' fed columns are renumbered; waiting for a moment with no proposal
+  outstanding never comes when sessions draft ahead, and the cache then grows without bound).
 - Lookahead (chains only, ``drafters/protocol.py``): ``extend`` feeds the chain's last (unfed) node at its
   position, draws the next node from the logits, and so on; a row's fed draft columns are valid in its own row and
   all of them are ancestors of a chain's new node, so its mask is simply the row's valid slots. ``observe_ahead``
@@ -276,8 +277,7 @@ class TextLMDrafter:
             # the tail is empty after a propose; without one (a plain step) the new tokens queue behind it
             row.tail += [int(t) for t in v.tokens[len(kept):]] + [int(v.next_token)]
             row.context += [int(t) for t in v.tokens] + [int(v.next_token)]
-        if all(r.draft is None for r in self._rows.values()):
-            self._kv.maybe_compact()  # moves columns: only with no proposal outstanding
+        self._reclaim()
 
     @torch.no_grad()
     def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
@@ -332,6 +332,7 @@ class TextLMDrafter:
             row.context += d.tokens[: k + 1]
             rest = len(d.tokens) - k - 1
             row.draft = _Draft(d.tokens[k + 1:], list(range(-1, rest - 1)), d.cols[k + 1:], d.closed)
+        self._reclaim()
 
     def release(self, request_ids: Sequence[str]) -> None:
         drop = {r for r in request_ids if r in self._rows}
@@ -341,8 +342,17 @@ class TextLMDrafter:
         self._kv.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
         for rid in drop:
             del self._rows[rid]
-        if all(r.draft is None for r in self._rows.values()):
-            self._kv.maybe_compact()
+        self._reclaim()
+
+    def _reclaim(self) -> None:
+        """``BatchedKV.reclaim``: a fed draft node's column is a valid slot of its row, so compaction keeps it and
+        the outstanding drafts' columns are renumbered."""
+        moved = self._kv.reclaim()  # [B, S_old] int64 (CPU) or None
+        if moved is None:
+            return
+        for b, row in enumerate(self._rows.values()):  # insertion order == cache row order
+            if row.draft is not None:
+                row.draft.cols = [int(moved[b, c]) if c >= 0 else -1 for c in row.draft.cols]
 
     def context(self, request_id: str) -> list[int]:
         """The row's committed text-only context (prompt without image tokens + committed tokens)."""

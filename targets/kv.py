@@ -15,7 +15,8 @@ by the caller. That is what makes joining, rollback and compaction cheap:
   is gathered: ``crop_block`` only crops.
 - compaction policy: holes cost attention work and memory, not correctness. ``maybe_compact`` moves every row's
   valid slots to the front (stable, so order is kept) when the reclaimable columns ``S - max_b(valid_b)`` reach
-  ``max(policy.min_waste, policy.waste_ratio * S)``.
+  ``max(policy.min_waste, policy.waste_ratio * S)``. ``reclaim`` is the same for callers that hold column numbers
+  (drafters with outstanding drafts): it can also keep pinned invalid slots, and returns where every slot moved.
 
 Relies on ``DynamicLayer.keys`` / ``.values`` holding ``[B, H_kv, S, D]`` tensors and on ``update`` / ``crop`` /
 ``batch_select_indices`` being the only ways HF touches them (transformers 5.20-5.23); the target tests fail if
@@ -24,7 +25,7 @@ that changes. ``BatchedKV`` works with either layer class (the drafters use stoc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -248,10 +249,44 @@ class BatchedKV:
         self.compact()
         return True
 
+    def reclaim(self, pinned: Mapping[int, Sequence[int]] | None = None) -> torch.Tensor | None:
+        """``maybe_compact`` for a caller that holds column numbers (a drafter's outstanding drafts), so that it
+        never has to wait for a moment with none outstanding: with sessions drafting ahead that moment never comes.
+
+        pinned: row -> columns that must survive although they are invalid (draft nodes fed with predicted
+        features, which the row's later draft queries still attend to); they move like valid slots and stay
+        invalid. A waiting draft's valid columns need no pin. Returns None when nothing moved, else where every
+        slot went: [B, S_old] int64 on the CPU, the new column of a kept slot (compaction is stable, so that is the
+        number of kept slots before it), -1 for a dropped one; the caller renumbers its columns with it.
+        """
+        if self.valid is None:
+            return None
+        need = max(self.policy.min_waste, self.policy.waste_ratio * self.seq_len)
+        waste = self.waste()
+        if waste == 0 or waste < need:  # pins only lower the waste: decided without building them
+            return None
+        keep = self.valid  # [B, S] bool
+        if pinned:
+            keep = keep.clone()
+            for b, cols in pinned.items():
+                if len(cols):
+                    keep[b, torch.tensor(list(cols), dtype=torch.long, device=keep.device)] = True
+            waste = self.seq_len - int(keep.sum(dim=1).max())
+            if waste == 0 or waste < need:
+                return None
+        self._compact(keep)
+        keep = keep.cpu()
+        return torch.where(keep, keep.long().cumsum(1) - 1, -1)  # [B, S_old] int64
+
     def compact(self) -> None:
         """Move each row's valid slots to the front, in order, and crop to the longest row."""
-        keep_len = int(self.valid.sum(dim=1).max())
-        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :keep_len]  # [B, S'] int64
+        self._compact(self.valid)
+
+    def _compact(self, keep: torch.Tensor) -> None:
+        """Move each row's ``keep`` slots ([B, S] bool, a superset of the valid ones) to the front, in order, and
+        crop to the longest row; validity moves with the slots."""
+        keep_len = int(keep.sum(dim=1).max())
+        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :keep_len]  # [B, S'] int64
         for layer in self.cache.layers:
             layer.keys = _gather_seq(layer.keys, order)
             layer.values = _gather_seq(layer.values, order)

@@ -1,0 +1,92 @@
+"""text_lm as a DrafterServer drives it: one call per request (each session in turn), other rows' proposals still
+outstanding, chains drafted ahead (``extend`` / ``observe_ahead``). Compaction must not wait for a moment with no
+proposal outstanding (with sessions drafting ahead there is none, and the cache grew without bound): it renumbers
+the outstanding drafts' columns, and every q stays exactly a full recompute over the committed context.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specula.drafters import DraftContext, Verdict
+from specula.drafters.text_lm import TextLMDrafter
+from specula.targets.kv import KVPolicy
+
+IMAGE, VOCAB = 63, 64
+
+
+def _lm() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024)
+    lm = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # lively logits: q far from uniform, so a wrong column shows
+        for p in lm.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return lm
+
+
+def _ref_logp(lm, ids: list[int]) -> torch.Tensor:
+    """log q at temperature 1 by a full forward over ``ids`` (the text-only context): [V]."""
+    with torch.no_grad():
+        logits = lm(input_ids=torch.tensor([ids])).logits[0, -1].float()
+    logits[IMAGE] = float("-inf")
+    return torch.log_softmax(logits, -1)
+
+
+def _check(lm, d: TextLMDrafter, rid: str, prefix: list[int], tokens: list[int], q) -> None:
+    """Node i of ``tokens`` (after ``prefix``, the row's outstanding chain before them) has q[0, i] = recompute."""
+    if not tokens:
+        return
+    context = d.context(rid) + prefix
+    for i, t in enumerate(tokens):
+        ref = _ref_logp(lm, context + tokens[:i])
+        torch.testing.assert_close(q[0, i].log().clamp_min(-50), ref.clamp_min(-50), atol=1e-4, rtol=0)
+
+
+def test_compaction_with_drafts_outstanding_keeps_every_q_exact():
+    lm = _lm()
+    d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE, kv_policy=KVPolicy(min_waste=4,
+                                                                                             waste_ratio=0.0))
+    rng = random.Random(0)
+    g = torch.Generator().manual_seed(1)
+    rows = [f"r{i}" for i in range(3)]
+    d.begin([DraftContext(rid, torch.randint(0, IMAGE, (5 + 4 * i,), generator=g), first_token=rng.randrange(IMAGE),
+                          temperature=1.0, seed=i) for i, rid in enumerate(rows)])
+    shrank_with_outstanding = 0
+    longest = 0
+    for _ in range(12):
+        for rid in rows:  # each session in turn: a proposal (unless one is outstanding), then drafting ahead
+            if d._rows[rid].draft is None:  # noqa: SLF001
+                p = d.propose([rid], gamma=rng.randrange(1, 4))
+                n = p.counts[0]
+                _check(lm, d, rid, [], p.tokens[0, :n].tolist(), p.q)
+            chain = list(d._rows[rid].draft.tokens)  # noqa: SLF001
+            p = d.extend([rid], rng.randrange(0, 4))
+            n = p.counts[0]
+            _check(lm, d, rid, chain, p.tokens[0, :n].tolist(), p.q)
+        for rid in rows:  # verdicts one at a time: the others' proposals are outstanding meanwhile
+            chain = list(d._rows[rid].draft.tokens)  # noqa: SLF001
+            k = rng.randrange(0, len(chain))
+            before = d._kv.seq_len  # noqa: SLF001
+            if rng.random() < 0.5:  # accepted k nodes, the next token is node k: the rest stays outstanding
+                d.observe_ahead([Verdict(rid, tuple(range(k)), tuple(chain[:k]), chain[k])])
+            else:
+                nxt = rng.choice([t for t in range(IMAGE) if t != chain[k]])
+                d.observe([Verdict(rid, tuple(range(k)), tuple(chain[:k]), nxt)])
+            outstanding = any(r.draft is not None for r in d._rows.values())  # noqa: SLF001
+            shrank_with_outstanding += outstanding and d._kv.seq_len < before  # noqa: SLF001
+            longest = max(longest, d._kv.seq_len)  # noqa: SLF001
+            for i, r in enumerate(d._rows.values()):  # noqa: SLF001 - the valid slots: committed + fed drafts
+                fed = [c for c in (r.draft.cols if r.draft else []) if c >= 0]
+                assert int(d._kv.valid[i].sum()) == len(r.context) - len(r.tail) + len(fed)  # noqa: SLF001
+                assert all(bool(d._kv.valid[i, c]) for c in fed)  # noqa: SLF001
+    assert shrank_with_outstanding > 0
+    most = max(len(r.context) + len(r.draft.tokens if r.draft else []) for r in d._rows.values())  # noqa: SLF001
+    assert longest <= most + 3 * 8 + 4  # holes never outlive a round of calls (before: every call grew it)
+    d.release(rows)
+    assert d._kv.cache is None and not d._rows  # noqa: SLF001
