@@ -13,6 +13,9 @@ Sections (``runtime/report/sections.py``; each records its reason instead of fai
   target        T_decode and T_verify(gamma) / T_decode (``bench target``)
   wire          bytes on the wire per codec (``runtime/wire/bench.py``)
   overlap       the distributed runtime's overlap efficiency (``bench distributed``, when present)
+  reliability   only with ``--reliability`` (off by default, in both modes: it takes the suite's own time and
+                starts servers): the reliability and security suite run by pytest in a child process, each test's
+                figure ("1000/1000 malformed requests rejected, ...") and pass / fail (``report/reliability.py``)
 
 then one "reproduced / not reproduced / not measurable yet" line per seed paper's claim (``report/claims.py``),
 computed from the numbers above. ``--quick`` measures fewer prompts and points (<= 10 minutes on 2 cores with the
@@ -38,6 +41,7 @@ from specula.runtime.report import claims, sections
 from specula.runtime.report.args import SECTION_NAMES, add_arguments
 from specula.runtime.report.drafters import discover
 from specula.runtime.report.machine import machine_facts, machine_slug
+from specula.runtime.report.reliability import DEFAULT_TESTS as RELIABILITY_TESTS
 from specula.runtime.report.render import render_markdown, write_plots
 
 ALL_SUITES = ("caption", "vqa", "reasoning", "chart", "ocr", "multi_image", "video", "text")
@@ -78,6 +82,9 @@ class ReportConfig:
     codecs: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp16+lz4", "fp16+zstd", "int8+lz4", "int8+zstd")
     wire_repeats: int = 5
     skip: tuple[str, ...] = ()  # section names not to run
+    reliability: bool = False  # run the reliability suite (pytest, child process) and collect its figures
+    reliability_tests: tuple[str, ...] = RELIABILITY_TESTS  # pytest paths / node ids, relative to the checkout
+    reliability_timeout_s: float = 3600.0  # then pytest and its children are killed and the section is "failed"
     seed: int = 0
     quick: bool = False
 
@@ -107,6 +114,8 @@ def _check(cfg: ReportConfig) -> None:
         raise ValueError(f"image_counts must be in 1..5 (the world's sets), got {cfg.image_counts}")
     if any(g < 1 for g in cfg.gammas) or any(s < 1 for s in cfg.streams):
         raise ValueError("gammas and streams must be >= 1")
+    if cfg.reliability_timeout_s <= 0:
+        raise ValueError(f"reliability_timeout_s must be > 0, got {cfg.reliability_timeout_s}")
 
 
 def _guarded(name: str, fn, ctx, log) -> dict:
@@ -143,7 +152,9 @@ def ideal_speedups(r: dict) -> dict:
     return out
 
 
-def run(cfg: ReportConfig, log=print) -> dict:
+def run(cfg: ReportConfig, log=print, out: str | Path | None = None) -> dict:
+    """Measure every section; ``out`` is the report folder sections may leave files in (the reliability suite's
+    figures, junit XML and log), by default ``default_out`` of this run."""
     from specula.runtime.bench_spec import load
 
     _check(cfg)
@@ -153,14 +164,17 @@ def run(cfg: ReportConfig, log=print) -> dict:
     found = discover(list(cfg.drafters) if cfg.drafters is not None else None, target, processor.tokenizer)
     log(f"[bench report] drafters: {', '.join(a.label for a in found.available) or 'none'}; missing: "
         f"{', '.join(m['label'] for m in found.missing) or 'none'}")
-    ctx = sections.Ctx(cfg, path, processor, target, hf_model, found, [processor.tokenizer.eos_token_id])
     result = {"date": datetime.date.today().isoformat(), "slug": machine_slug(facts), "machine": facts,
               "model": str(path), "config": asdict(cfg), "drafters": found.to_json(), "sections": {}}
+    ctx = sections.Ctx(cfg, path, processor, target, hf_model, found, [processor.tokenizer.eos_token_id],
+                       workdir=Path(out) if out is not None else default_out(result))
     for name, fn in SECTIONS.items():
         if name in cfg.skip:
             result["sections"][name] = sections.not_measured("skipped (--skip)")
             continue
         result["sections"][name] = _guarded(name, fn, ctx, log)
+    if cfg.reliability:  # opt-in, so not in SECTIONS (--skip); a report without it says how to get it
+        result["sections"]["reliability"] = _guarded("reliability", sections.reliability, ctx, log)
     result["ideal"] = ideal_speedups(result)
     result["claims"] = claims.evaluate(result)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
@@ -201,15 +215,17 @@ def config_from_args(args) -> ReportConfig:
     for flag, key in (("suite", "suites"), ("skip", "skip")):
         if getattr(args, flag):
             kw[key] = tuple(getattr(args, flag))
-    for key in ("n_per_suite", "max_tokens", "gamma", "seed"):
+    for key in ("n_per_suite", "max_tokens", "gamma", "seed", "reliability_timeout_s"):
         if getattr(args, key, None) is not None:
             kw[key] = getattr(args, key)
+    if getattr(args, "reliability", False):
+        kw["reliability"] = True
     return dataclasses.replace(ReportConfig(), **kw)
 
 
 def main(args) -> int:
     cfg = config_from_args(args)
-    r = run(cfg)
+    r = run(cfg, out=args.out)
     out = write_report(r, args.out or default_out(r))
     print(f"wrote {out / 'report.md'} ({r['wall_s']:.0f} s); claims:")
     for c in r["claims"]:

@@ -4,7 +4,11 @@ and the claim rules give the verdict the numbers call for."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -236,3 +240,149 @@ def test_quick_flag_selects_the_quick_preset(model_dirs):
     cfg = config_from_args(args)
     assert cfg.quick and cfg.n_per_suite == 2 and cfg.image_counts == QUICK["image_counts"]
     assert cfg.drafters == ({"kind": "ngram"}, {"kind": "random", "peaked": 1.0})
+
+
+# ------------------------------------------------------------------------------------ reliability figures
+
+RELIABILITY_KIT = Path(__file__).parent / "reliability" / "reliability_kit.py"
+
+
+def _kit():
+    """tests/reliability/reliability_kit.py, loaded by path (that folder is not a package)."""
+    spec = importlib.util.spec_from_file_location("reliability_kit_under_test", RELIABILITY_KIT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_record_figure_prints_and_appends_one_json_line(tmp_path, monkeypatch, capsys):
+    kit = _kit()
+    monkeypatch.delenv(kit.FIGURES_ENV, raising=False)
+    kit.record_figure("test_a", "3/3 refused", refused=3)  # no file named: printed only
+    assert capsys.readouterr().out == "\n3/3 refused\n"
+    out = tmp_path / "not" / "yet" / "figures.jsonl"
+    monkeypatch.setenv(kit.FIGURES_ENV, str(out))
+    kit.record_figure("test_a", "3/3 refused", refused=3, statuses={"HTTP 400": 3})
+    kit.record_figure("test_b", "RSS +1.5 MiB", rss_growth_mib=1.5, kv=torch.tensor(7))
+    assert capsys.readouterr().out == "\n3/3 refused\n\nRSS +1.5 MiB\n"
+    lines = out.read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [
+        {"test": "test_a", "line": "3/3 refused", "numbers": {"refused": 3, "statuses": {"HTTP 400": 3}}},
+        {"test": "test_b", "line": "RSS +1.5 MiB", "numbers": {"rss_growth_mib": 1.5, "kv": 7}}]
+
+
+TINY_SUITE = {  # a checkout in miniature: the real reliability_kit, tests that pass, fail and hang
+    "tests/reliability/test_ok.py": '''
+from reliability_kit import record_figure
+
+def test_counts():
+    record_figure("test_counts", "3/3 widgets refused | none crashed", refused=3, total=3)
+
+def test_noise():
+    record_figure("test_noise", "noise refused: 7", refused=7)
+''',
+    "tests/reliability/test_bad.py": '''
+from reliability_kit import record_figure
+
+def test_breaks():
+    record_figure("test_breaks", "1/2 rejected", rejected=1, total=2)
+    assert 1 == 2, "one got through"
+
+def test_dies_before_its_figure():
+    raise RuntimeError("no figure from me")
+''',
+    "tests/hang/test_hang.py": '''
+import os, sys, time
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reliability"))
+from reliability_kit import record_figure
+
+def test_hangs():
+    record_figure("test_hangs", "started", pid=os.getpid())
+    time.sleep(600)
+''',
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_checkout(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkout")
+    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = \"-ra\"\n")
+    for rel, text in TINY_SUITE.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    shutil.copy(RELIABILITY_KIT, root / "tests" / "reliability" / "reliability_kit.py")
+    return root
+
+
+def test_reliability_suite_figures_and_outcomes(tiny_checkout, tmp_path):
+    from specula.runtime.report.reliability import run_suite
+
+    sec = run_suite(tiny_checkout, ("tests/reliability/test_ok.py", "tests/gone.py"), tmp_path, timeout_s=300)
+    assert sec["status"] == "ok" and sec["exit_code"] == 0, sec
+    assert sec["counts"] == {"passed": 2, "failed": 0, "error": 0, "skipped": 0}
+    assert sec["missing_tests"] == ["tests/gone.py"] and "tests/gone.py" in sec["note"]
+    assert {f["test"]: f["numbers"] for f in sec["figures"]} == {"test_counts": {"refused": 3, "total": 3},
+                                                                "test_noise": {"refused": 7}}
+    assert {r["test"]: (r["outcome"], r["figures"]) for r in sec["results"]} == {
+        "test_counts": ("passed", ["3/3 widgets refused | none crashed"]),
+        "test_noise": ("passed", ["noise refused: 7"])}
+    assert (tmp_path / sec["files"]["figures"]).is_file() and (tmp_path / sec["files"]["junit"]).is_file()
+
+    failing = run_suite(tiny_checkout, ("tests/reliability",), tmp_path / "again", timeout_s=300)
+    assert failing["status"] == "failed" and failing["exit_code"] == 1, failing
+    assert failing["reason"] == "pytest exit code 1: 2 failed of 4 test(s)"
+    outcome = {r["test"]: (r["outcome"], r["figures"]) for r in failing["results"]}
+    assert outcome["test_breaks"] == ("failed", ["1/2 rejected"])  # a figure printed before the failing assert
+    assert outcome["test_dies_before_its_figure"] == ("failed", [])
+    assert outcome["test_counts"][0] == "passed"
+    assert any("one got through" in line for line in failing["tail"])
+
+    gone = run_suite(tiny_checkout / "nowhere", ("tests/reliability",), tmp_path)
+    assert gone["status"] == "not_measured" and gone["reason"].startswith("tests not found")
+
+
+def test_reliability_suite_timeout_kills_pytest_and_keeps_the_figures(tiny_checkout, tmp_path):
+    from specula.runtime.report.reliability import run_suite
+
+    sec = run_suite(tiny_checkout, ("tests/hang",), tmp_path, timeout_s=15)
+    assert sec["status"] == "failed" and sec["reason"].startswith("timed out after 15 s"), sec
+    assert sec["exit_code"] is None and sec["results"][0]["outcome"] is None  # no junit from a killed pytest
+    [fig] = sec["figures"]
+    assert fig["line"] == "started"
+    with pytest.raises(ProcessLookupError):  # the test's process (pytest itself) is gone
+        os.kill(fig["numbers"]["pid"], 0)
+
+
+def test_reliability_section_in_the_report_json_and_markdown(model_dirs, tiny_checkout, tmp_path, monkeypatch):
+    from specula.runtime.report import reliability
+
+    monkeypatch.setattr(reliability, "repo_root", lambda: tiny_checkout)
+    cfg = ReportConfig(model=str(model_dirs / "target"), drafters=({"kind": "ngram"},), reliability=True,
+                       reliability_tests=("tests/reliability",), reliability_timeout_s=300, skip=SECTION_NAMES)
+    r = run(cfg, log=lambda *_: None, out=tmp_path)
+    out = write_report(r, tmp_path)
+    sec = json.loads((out / "report.json").read_text())["sections"]["reliability"]
+    assert sec["status"] == "failed" and "2 failed of 4" in sec["reason"]  # recorded, the report still written
+    assert {f["line"] for f in sec["figures"]} == {"3/3 widgets refused | none crashed", "noise refused: 7",
+                                                   "1/2 rejected"}
+    assert (tmp_path / "reliability" / "figures.jsonl").is_file()
+    md = (out / "report.md").read_text()
+    assert "reliability and security suite" in md and "2 passed, 2 failed, 0 errors, 0 skipped" in md
+    assert "| `test_ok::test_counts` | passed | 3/3 widgets refused \\| none crashed |" in md
+    assert "| `test_bad::test_breaks` | failed | 1/2 rejected |" in md
+    assert "| `test_bad::test_dies_before_its_figure` | failed | - |" in md
+    assert "pytest's last lines:" in md and "one got through" in md
+
+
+def test_reliability_is_opt_in(report, model_dirs):
+    from specula.cli import build_parser
+    from specula.runtime.bench_report import config_from_args
+
+    r, out = report
+    assert "reliability" not in r["sections"] and not r["config"]["reliability"]
+    assert "*not run*: `specula bench report --reliability` runs it." in (out / "report.md").read_text()
+    args = build_parser().parse_args(["bench", "report", "--model", str(model_dirs / "target"), "--reliability",
+                                      "--reliability-timeout", "60"])
+    cfg = config_from_args(args)
+    assert cfg.reliability and cfg.reliability_timeout_s == 60.0
+    assert cfg.reliability_tests[0] == "tests/reliability"

@@ -5,5 +5,6 @@
     measure.py   the round-robin timing loop over engines and its summary (tau, alpha_n, speedup, time split)
     sections.py  one function per report section; a section that fails records its reason instead
     claims.py    one rule per seed paper's claim, evaluated over the report's JSON
+    reliability.py  the reliability suite by pytest in a child process, and the figures its tests record
     render.py    markdown and PNG plots from the JSON
 """

@@ -20,4 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--skip", action="append", default=[], choices=list(SECTION_NAMES), help="a section not to run")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--out", default=None, help="output directory (default: reports/<date>-<machine>)")
+    p.add_argument("--reliability", action="store_true",
+                   help="also run the reliability and security suite (pytest tests/reliability, the fault and "
+                        "no-pickle tests; needs the checkout) and collect each test's figure; off by default")
+    p.add_argument("--reliability-timeout", dest="reliability_timeout_s", type=float, default=None, metavar="S",
+                   help="seconds the reliability suite may take before it is killed (default: 3600)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

@@ -100,6 +100,7 @@ def render_markdown(r: dict) -> str:
             lines += _table(["config", "draft", "verify", "other", "draft ms / block"],
                             [[n, *(_f(c["all"]["time_split_s"][k], 3) for k in ("draft", "verify", "other")),
                               _f(c["all"]["draft_ms_per_block"], 3)] for n, c in sec["configs"].items()])
+    lines += ["", f"## {len(TITLES) + 1}. {RELIABILITY_TITLE}", "", *_reliability_md(S.get("reliability"))]
     if r.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in r["plots"]]
     if r.get("plot_errors"):
@@ -179,6 +180,38 @@ def _overlap_md(sec, r):
             f"pipelined {_f(o.get('efficiency'), 3)}; pipelined vs sequential {_f(o.get('pipelined_vs_sequential'))}x.",
             "", *_table(["config", "tau", "speedup vs plain", "ideal", "efficiency", "transfer share",
                          "greedy == plain"], rows)]
+
+
+RELIABILITY_TITLE = "reliability and security suite: each test's figure"
+
+
+def _cell(text) -> str:
+    """Text that stays in its markdown table cell."""
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+
+def _reliability_md(sec: dict | None) -> list[str]:
+    """Drawn when the suite ran even if it failed (its figures and outcomes stand, with pytest's tail)."""
+    if sec is None:
+        return ["*not run*: `specula bench report --reliability` runs it."]
+    if sec.get("status") == "not_measured" or "results" not in sec:
+        return [_status(sec) or "*no results*"]
+    c = sec["counts"]
+    lines = [f"`{sec['command']}` from the checkout, figures collected from `$SPECULA_FIGURES_OUT` "
+             f"(`{sec['files']['figures']}`): {c['passed']} passed, {c['failed']} failed, {c['error']} errors, "
+             f"{c['skipped']} skipped{' in ' + _f(sec['wall_s'], 0) + ' s' if 'wall_s' in sec else ''}."]
+    if sec["status"] != "ok":
+        lines += ["", _status(sec)]
+    if sec.get("note"):
+        lines += ["", sec["note"] + "."]
+    lines += ["", "| test | outcome | figure |", "| --- | --- | --- |"]
+    for row in sec["results"]:
+        name = f"{row['file'].rsplit('.', 1)[-1]}::{row['test']}" if row["file"] else row["test"]
+        figure = "<br>".join(_cell(f) for f in row["figures"]) or "-"
+        lines.append(f"| `{name}` | {row['outcome'] or 'unknown'} | {figure} |")
+    if sec.get("tail"):
+        lines += ["", "pytest's last lines:", "", "```", *sec["tail"], "```"]
+    return lines
 
 
 SECTION_MD = {"main": lambda s, r: _main(s, r.get("ideal") or {}), "gamma": _gamma_md,

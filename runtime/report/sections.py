@@ -28,6 +28,7 @@ class Ctx:
     found: object  # drafters.Found
     eos: list[int]
     state: dict = field(default_factory=dict)  # what later sections reuse: main runs and prompts, best drafter
+    workdir: Path | None = None  # the report folder, for sections that leave files (reliability)
 
     def engines(self, drafters, gamma: int, suffix: str = "") -> dict:
         out = {"plain": SpecEngine(self.target, None, eos_token_ids=self.eos)}
@@ -257,3 +258,14 @@ def overlap(ctx: Ctx) -> dict:
     return {"status": "ok", "drafter": drafter, "suites": list(cfg.overlap_suites), "n_per_suite": cfg.overlap_n,
             "gamma": cfg.gamma, "overlap": r["overlap"],
             "configs": {n: {k: c[k] for k in keep if k in c} for n, c in r["configs"].items()}}
+
+
+def reliability(ctx: Ctx) -> dict:
+    """The reliability and security suite's figures (``--reliability``): pytest in a child process from the
+    checkout, each test's figure collected from $SPECULA_FIGURES_OUT (``report/reliability.py``)."""
+    from specula.runtime.report.reliability import repo_root, run_suite
+
+    root = repo_root()
+    if root is None:
+        return not_measured("tests not found: no checkout beside the installed package (the suite lives in tests/)")
+    return run_suite(root, ctx.cfg.reliability_tests, ctx.workdir or Path("."), ctx.cfg.reliability_timeout_s)

@@ -26,7 +26,7 @@ import pytest
 from specula.runtime.client import SpeculaClient, request as grpc_request
 from specula.runtime.serve import LocalApp
 
-from reliability_kit import scale
+from reliability_kit import record_figure, scale
 from reliability_serving import (EventLoopThread, build_weights, drafter_options, kv_bytes, make_config,
                                  run_threads, serve_grpc, wait_until, world_body)
 
@@ -195,11 +195,19 @@ def test_aborting_ten_of_a_hundred_leaves_the_rest_identical_and_frees_kv(stack)
 
     hows = [got[j] for j in sorted(victims)]
     cut = sorted(n for _, n, _ in long_ones)
-    print(f"\n{TOTAL - len(victims)}/{TOTAL - len(victims)} survivors identical to their solo runs; "
-          f"{len(victims)}/{len(victims)} aborted mid-generation ({hows.count('grpc_cancel')} gRPC cancel, "
-          f"{hows.count('stream_closed')} stream closed, {hows.count('verifier_cancel')} verifier cancel; "
-          f"stopped after {cut[0]}-{cut[-1]} of {VICTIM_TOKENS} tokens); target KV {base_target} B -> peak "
-          f"{watch.peak_target / 2**20:.2f} MiB (batch {watch.widest}) -> {after_target} B, drafter KV "
-          f"{base_drafter} B -> peak {watch.peak_drafter / 2**20:.2f} MiB (length {watch.drafter_len}, longest row "
-          f"{watch.drafter_valid}) -> {after_drafter} B; 0 live requests, "
-          f"0 drafter sessions")
+    record_figure(
+        "test_aborting_ten_of_a_hundred_leaves_the_rest_identical_and_frees_kv",
+        f"{TOTAL - len(victims)}/{TOTAL - len(victims)} survivors identical to their solo runs; "
+        f"{len(victims)}/{len(victims)} aborted mid-generation ({hows.count('grpc_cancel')} gRPC cancel, "
+        f"{hows.count('stream_closed')} stream closed, {hows.count('verifier_cancel')} verifier cancel; "
+        f"stopped after {cut[0]}-{cut[-1]} of {VICTIM_TOKENS} tokens); target KV {base_target} B -> peak "
+        f"{watch.peak_target / 2**20:.2f} MiB (batch {watch.widest}) -> {after_target} B, drafter KV "
+        f"{base_drafter} B -> peak {watch.peak_drafter / 2**20:.2f} MiB (length {watch.drafter_len}, longest row "
+        f"{watch.drafter_valid}) -> {after_drafter} B; 0 live requests, "
+        f"0 drafter sessions",
+        survivors=TOTAL - len(victims), survivors_identical=TOTAL - len(victims), aborted=len(victims),
+        grpc_cancel=hows.count("grpc_cancel"), stream_closed=hows.count("stream_closed"),
+        verifier_cancel=hows.count("verifier_cancel"), stopped_after_min=cut[0], stopped_after_max=cut[-1],
+        victim_tokens=VICTIM_TOKENS, target_kv_base_b=base_target, target_kv_peak_b=watch.peak_target,
+        target_kv_after_b=after_target, widest_batch=watch.widest, drafter_kv_base_b=base_drafter,
+        drafter_kv_peak_b=watch.peak_drafter, drafter_kv_after_b=after_drafter)

@@ -36,7 +36,7 @@ import pytest
 from specula.runtime.client import SpeculaClient
 from specula.runtime.serve import LocalApp
 
-from reliability_kit import scale
+from reliability_kit import record_figure, scale
 from reliability_serving import (EventLoopThread, build_weights, chat_body, drafter_options, make_config,
                                  run_threads, serve_grpc, world_body)
 
@@ -189,7 +189,13 @@ def test_sixteen_mixed_streams_equal_their_solo_runs(stacks):
     assert min(widest.values()) >= 2, widest  # each verifier batched concurrent streams
     for app, _ in stacks.values():  # every request left its verifier
         assert not app.verifier.engine.rows and not app.verifier.target.live_ids
-    print(f"\n{streams}/{streams} concurrent streams complete ({STREAMS} at a time, {rounds} rounds, drafters "
-          f"{'/'.join(KINDS)}, doors {'/'.join(DOORS)}); equal to their solo runs: greedy {greedy}/{greedy}, "
-          f"seeded sampled {sampled_same}/{sampled}; {tokens} tokens, 0 lost; widest verified batch {widest}; "
-          f"{time.monotonic() - t0:.0f} s")
+    elapsed = time.monotonic() - t0
+    record_figure(
+        "test_sixteen_mixed_streams_equal_their_solo_runs",
+        f"{streams}/{streams} concurrent streams complete ({STREAMS} at a time, {rounds} rounds, drafters "
+        f"{'/'.join(KINDS)}, doors {'/'.join(DOORS)}); equal to their solo runs: greedy {greedy}/{greedy}, "
+        f"seeded sampled {sampled_same}/{sampled}; {tokens} tokens, 0 lost; widest verified batch {widest}; "
+        f"{elapsed:.0f} s",
+        streams=streams, streams_complete=streams, at_a_time=STREAMS, rounds=rounds, greedy=greedy,
+        greedy_equal=greedy, sampled=sampled, sampled_equal=sampled_same, tokens=tokens, tokens_lost=0,
+        widest_batch=widest, seconds=round(elapsed, 1))

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 import specula.runtime.wire.tensor as tensor_mod
 from specula.runtime.wire import Message, Reassembler, WireError, WireLimits, encode_message, pb
 
-from reliability_kit import scale
+from reliability_kit import record_figure, scale
 
 LIMITS = WireLimits(max_message_bytes=8192, max_total_bytes=1 << 20, max_tensor_bytes=1 << 20, max_chunks=64)
 CODECS = ("fp32", "fp16", "bf16", "int8", "fp16+lz4", "int8+zstd", "fp32+zstd")
@@ -170,9 +170,13 @@ def test_ten_thousand_mutated_frames_are_decoded_or_refused(monkeypatch):
             assert str(e), "a refusal must say why"
             outcomes["wire_error"] += 1
     rss_growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024  # KiB -> MiB
-    print(f"\n{n} fuzzed frames/streams: {outcomes['decoded']} decoded, {outcomes['wire_error']} refused with "
-          f"WireError, {outcomes['not_a_frame']} not protobuf; largest tensor buffer {largest[0]} B "
-          f"(limit {LIMITS.max_tensor_bytes}); max RSS +{rss_growth:.1f} MiB")
+    record_figure(
+        "test_ten_thousand_mutated_frames_are_decoded_or_refused",
+        f"{n} fuzzed frames/streams: {outcomes['decoded']} decoded, {outcomes['wire_error']} refused with "
+        f"WireError, {outcomes['not_a_frame']} not protobuf; largest tensor buffer {largest[0]} B "
+        f"(limit {LIMITS.max_tensor_bytes}); max RSS +{rss_growth:.1f} MiB",
+        frames=n, **outcomes, largest_tensor_b=largest[0], limit_tensor_b=LIMITS.max_tensor_bytes,
+        rss_growth_mib=round(rss_growth, 1))
     assert sum(outcomes.values()) == n
     assert outcomes["wire_error"] > n // 4, outcomes  # the mutations really hit the checks
     assert largest[0] <= LIMITS.max_tensor_bytes
@@ -193,5 +197,5 @@ def test_pure_noise_never_escapes():
             Reassembler(LIMITS).feed(f)
         except WireError:
             refused += 1
-    print(f"\nnoise frames refused: {refused}")
+    record_figure("test_pure_noise_never_escapes", f"noise frames refused: {refused}", refused=refused)
     assert refused > 0

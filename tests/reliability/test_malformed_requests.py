@@ -50,7 +50,7 @@ from specula.runtime.serve.http_api import HttpApi
 from specula.runtime.serve.prom import ServeMetrics
 from specula.targets import load_target
 
-from reliability_kit import scale
+from reliability_kit import record_figure, scale
 from reliability_serving import (EventLoopThread, build_weights, chat_body, make_config, png_b64, rss_mib,
                                  serve_grpc, wait_until, world_body)
 
@@ -648,7 +648,12 @@ def test_a_thousand_malformed_requests_are_refused_and_the_server_stays_up(serve
     channel.close()
     client.close()
     n_http = sum(1 for d, _ in cases if d == "http")
-    print(f"\n{len(cases)}/{len(cases)} malformed requests rejected ({n_http} HTTP, {len(cases) - n_http} gRPC; "
-          f"{', '.join(f'{k} x{v}' for k, v in sorted(statuses.items()))}), each with a message; "
-          f"{len(families)} families; server still answers correctly; RSS {rss[0]:.0f} -> {rss[1]:.0f} MiB "
-          f"({growth:+.1f} MiB); {elapsed:.0f} s")
+    record_figure(
+        "test_a_thousand_malformed_requests_are_refused_and_the_server_stays_up",
+        f"{len(cases)}/{len(cases)} malformed requests rejected ({n_http} HTTP, {len(cases) - n_http} gRPC; "
+        f"{', '.join(f'{k} x{v}' for k, v in sorted(statuses.items()))}), each with a message; "
+        f"{len(families)} families; server still answers correctly; RSS {rss[0]:.0f} -> {rss[1]:.0f} MiB "
+        f"({growth:+.1f} MiB); {elapsed:.0f} s",
+        requests=len(cases), rejected=len(cases), http=n_http, grpc=len(cases) - n_http, statuses=dict(statuses),
+        families=len(families), rss_before_mib=round(rss[0], 1), rss_after_mib=round(rss[1], 1),
+        rss_growth_mib=round(growth, 1), seconds=round(elapsed, 1))

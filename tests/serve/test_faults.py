@@ -67,6 +67,19 @@ def plain(served, model_dir):
     return run
 
 
+def _record(name: str, line: str, **numbers) -> None:
+    """Print this test's figure and append it to $SPECULA_FIGURES_OUT as reliability_kit.record_figure does (the
+    same JSON line; a local copy, since tests/reliability is not importable from here)."""
+    print(f"\n{line}")
+    if path := os.environ.get("SPECULA_FIGURES_OUT"):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps({"test": name, "line": line, "numbers": numbers}) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
 def _pid(app: str, deployment: str) -> int | None:
     from ray import serve
 
@@ -113,6 +126,10 @@ def test_drafter_killed_mid_generation_output_unchanged_then_speculation_resumes
         return got["drafter"] == "ok"
 
     wait_for("speculation resumed with the restarted drafter replica", resumed, DEADLINE_S, every=1.0)
+    _record("test_drafter_killed_mid_generation_output_unchanged_then_speculation_resumes",
+            f"drafter replica killed mid-generation: {len(want)}/{MAX_TOKENS} tokens identical to plain decoding "
+            f"(drafter: {final['drafter']}); speculation resumed on the restarted replica",
+            tokens=MAX_TOKENS, tokens_identical=len(want), resumed=True)
 
 
 def test_verifier_killed_mid_request_gives_an_error_record_and_the_service_recovers(served, plain):
@@ -129,3 +146,8 @@ def test_verifier_killed_mid_request_gives_an_error_record_and_the_service_recov
     status, raw = post(f"{url}/generate", body, timeout=DEADLINE_S)
     assert status == 200, raw[:300]
     assert json.loads(raw)["tokens"] == plain(body)
+    before = sum(len(r.get("tokens", ())) for r in records)
+    _record("test_verifier_killed_mid_request_gives_an_error_record_and_the_service_recovers",
+            f"verifier replica killed mid-answer: explicit error record after {before}/{MAX_TOKENS} tokens, no "
+            f"'finished' record; the next request answered in full ({MAX_TOKENS} tokens, equal to plain decoding)",
+            tokens_before_error=before, tokens=MAX_TOKENS, error_records=1, recovered=True)
