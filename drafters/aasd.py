@@ -31,7 +31,6 @@ shifted relative distances (still lossless, only less accurate).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from specula.drafters.aasd_head import AasdHead, context_kv
 from specula.drafters.eagle import _int
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
+from specula.drafters.seeding import request_generator
 from specula.runtime.sampling import sample  # pure torch, no Ray/gRPC
 from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
 
@@ -249,8 +249,4 @@ class AasdDrafter:
         return row
 
     def _generator(self, c: DraftContext) -> torch.Generator:
-        if c.seed is None:
-            s = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
-        else:  # a stream of its own, apart from the verifier's (seeded with c.seed itself)
-            s = int.from_bytes(hashlib.blake2b(f"aasd/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
-        return torch.Generator().manual_seed(s)
+        return request_generator("aasd", self.seed, c.seed, self._seeder)

@@ -56,7 +56,6 @@ Cache (one ``targets.kv.BatchedKV`` for all live rows, keys post-RoPE, positions
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +66,7 @@ from transformers import DynamicCache
 from specula.drafters.eagle_head import EagleHead
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
+from specula.drafters.seeding import request_generator
 from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
 from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
 
@@ -387,11 +387,7 @@ class EagleDrafter:
         return row
 
     def _generator(self, c: DraftContext) -> torch.Generator:
-        if c.seed is None:
-            s = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
-        else:  # a stream of its own, apart from the verifier's (seeded with c.seed itself)
-            s = int.from_bytes(hashlib.blake2b(f"{self.KIND}/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
-        return torch.Generator().manual_seed(s)
+        return request_generator(self.KIND, self.seed, c.seed, self._seeder)
 
     def _forward(self, nxt, hid, pos, allowed, cache, **extra) -> torch.Tensor:
         """nxt [B, T] int64, hid [B, T, H], pos [B, T], allowed [B, 1, T, S + T] bool -> head output [B, T, H]."""

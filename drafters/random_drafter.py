@@ -10,13 +10,13 @@ verifier's), so a seeded request drafts the same however many requests the draft
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import torch
 
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
+from specula.drafters.seeding import request_generator
 from specula.runtime.sampling import sample, sample_without_replacement  # pure torch, no Ray/gRPC
 
 
@@ -35,11 +35,7 @@ class RandomDrafter:
 
     def begin(self, contexts: Sequence[DraftContext]) -> None:
         for c in contexts:
-            if c.seed is None:
-                s = int(torch.randint(0, 2**62, (1,), generator=self.g))
-            else:  # a stream of its own, apart from the verifier's (seeded with c.seed itself)
-                s = int.from_bytes(hashlib.blake2b(f"random/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
-            self.live[c.request_id] = torch.Generator().manual_seed(s)
+            self.live[c.request_id] = request_generator("random", self.seed, c.seed, self.g)
 
     def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
         B = len(request_ids)

@@ -44,7 +44,6 @@ KV cache (one ``targets.kv.BatchedKV`` over all live rows, keys stored post-RoPE
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from transformers import DynamicCache
 
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
+from specula.drafters.seeding import request_generator
 from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
 from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
 
@@ -367,11 +367,7 @@ class TextLMDrafter:
         return row
 
     def _generator(self, c: DraftContext) -> torch.Generator:
-        if c.seed is None:
-            s = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
-        else:  # a stream of its own, apart from the verifier's (seeded with c.seed itself)
-            s = int.from_bytes(hashlib.blake2b(f"text_lm/{self.seed}/{c.seed}".encode(), digest_size=8).digest())
-        return torch.Generator().manual_seed(s)
+        return request_generator("text_lm", self.seed, c.seed, self._seeder)
 
     def _forward(self, tokens, allowed, pos, cache) -> torch.Tensor:
         """tokens [B, T], allowed [B, 1, T, S + T] bool, pos [B, T] -> final hidden [B, T, H]."""
