@@ -130,6 +130,39 @@ class Lookahead(Protocol):
         ...
 
 
+@runtime_checkable
+class Predraft(Protocol):
+    """Optional capability of a ``Lookahead`` chain drafter: draft ahead for rejections too (SSD / Saguaro).
+
+    Drafting ahead past the guess pays only when the verifier accepts the whole block and its bonus token equals
+    the guess. The other outcomes are "node k rejected, the target's token t at k" (k = gamma: every node accepted,
+    the bonus token is not the guess). A drafter that can rank them (from its own probabilities) opens them one at
+    a time as hidden branches of its outstanding chain, and ``extend`` then grows the branch opened last::
+
+        drafter.branch([("r1", gamma)])     # -> [(k, t)]: branch point k <= gamma and token t; the tip is now t
+        drafter.extend(["r1"], 1)           # the node after t (drafted as if d_0 .. d_{k-1}, t were committed)
+        # a verdict that accepts d_0 .. d_{k-1} and whose next token is t:
+        drafter.observe_ahead([verdict])    # commits them; the branch's nodes become the row's proposal
+
+    Branch nodes are never sent to the verifier unless their outcome happens; ``observe`` drops them with every
+    other node off the accepted path. Branch tokens are drawn from the drafter's own randomness after (k, t) is
+    fixed, so a block taken from a branch is as lossless as a fresh one (the ``Lookahead`` argument, per outcome).
+    """
+
+    predraft: bool
+
+    def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
+        """For each (request id, last k): open the most likely outcome (k <= last, t) not opened yet since the
+        row's last proposal and make it the row's tip; None when there is none. Nothing is drafted here."""
+        ...
+
+
+def supports_predraft(drafter) -> bool:
+    """True when ``drafter`` can draft ahead for rejection outcomes as well (``Predraft`` on a ``Lookahead``)."""
+    return supports_lookahead(drafter) and bool(getattr(drafter, "predraft", False)) \
+        and callable(getattr(drafter, "branch", None))
+
+
 def supports_lookahead(drafter) -> bool:
     """True when ``drafter`` implements ``Lookahead`` for its configuration (chains only)."""
     return bool(getattr(drafter, "lookahead", False)) and isinstance(drafter, Lookahead) \

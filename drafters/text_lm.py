@@ -62,12 +62,22 @@ from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
 
 @dataclass
 class _Draft:
-    """A row's unobserved proposal, after compaction (node i of the Proposal row)."""
+    """A row's unobserved proposal, after compaction (node i of the Proposal row).
+
+    Chains drafting ahead (lookahead / predraft) also keep: ``main`` nodes 0 .. main-1 form the chain the verifier
+    sees (plus what was drafted past it); nodes after them are hidden branches (``branch``), each a chain whose
+    first node's parent is a main node (or -1); ``tip`` is the node ``extend`` grows; ``probs`` / ``alts`` rank
+    the rejection outcomes (a node's own probability, its best ALTS other tokens with theirs)."""
 
     tokens: list[int]
     parents: list[int]  # -1 = off the committed context
     cols: list[int]  # cache column of node i, -1 = not fed (last level)
-    closed: bool = False  # a chain whose last node found no successor (no mass left): extend adds nothing
+    closed: bool = False  # the tip found no successor (no mass left): extend adds nothing
+    main: int = 0  # chains: nodes 0 .. main-1 are the main chain
+    tip: int = -1  # chains: the node extend grows (-1: the last main node)
+    probs: list[float] = field(default_factory=list)  # chains: per node, its probability where it was drawn
+    alts: list[list[tuple[int, float]]] = field(default_factory=list)  # chains: per node, (token, prob) of others
+    opened: set[tuple[int, int]] = field(default_factory=set)  # branch outcomes (k, t) opened so far
 
 
 @dataclass
@@ -125,6 +135,7 @@ class TextLMDrafter:
             raise ValueError(f"text_lm: unknown options {sorted(unknown)}")
         self.spec = DrafterSpec(kind="text_lm", structure=structure)
         self.lookahead = structure == "chain"
+        self.predraft = self.lookahead  # ``branch``: drafting ahead for rejection outcomes too
         if isinstance(branching, int):
             if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
                 raise ValueError(f"text_lm: depth must be an integer >= 1, got {depth!r}")
@@ -222,8 +233,12 @@ class TextLMDrafter:
         draft_start = self._kv.seq_len
         toks, qs, oks = [], [], []
         parent_ok = torch.ones(bc, 1, dtype=torch.bool)  # [Bc, W_prev]
+        chain = self.spec.structure == "chain"
+        ranks = []  # chains: per level (own prob [Bc], alternatives [Bc, ALTS] ids and probs)
         for level, k in enumerate(widths):
             kids, probs = self._children(logits, k, temps, greedy, gens)  # [Bc, W_prev, k], [Bc, W_prev, V]
+            if chain:
+                ranks.append(_rank(logits[:, 0], temps, kids[:, 0, 0], self.image_token_id))
             w = kids.shape[1] * k
             kids = kids.reshape(bc, w).cpu()  # [Bc, W] BFS: a node's children contiguous, in draw order
             ok = (kids >= 0) & parent_ok.repeat_interleave(k, dim=1)  # [Bc, W] bool (-1: no mass left)
@@ -244,9 +259,12 @@ class TextLMDrafter:
         parents = torch.tensor(tree.parents, dtype=torch.long).expand(bc, n_nodes)  # [Bc, N]
         cols = torch.where(torch.arange(n_nodes) < fed, draft_start + torch.arange(n_nodes), -1).expand(bc, n_nodes)
         tokens, parents, q, cols, counts = _compact(tokens, parents, q, cols, ok)
-        for r, t, p, c, n in zip(rows, tokens.tolist(), parents.tolist(), cols.tolist(), counts):
+        for b, (r, t, p, c, n) in enumerate(zip(rows, tokens.tolist(), parents.tolist(), cols.tolist(), counts)):
             r.draft = _Draft(t[:n], p[:n], c[:n])
-        chain = self.spec.structure == "chain"
+            if chain:  # a chain's invalid nodes are a suffix: node i is level i
+                r.draft.main, r.draft.tip = n, n - 1
+                r.draft.probs = [ranks[i][0][b] for i in range(n)]
+                r.draft.alts = [ranks[i][1][b] for i in range(n)]
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
@@ -294,10 +312,11 @@ class TextLMDrafter:
                 break
             sub = [rows[i] for i in grow]
             sel = torch.tensor([index[ids[i]] for i in grow], dtype=torch.long)  # [Bc] cache rows
-            logits = self._feed_last(sub, sel)  # [Bc, V]
+            logits = self._feed_tips(sub, sel)  # [Bc, V]
             greedy = torch.tensor([r.temperature == 0 for r in sub])
             temps = torch.tensor([r.temperature or 1.0 for r in sub], device=self.device)
             kids, probs = self._children(logits[:, None], 1, temps, greedy, [r.generator for r in sub])
+            own, alts = _rank(logits, temps, kids[:, 0, 0], self.image_token_id)
             kids = kids[:, 0, 0].tolist()  # [Bc], -1 = no mass left
             still = []
             for j, (i, r, t) in enumerate(zip(grow, sub, kids)):
@@ -305,9 +324,15 @@ class TextLMDrafter:
                 if t < 0:
                     d.closed = True
                     continue
+                tip = _tip(d)
+                if tip == d.main - 1 and d.main == len(d.tokens):  # growing the main chain
+                    d.main += 1
                 d.tokens.append(int(t))
-                d.parents.append(len(d.tokens) - 2)
+                d.parents.append(tip)
                 d.cols.append(-1)
+                d.probs.append(own[j])
+                d.alts.append(alts[j])
+                d.tip = len(d.tokens) - 1
                 new[i].append(int(t))
                 qs[i].append(None if probs is None or r.temperature == 0 else probs[j, 0])
                 still.append(i)
@@ -315,24 +340,70 @@ class TextLMDrafter:
         return _chain_proposal(ids, new, qs, self.vocab_size, self.device)
 
     def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
+        landing = []
         for v in verdicts:  # check them all before changing anything
             d, k = self._row(v.request_id).draft, len(v.accepted)
-            if not self.lookahead or d is None or list(v.accepted) != list(range(k)) or len(d.tokens) <= k \
-                    or d.tokens[:k] != [int(t) for t in v.tokens] or d.tokens[k] != int(v.next_token):
+            c = None
+            if self.lookahead and d is not None and list(v.accepted) == list(range(k)) and k < d.main \
+                    and d.tokens[:k] == [int(t) for t in v.tokens]:
+                c = _landing(d, k, int(v.next_token))
+            if c is None:
                 raise ValueError(f"text_lm.observe_ahead: {v.request_id!r}: the verdict does not accept a prefix "
-                                 "of the outstanding chain followed by its next node")
-        for v in verdicts:
+                                 "of the outstanding chain followed by its next node or an open branch's first")
+            landing.append(c)
+        for v, c in zip(verdicts, landing):
             row, k = self._rows[v.request_id], len(v.accepted)
             d = row.draft
-            if len(d.tokens) == k + 1 or d.cols[k] < 0:  # nothing drafted past the guess: a plain observe
+            rest = _chain_after(d, c)
+            if not rest or d.cols[c] < 0:  # nothing drafted past the landing node: a plain observe
                 self.observe([v])
                 continue
-            # nodes 0..k are fed (extend feeds a node before drawing its successor): their columns stay valid
+            # nodes 0..k-1 and the landing node are fed (extend feeds a node before drawing its successor): their
+            # columns were computed at their final positions and stay valid, as do the rest's; the others go
+            keep = set(range(k)) | {c} | set(rest)
+            drop = [col for i, col in enumerate(d.cols) if col >= 0 and i not in keep]
+            if drop:
+                index = list(self._rows).index(v.request_id)
+                self._kv.valid[index, torch.tensor(drop, device=self.device)] = False
             row.next_pos += k + 1
-            row.context += d.tokens[: k + 1]
-            rest = len(d.tokens) - k - 1
-            row.draft = _Draft(d.tokens[k + 1:], list(range(-1, rest - 1)), d.cols[k + 1:], d.closed)
+            row.context += d.tokens[:k] + [d.tokens[c]]
+            row.draft = _Draft([d.tokens[i] for i in rest], list(range(-1, len(rest) - 1)), [d.cols[i] for i in rest],
+                               closed=d.cols[rest[-1]] >= 0, main=len(rest), tip=len(rest) - 1,
+                               probs=[d.probs[i] for i in rest], alts=[d.alts[i] for i in rest])
         self._reclaim()
+
+    def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
+        """``Predraft``: open each row's most likely rejection outcome (k, t) with k <= last, not opened yet.
+
+        Ranking: the drafter's own probability of the outcome's path, P(d_0 .. d_{k-1}) * P_k(t), over the ALTS
+        best other tokens at each main node (q at the row's temperature; greedy rows: temperature 1)."""
+        rows = [(rid, int(last)) for rid, last in rows]
+        for rid, _ in rows:
+            self._row(rid)
+        out: list[tuple[int, int] | None] = []
+        for rid, last in rows:
+            d = self._rows[rid].draft
+            best = None
+            if self.predraft and d is not None:
+                reach = 1.0
+                for k in range(min(last, d.main - 1) + 1):
+                    for t, pt in d.alts[k]:
+                        if (k, t) not in d.opened and (best is None or reach * pt > best[0]):
+                            best = (reach * pt, k, t)
+                    reach *= d.probs[k]
+            if best is None:
+                out.append(None)
+                continue
+            _, k, t = best
+            d.opened.add((k, t))
+            d.tokens.append(t)
+            d.parents.append(k - 1)
+            d.cols.append(-1)
+            d.probs.append(1.0)
+            d.alts.append([])
+            d.tip, d.closed = len(d.tokens) - 1, False
+            out.append((k, t))
+        return out
 
     def release(self, request_ids: Sequence[str]) -> None:
         drop = {r for r in request_ids if r in self._rows}
@@ -403,24 +474,32 @@ class TextLMDrafter:
             r.tail = []
         return self._head(last).float()  # [Bc, V]
 
-    def _feed_last(self, rows: list[_Row], sel: torch.Tensor) -> torch.Tensor:
-        """Feed each call row's outstanding chain's last node at its position -> logits [Bc, V] fp32 (the next
-        node's). The row's valid slots are its committed context and its fed chain nodes: all ancestors."""
+    def _feed_tips(self, rows: list[_Row], sel: torch.Tensor) -> torch.Tensor:
+        """Feed each call row's draft tip (``_tip``, unfed) at its position -> logits [Bc, V] fp32 (the next node's).
+        It sees the row's valid committed slots and its fed ancestors; the row's other fed draft nodes (the rest of
+        the main chain past a branch point, other branches) are masked out."""
         b = self._kv.batch_size
         tok = torch.zeros(b, 1, dtype=torch.long)  # [B, 1]
         pos = torch.zeros(b, 1, dtype=torch.long)  # [B, 1]
         real = torch.zeros(b, 1, dtype=torch.bool)  # [B, 1]
-        rows_sel = sel.tolist()
-        for i, r in zip(rows_sel, rows):
-            tok[i, 0] = r.draft.tokens[-1]
-            pos[i, 0] = r.next_pos + len(r.draft.tokens) - 1
+        cached = self._kv.valid.clone()  # [B, S] bool
+        for i, r in zip(sel.tolist(), rows):
+            d = r.draft
+            tip = _tip(d)
+            anc = _ancestors(d, tip)
+            tok[i, 0] = d.tokens[tip]
+            pos[i, 0] = r.next_pos + len(anc)
             real[i, 0] = True
-        mask = self._kv.block_mask(torch.ones(b, 1, 1, dtype=torch.bool, device=self.device))  # [B, 1, 1, S + 1]
+            hide = [c for j, c in enumerate(d.cols) if c >= 0 and j not in anc]
+            if hide:
+                cached[i, torch.tensor(hide, device=self.device)] = False
+        own = torch.ones(b, 1, dtype=torch.bool, device=self.device)  # [B, 1]
+        mask = torch.cat([cached, own], dim=1)[:, None, None]  # [B, 1, 1, S + 1]
         col = self._kv.seq_len
         hidden = self._forward(tok, mask, pos, self._kv.cache)  # [B, 1, H]
         self._kv.extend_valid(real.to(self.device))
         for r in rows:
-            r.draft.cols[-1] = col
+            r.draft.cols[_tip(r.draft)] = col
         return self._head(hidden[sel.to(self.device), 0]).float()  # [Bc, V]
 
     def _feed_level(self, rows, sel, tokens, ok, depth: int, anc: torch.Tensor, draft_start: int) -> torch.Tensor:
@@ -455,6 +534,63 @@ class TextLMDrafter:
         probs = torch.softmax(logits / temps[:, None, None], dim=-1)  # [Bc, W, V]
         drawn = sample_without_replacement(probs, k, gens)  # [Bc, W, k]
         return torch.where(greedy.to(logits.device)[:, None, None], top, drawn), probs
+
+
+ALTS = 2  # other tokens kept per chain node to rank rejection outcomes (``branch``)
+
+
+def _rank(logits: torch.Tensor, temps: torch.Tensor, drawn: torch.Tensor, image_token_id: int
+          ) -> tuple[list[float], list[list]]:
+    """logits [Bc, V] fp32, temps [Bc], drawn [Bc] int64 (-1 = none) -> per row: the drawn token's probability and
+    the ALTS most likely other tokens with theirs, under softmax(logits / T) without the image token (greedy rows
+    pass T = 1: the drafter's confidence)."""
+    logits = logits.float().clone()
+    logits[:, image_token_id] = float("-inf")
+    probs = torch.softmax(logits / temps[:, None], dim=-1)  # [Bc, V]
+    own = probs.gather(1, drawn.clamp_min(0)[:, None].to(probs.device))[:, 0]  # [Bc]
+    top = probs.topk(min(ALTS + 1, probs.shape[-1]), dim=-1)  # [Bc, ALTS + 1]
+    alts = []
+    for ids, ps, t in zip(top.indices.tolist(), top.values.tolist(), drawn.tolist()):
+        alts.append([(i, p) for i, p in zip(ids, ps) if i != t and p > 0][:ALTS])
+    return own.tolist(), alts
+
+
+def _tip(d: _Draft) -> int:
+    return d.tip if d.tip >= 0 else d.main - 1
+
+
+def _ancestors(d: _Draft, node: int) -> set[int]:
+    out, p = set(), d.parents[node]
+    while p >= 0:
+        out.add(p)
+        p = d.parents[p]
+    return out
+
+
+def _landing(d: _Draft, k: int, token: int) -> int | None:
+    """The node a verdict accepting main nodes 0..k-1 with next token ``token`` lands on: main node k, or the
+    first node of a branch opened at k; None if neither has that token."""
+    if k < d.main and d.tokens[k] == token:
+        return k
+    for i in range(d.main, len(d.tokens)):
+        if d.parents[i] == k - 1 and d.tokens[i] == token:
+            return i
+    return None
+
+
+def _chain_after(d: _Draft, node: int) -> list[int]:
+    """The nodes drafted after ``node`` along its chain (main: the main chain; a branch: its own nodes)."""
+    out = []
+    while True:
+        if node < d.main - 1:
+            node += 1
+        else:
+            kids = [i for i in range(max(node + 1, d.main), len(d.tokens)) if d.parents[i] == node]
+            if node == d.main - 1 or not kids:  # the main chain ends here; branches hang off earlier nodes only
+                break
+            node = kids[0]
+        out.append(node)
+    return out
 
 
 def _chain_proposal(ids, new: list[list[int]], qs: list[list], vocab_size: int, device) -> Proposal:

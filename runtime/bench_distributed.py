@@ -7,6 +7,8 @@ them alike:
   single_process  ``SpecEngine`` with the same drafter in this process (no wire, no overlap)
   sequential      ``VerifierEngine`` + the remote drafter, overlap off (propose, verify, observe, in turn)
   pipelined       the same, overlap on: the drafter drafts block n+1 while block n is verified (PEARL post-verify)
+  predraft        pipelined, and while the verdict is out the drafter also drafts blocks for its likeliest
+                  rejection outcomes (SSD / Saguaro, ``--predraft`` of them; drafters with ``Predraft``: text_lm)
 
 Reported: tau; speedups (vs plain, pipelined vs sequential); the time split per block step (verify, draft on the
 critical path, transfer, idle, drafting ahead) and the transfer share of a block step; pre-drafted blocks used /
@@ -31,7 +33,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-CONFIGS = ("plain", "single_process", "sequential", "pipelined")
+CONFIGS = ("plain", "single_process", "sequential", "pipelined", "predraft")
+REMOTE = {"sequential": dict(overlap=False), "pipelined": dict(overlap=True, predraft=False),
+          "predraft": dict(overlap=True, predraft=True)}  # RemoteDrafter settings per remote config
 CODECS = ("fp32", "fp16", "int8", "int8+zstd")
 QUICK = {"n": 2, "max_tokens": 24, "suites": ("caption", "vqa", "text")}
 
@@ -70,24 +74,25 @@ def _make_drafter(spec: dict, model: str, target=None):
 
 # ------------------------------------------------------------------------------------------- the drafter process
 
-def serve_drafter(spec: dict, model: str) -> None:
+def serve_drafter(spec: dict, model: str, predraft: int = 2) -> None:
     """Child process: serve ``spec`` on 127.0.0.1 (overlap allowed), print the address, stop when stdin closes."""
     import torch
 
     torch.set_num_threads(1)
     from specula.runtime.dataplane import DrafterServer
 
-    server = DrafterServer(_make_drafter(spec, model), host="127.0.0.1", overlap=True, accept_codecs=CODECS)
+    server = DrafterServer(_make_drafter(spec, model), host="127.0.0.1", overlap=True, accept_codecs=CODECS,
+                           predraft=predraft)
     print(f"ADDRESS {server.start()}", flush=True)
     sys.stdin.read()  # the parent closes our stdin (or dies): stop
     server.stop(0)
 
 
 class _DrafterProcess:
-    def __init__(self, spec: dict, model: str, timeout_s: float = 300.0) -> None:
+    def __init__(self, spec: dict, model: str, timeout_s: float = 300.0, predraft: int = 2) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "specula.runtime.bench_distributed", "--serve-drafter",
-                                      json.dumps(spec), "--model", str(model)],
+                                      json.dumps(spec), "--model", str(model), "--predraft", str(predraft)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         deadline = time.monotonic() + timeout_s
         self.address = None
@@ -115,7 +120,7 @@ class _DrafterProcess:
 # ------------------------------------------------------------------------------------------- the run
 
 def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, temperature: float = 0.0,
-        seed: int = 0, log=print) -> dict:
+        seed: int = 0, log=print, predraft: int = 2) -> dict:
     from specula.runtime.bench_spec import _prompts
     from specula.runtime.dataplane import RemoteDrafter
     from specula.runtime.engine import GenerationRequest, SpecEngine
@@ -131,14 +136,14 @@ def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, 
     eos = [processor.tokenizer.eos_token_id]
     prompts = _prompts(processor, suites, n, seed)
     params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
-    child = _DrafterProcess(drafter, str(path))
+    child = _DrafterProcess(drafter, str(path), predraft=predraft)
     engines = {}
     try:
         engines["plain"] = SpecEngine(target, None, eos_token_ids=eos)
         engines["single_process"] = SpecEngine(target, _make_drafter(drafter, str(path), target), gamma=gamma,
                                                eos_token_ids=eos)
-        for name, overlap in (("sequential", False), ("pipelined", True)):
-            remote = RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=60.0, overlap=overlap)
+        for name, settings in REMOTE.items():
+            remote = RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=60.0, **settings)
             engines[name] = VerifierEngine(target, remote, gamma=gamma, eos_token_ids=eos)
 
         def once(name, rid, ids, pix):
@@ -175,7 +180,7 @@ def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, 
         child.close()
     wire = _wire_bytes(target, prompts[0], gamma)
     return _summarize(dict(model=str(path), drafter=drafter, gamma=gamma, suites=list(suites), n_per_suite=n,
-                           max_tokens=max_tokens, temperature=temperature), seconds, rows, wire)
+                           max_tokens=max_tokens, temperature=temperature, predraft=predraft), seconds, rows, wire)
 
 
 def _wire_bytes(target, prompt, gamma: int) -> dict:
@@ -238,7 +243,8 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
         dps = [x["dataplane"] for x in rs if x["dataplane"]]
         if dps:
             agg = {k: sum(d[k] for d in dps) for k in ("draft_s", "transfer_s", "idle_s", "ahead_s", "spec_used",
-                                                       "spec_dropped", "proposals", "bytes_out", "bytes_in")}
+                                                       "spec_dropped", "spec_branch", "proposals", "bytes_out",
+                                                       "bytes_in")}
             step = seconds[name] / blocks if blocks else 0.0
             c.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in agg.items()})
             c["block_step_s"] = round(step, 5)
@@ -251,7 +257,7 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
         r["configs"][name] = c
     t_decode = per_step["plain"]
     r["overlap"] = {"t_decode_s": round(t_decode, 6)}
-    for name in ("single_process", "sequential", "pipelined"):
+    for name in ("single_process", "sequential", "pipelined", "predraft"):
         c = r["configs"][name]
         t_verify = per_step[name]
         ideal = c["tau"] * t_decode / t_verify if c["tau"] and t_verify else None
@@ -262,7 +268,9 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
                          "efficiency": p["overlap_efficiency"],
                          "pipelined_vs_sequential": round(s["seconds"] / p["seconds"], 3) if p["seconds"] else None,
                          "pipelined_vs_single_process": round(r["configs"]["single_process"]["seconds"]
-                                                              / p["seconds"], 3) if p["seconds"] else None})
+                                                              / p["seconds"], 3) if p["seconds"] else None,
+                         "predraft_vs_pipelined": round(p["seconds"] / r["configs"]["predraft"]["seconds"], 3)
+                         if r["configs"]["predraft"]["seconds"] else None})
     r["wire"] = wire
     return r
 
@@ -281,17 +289,18 @@ def render_markdown(r: dict) -> str:
                      f"{c.get('overlap_efficiency') or '-'} | {c['greedy_exact'] if c['greedy_exact'] is not None else '-'} |")
     o = r["overlap"]
     lines += ["", f"Pipelined vs sequential (same drafter, same wire): **{o['pipelined_vs_sequential']}x**; "
-                  f"pipelined vs single process: {o['pipelined_vs_single_process']}x.", "",
+                  f"pipelined vs single process: {o['pipelined_vs_single_process']}x; with predraft "
+                  f"({cfg.get('predraft')} rejection blocks) vs pipelined: {o.get('predraft_vs_pipelined')}x.", "",
               "## Time per block step (seconds, verifier's view)", "",
               "| config | step | verify | draft (critical path) | transfer | idle | drafted ahead (overlapped) | "
-              "transfer share | blocks drafted ahead used / dropped |",
+              "transfer share | blocks drafted ahead used / dropped (used for a rejection) |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for name in ("sequential", "pipelined"):
+    for name in ("sequential", "pipelined", "predraft"):
         c = r["configs"][name]
         ts = c.get("time_split_per_block_s") or {}
         lines.append(f"| {name} | {c.get('block_step_s')} | {ts.get('verify')} | {ts.get('draft')} | "
                      f"{ts.get('transfer')} | {ts.get('idle')} | {ts.get('ahead_overlapped')} | "
-                     f"{c.get('transfer_share_of_block_step')} | {c.get('spec_used')} / {c.get('spec_dropped')} |")
+                     f"{c.get('transfer_share_of_block_step')} | {c.get('spec_used')} / {c.get('spec_dropped')} ({c.get('spec_branch')}) |")
     w = r["wire"]
     lines += ["", f"## Wire bytes per codec (target features as frames: prompt hidden {w['shapes']['begin_hidden']}, "
                   f"block hidden {w['shapes']['verdict_hidden']})", "",
@@ -326,6 +335,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt (default: 64; --quick: 24)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--quick", action="store_true", help="few prompts, few tokens: a few minutes")
+    p.add_argument("--predraft", type=int, default=2,
+                   help="blocks drafted per block for the likeliest rejections in the predraft config (default: 2)")
     p.add_argument("--out", default="reports/bench-distributed", help="output directory for JSON + markdown")
 
 
@@ -339,7 +350,9 @@ def main(args) -> int:
                                                                        "text"))
     n = args.n if args.n is not None else (QUICK["n"] if args.quick else 6)
     max_tokens = args.max_tokens if args.max_tokens is not None else (QUICK["max_tokens"] if args.quick else 64)
-    r = run(args.model, drafter, args.gamma, suites, n, max_tokens, args.temperature)
+    if args.predraft < 0:
+        raise SystemExit("--predraft must be >= 0")
+    r = run(args.model, drafter, args.gamma, suites, n, max_tokens, args.temperature, predraft=args.predraft)
     out = write_report(r, args.out)
     print(render_markdown(r))
     print(f"wrote {out}")
@@ -350,5 +363,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="the drafter process of `specula bench distributed`")
     ap.add_argument("--serve-drafter", required=True, help="drafter config as JSON")
     ap.add_argument("--model", required=True)
+    ap.add_argument("--predraft", type=int, default=2)
     a = ap.parse_args()
-    serve_drafter(json.loads(a.serve_drafter), a.model)
+    serve_drafter(json.loads(a.serve_drafter), a.model, a.predraft)

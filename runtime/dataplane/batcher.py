@@ -9,7 +9,8 @@ waits for the answer; the worker takes whatever is pending, groups it, and calls
     session s3: observe([v3])    ---> drafter.observe([v3])                       (same pass, its own group)
 
 Groups, in this order per pass: release (frees memory first), begin, observe, observe_ahead, propose (by n),
-extend (by n; the overlap's drafting ahead, so several sessions drafting ahead share one forward too). Each
+branch (the overlap's rejection outcomes, ``Predraft``), extend (by n; the overlap's drafting ahead, so several
+sessions drafting ahead share one forward too). Each
 session has at most one call in flight (it waits for the answer), so the order between groups never reorders one
 request's calls, and rows of one call are different requests, whose drafter state is independent: a session's
 calls mean what they meant alone. Proposals are put first on the critical path: a pass runs proposes before the
@@ -49,11 +50,11 @@ from dataclasses import replace
 
 import torch
 
-from specula.drafters.protocol import Proposal, supports_lookahead
+from specula.drafters.protocol import Proposal, supports_lookahead, supports_predraft
 
 log = logging.getLogger(__name__)
 
-OPS = ("release", "begin", "observe", "observe_ahead", "propose", "extend")  # the order of a pass
+OPS = ("release", "begin", "observe", "observe_ahead", "propose", "branch", "extend")  # the order of a pass
 _ROWS = ("propose", "extend")  # answered with Proposal rows
 _STOP = object()
 
@@ -150,6 +151,9 @@ class DraftBatcher:
     def release(self, request_ids: Sequence[str]) -> None:
         self._submit("release", request_ids)
 
+    def branch(self, rows: Sequence[tuple[str, int]]) -> list:
+        return self._submit("branch", rows)
+
     # ------------------------------------------------------------------------------------------- internals
 
     def _submit(self, op: str, rows: Sequence, n: int = 0):
@@ -223,6 +227,17 @@ class DraftBatcher:
             for c in calls:
                 c.finish(error=e)
             return
+        if op == "branch":  # one answer per row
+            if not isinstance(out, list) or len(out) != len(rows):
+                err = RuntimeError(f"drafter branch answered {out!r} for {len(rows)} rows")
+                for c in calls:
+                    c.finish(error=err)
+                return
+            lo = 0
+            for c in calls:
+                c.finish(out[lo:lo + len(c.rows)])
+                lo += len(c.rows)
+            return
         if op not in _ROWS:
             for c in calls:
                 c.finish()
@@ -282,6 +297,7 @@ class BatchedView:
     def __init__(self, batcher: DraftBatcher, drafter) -> None:
         self._b, self.spec = batcher, drafter.spec
         self.lookahead = supports_lookahead(drafter)
+        self.predraft = supports_predraft(drafter)
 
     def begin(self, contexts: Sequence) -> None:
         self._b.begin(contexts)
@@ -300,3 +316,6 @@ class BatchedView:
 
     def observe_ahead(self, verdicts: Sequence) -> None:
         self._b.observe_ahead(verdicts)
+
+    def branch(self, rows: Sequence[tuple[str, int]]) -> list:
+        return self._b.branch(rows)

@@ -16,7 +16,7 @@ engine's plain step: gamma = 0), so the output does not change. ``fallbacks`` sa
 Time split (``stats``, per request; the caller pops it): every Proposal says how long the drafter queued the request
 (``idle``: it was still drafting ahead, or busy with other sessions) and drafted it (``draft``); the rest of the
 round trip is ``transfer`` (encode, gRPC, decode, both ways). ``ahead`` is drafting that overlapped verification;
-``spec_used`` / ``spec_dropped`` count pre-drafted blocks; ``bytes_out`` / ``bytes_in`` are serialized frame bytes;
+``spec_used`` / ``spec_dropped`` count pre-drafted blocks (``spec_branch``: used ones drafted for a rejection); ``bytes_out`` / ``bytes_in`` are serialized frame bytes;
 ``drafter`` names the drafter that drafted the request's blocks, as the replica reported it ("" before any).
 
 A request's drafter choice (``DraftContext.drafter``, from ``GenerationRequest.drafter``) goes in its Begin; a
@@ -159,14 +159,18 @@ class RemoteDrafter:
         retry_after_s: a replica that could not be reached is not tried again for this long.
         max_nodes: most draft nodes accepted in one proposal (a sanity bound on untrusted input).
         overlap: ask replicas to draft ahead while this side verifies (True / False); None = each replica's default.
+        predraft: with overlap, ask replicas to draft ahead for rejections too (True / False; the replica's
+            ``predraft`` setting says how many); None = each replica's default.
     """
 
     def __init__(self, *, vocab_size: int, codec_preference: Sequence[str] = ("fp32",),
                  limits: WireLimits = DEFAULT_LIMITS, propose_timeout_s: float = 2.0, connect_timeout_s: float = 2.0,
-                 retry_after_s: float = 5.0, max_nodes: int = 256, overlap: bool | None = None) -> None:
+                 retry_after_s: float = 5.0, max_nodes: int = 256, overlap: bool | None = None,
+                 predraft: bool | None = None) -> None:
         self.vocab_size, self.preference, self.limits = vocab_size, list(codec_preference), limits
         self.propose_timeout_s, self.connect_timeout_s = propose_timeout_s, connect_timeout_s
         self.retry_after_s, self.max_nodes, self.overlap = retry_after_s, max_nodes, overlap
+        self.predraft = predraft
         self._lock = threading.Lock()
         self._replicas: dict[str, _Replica] = {}
         self._assigned: dict[str, str] = {}  # request id -> address, from attach() until begin()
@@ -256,6 +260,8 @@ class RemoteDrafter:
                              codec=rep.codec, drafter=c.drafter or "")
             if self.overlap is not None:
                 begin.overlap = bool(self.overlap)
+            if self.predraft is not None:
+                begin.predraft = bool(self.predraft)
             self.stats[c.request_id] = _new_stats(rep.codec, bool(rep.info.overlap) and self.overlap is not False)
             try:
                 s = SessionStream(rep.stub, c.request_id, rep.codec, rep.limits, self.limits)
@@ -338,6 +344,7 @@ class RemoteDrafter:
         st["ahead_s"] += ps.ahead_ns / 1e9
         st["spec_used"] += int(ps.speculative)
         st["spec_dropped"] += int(ps.dropped)
+        st["spec_branch"] += int(ps.branch)
         if ps.drafter:
             st["drafter"] = ps.drafter
         self._bytes(rid, s)
@@ -382,7 +389,7 @@ class RemoteDrafter:
 
 def _new_stats(codec: str, overlap: bool) -> dict:
     return {"codec": codec, "overlap": overlap, "drafter": "", "proposals": 0, "draft_s": 0.0, "transfer_s": 0.0,
-            "idle_s": 0.0, "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0, "bytes_out": 0, "bytes_in": 0}
+            "idle_s": 0.0, "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0, "spec_branch": 0, "bytes_out": 0, "bytes_in": 0}
 
 
 def _batch(ids: tuple[str, ...], rows, vocab_size: int) -> Proposal:

@@ -24,6 +24,14 @@ the verifier's rejection rule assumes; the q sent is the q each token was drawn 
 chains, so a hit sends exactly the block a sequential drafter would have drafted after the same verdict (ngram:
 always the same; the neural drafters: up to floating-point differences in how their caches were filled).
 
+Drafting ahead for rejections too (SSD / Saguaro; ``drafters/protocol.py`` ``Predraft``: text_lm chains). Once the
+block past the guess is drafted and the verdict is still out, the pipeline asks the drafter for its most likely
+other outcomes, "d_0 .. d_{k-1} accepted, the target's token at k is t" (k = gamma: every node accepted, a bonus
+token other than the guess), one at a time (at most ``predraft`` per block), and drafts gamma + 1 nodes after
+each as a hidden branch. A verdict with that outcome makes the branch the next block, sent at once; a rejection
+no longer has to wait for a fresh proposal when the drafter foresaw it. Each branch is lossless for the same
+reason as the block past the guess: its tokens are drawn after (k, t) is fixed, from the drafter's randomness.
+
 Speculation is cut short as soon as the next message makes it pointless (a Verdict that already disagrees, a
 Release), one node at a time, so a miss costs at most one node's drafting on top of the sequential path.
 
@@ -45,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specula.drafters.protocol import Verdict, supports_lookahead
+from specula.drafters.protocol import Verdict, supports_lookahead, supports_predraft
 
 
 @dataclass
@@ -56,6 +64,7 @@ class Block:
     parents: list[int] | None
     q: torch.Tensor | None
     speculative: bool = False  # pre-drafted (an overlap hit)
+    branch: bool = False  # pre-drafted for a rejection outcome (a predraft hit)
     dropped: int = 0  # pre-drafted blocks dropped since the previous proposal
     draft_ns: int = 0  # drafting on the critical path
     ahead_ns: int = 0  # drafting ahead that led to this proposal (hit or dropped)
@@ -69,10 +78,14 @@ class Pipeline:
     lock; a caller driving a plain drafter from several threads passes a ``lock`` that serializes its calls.
     """
 
-    def __init__(self, drafter, key: str, lock: threading.Lock | None = None, overlap: bool = False) -> None:
+    def __init__(self, drafter, key: str, lock: threading.Lock | None = None, overlap: bool = False,
+                 predraft: int = 0) -> None:
         self.drafter, self.key = drafter, key
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self.overlap = bool(overlap) and supports_lookahead(drafter)
+        self.predraft = max(int(predraft), 0) if self.overlap and supports_predraft(drafter) else 0
+        self._branches: dict[tuple[int, int], tuple[list[int], list[torch.Tensor | None]]] = {}  # (k, t) -> nodes
+        self._growing: tuple[int, int] | None = None  # the branch being drafted (None: the block past the guess)
         self._sent = 0  # nodes of the outstanding chain the verifier saw
         self._gamma = 0  # the gamma they answered
         self._guess: int | None = None  # the chain's node after them (overlap only)
@@ -82,6 +95,7 @@ class Pipeline:
         self._ready: Block | None = None  # a hit, waiting for its ProposeRequest
         self._since = (0, 0)  # (blocks dropped, ns drafted ahead) since the last Proposal
         self.used = self.dropped = 0  # speculative blocks sent / dropped over the session
+        self.branch_hits = 0  # of the blocks sent, those drafted for a rejection outcome
 
     # ------------------------------------------------------------------------------------------- messages
 
@@ -92,10 +106,16 @@ class Pipeline:
         return block
 
     def verdict(self, v: Verdict) -> None:
-        """Settle the block drafted ahead: a hit keeps it for the next ProposeRequest, a miss drops it."""
+        """Settle the blocks drafted ahead: a hit keeps its block for the next ProposeRequest, the rest are dropped."""
+        accepted, nxt = [int(i) for i in v.accepted], int(v.next_token)
         ahead, ahead_q, ahead_ns = self._ahead, self._ahead_q, self._ahead_ns
-        hit = bool(ahead) and self.would_hit(list(v.accepted), int(v.next_token))
+        branch = self._branches.get((len(accepted), nxt)) if accepted == list(range(len(accepted))) else None
+        is_branch = branch is not None and bool(branch[0]) and not (self._guess == nxt and len(accepted) == self._sent)
+        if is_branch:
+            ahead, ahead_q = branch
+        hit = bool(ahead) and (is_branch or self._matches_guess(accepted, nxt))
         self._ahead, self._ahead_q, self._ahead_ns, self._guess, self._ready = [], [], 0, None, None
+        self._branches, self._growing = {}, None
         dropped, before_ns = self._since
         if not hit:
             with self.lock:
@@ -106,24 +126,47 @@ class Pipeline:
         with self.lock:
             self.drafter.observe_ahead([v])  # the block drafted ahead is now the drafter's outstanding chain
         self._since = (0, 0)
-        self._ready = Block(ahead, None, _stack_q(ahead, ahead_q), speculative=True, dropped=dropped,
-                            ahead_ns=before_ns + ahead_ns)
+        self._ready = Block(ahead, None, _stack_q(ahead, ahead_q), speculative=True, branch=is_branch,
+                            dropped=dropped, ahead_ns=before_ns + ahead_ns)
 
     def would_hit(self, accepted: list[int], next_token: int) -> bool:
-        """Would a verdict with this path and next token keep the block drafted ahead?"""
+        """Would a verdict with this path and next token keep the block being drafted ahead right now (the block
+        past the guess, or the branch being drafted)? If not, drafting on is pointless."""
+        if self._growing is None:
+            return self._matches_guess(accepted, next_token)
+        return accepted == list(range(self._growing[0])) and next_token == self._growing[1]
+
+    def _matches_guess(self, accepted: list[int], next_token: int) -> bool:
         return self._guess is not None and accepted == list(range(self._sent)) and next_token == self._guess
 
     # ------------------------------------------------------------------------------------------- drafting ahead
 
     @property
     def wants_ahead(self) -> bool:
-        return self.overlap and self._guess is not None and not self._ahead
+        return self.overlap and self._guess is not None and not self._ahead and not self._branches
 
     def speculate(self, should_stop: Callable[[], bool]) -> None:
-        """Draft up to gamma + 1 nodes past the guess (after the Proposal was sent), one at a time."""
+        """Draft up to gamma + 1 nodes past the guess (after the Proposal was sent), one at a time; then, while the
+        verdict is still out, up to ``predraft`` branches of gamma + 1 nodes for the likeliest rejections."""
         if not self.wants_ahead:
             return
         t0 = time.perf_counter_ns()
+        self._grow(self._ahead, self._ahead_q, should_stop)
+        for _ in range(self.predraft):
+            if should_stop():
+                break
+            with self.lock:
+                opened = self.drafter.branch([(self.key, self._sent)])[0]
+            if opened is None:
+                break
+            nodes: tuple[list[int], list[torch.Tensor | None]] = ([], [])
+            self._growing = (int(opened[0]), int(opened[1]))
+            self._branches[self._growing] = nodes
+            self._grow(*nodes, should_stop)
+        self._growing = None
+        self._ahead_ns += time.perf_counter_ns() - t0
+
+    def _grow(self, tokens: list[int], qs: list[torch.Tensor | None], should_stop: Callable[[], bool]) -> None:
         for _ in range(self._gamma + 1):
             if should_stop():
                 break
@@ -131,9 +174,8 @@ class Pipeline:
                 p = self.drafter.extend([self.key], 1)
             if not p.counts[0]:
                 break
-            self._ahead.append(int(p.tokens[0, 0]))
-            self._ahead_q.append(p.q[0, 0].float().cpu() if p.q is not None else None)
-        self._ahead_ns += time.perf_counter_ns() - t0
+            tokens.append(int(p.tokens[0, 0]))
+            qs.append(p.q[0, 0].float().cpu() if p.q is not None else None)
 
     # ------------------------------------------------------------------------------------------- internals
 
@@ -144,10 +186,11 @@ class Pipeline:
         send = min(len(chain), max(gamma, 0))
         self._sent, self._gamma = send, gamma
         self.used += 1
+        self.branch_hits += b.branch
         # a longer chain (gamma shrank) is sent in part and not extended: observe drops its tail later
         self._guess = chain[gamma] if len(chain) == gamma + 1 and gamma > 0 else None
         q = b.q[:send] if b.q is not None and send else None
-        return Block(chain[:send], None, q, speculative=True, dropped=b.dropped, ahead_ns=b.ahead_ns)
+        return Block(chain[:send], None, q, speculative=True, branch=b.branch, dropped=b.dropped, ahead_ns=b.ahead_ns)
 
     def _fresh(self, gamma: int) -> Block:
         dropped, ahead_ns = self._since

@@ -83,6 +83,8 @@ class DrafterServer:
         max_sessions: concurrent streams; more are refused (RESOURCE_EXHAUSTED) and those requests decode alone.
         device: where decoded features go before the drafter sees them.
         overlap: draft the next block while the verifier verifies (when the drafter can); sessions may opt out.
+        predraft: with overlap, also draft up to this many blocks for the likeliest rejection outcomes per block
+            (drafters with ``Predraft``, e.g. text_lm chains; ``overlap.py``); 0 = only the block past the guess.
         name: the name a Begin may give to choose ``drafter`` (default its kind); a MultiDrafter has its own names.
         max_batch_size: most rows in one drafter call across sessions (``batcher.DraftBatcher``).
         batch_wait_ms: how long the drafting worker waits for more calls after the first (0 = none).
@@ -93,7 +95,7 @@ class DrafterServer:
                  accept_codecs: Sequence[str] = ("fp32",), limits: WireLimits = DEFAULT_LIMITS,
                  max_sessions: int = 64, device: str | torch.device = "cpu", overlap: bool = True,
                  name: str | None = None, max_batch_size: int = 64, batch_wait_ms: float = 0.0,
-                 on_call=None) -> None:
+                 on_call=None, predraft: int = 0) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.drafter, self.limits, self.device = drafter, limits, torch.device(device)
@@ -104,6 +106,9 @@ class DrafterServer:
         multi = isinstance(drafter, MultiDrafter)
         self.choices = drafter.names if multi else (name or spec.kind,)  # what a Begin may name; default first
         self._overlap = bool(overlap)  # sessions of drafters that can draft ahead do
+        if isinstance(predraft, bool) or not isinstance(predraft, int) or predraft < 0:
+            raise ValueError(f"predraft must be an integer >= 0, got {predraft!r}")
+        self._predraft = predraft
         self.overlap = self._overlap and supports_lookahead(drafter.drafters[drafter.default] if multi else drafter)
         self.info = pb.DrafterInfo(kind=spec.kind, structure=spec.structure, needs=sorted(spec.needs),
                                    accepted_codecs=codecs, max_message_bytes=limits.max_message_bytes,
@@ -125,7 +130,8 @@ class DrafterServer:
         return cls(make_drafter(config), host=dp.host, port=dp.port,
                    advertise_host=dp.advertise_host or advertise_host, accept_codecs=config.drafter.accept_codecs,
                    limits=WireLimits(max_message_bytes=dp.max_message_bytes), max_sessions=dp.max_sessions,
-                   device=settings.device, overlap=config.drafter.overlap, name=config.drafter.default_name,
+                   device=settings.device, overlap=config.drafter.overlap,
+                   predraft=config.drafter.predraft, name=config.drafter.default_name,
                    max_batch_size=dp.max_batch_size, batch_wait_ms=dp.batch_wait_ms)
 
     # ------------------------------------------------------------------------------------------- lifecycle
@@ -235,9 +241,11 @@ class DrafterServer:
             finally:
                 s.begun = True  # a failed begin may have left state: the session's end releases it
             wants = msg.body.overlap if msg.body.HasField("overlap") else True
+            branches = self._predraft if not msg.body.HasField("predraft") or msg.body.predraft else 0
             # the session's own drafter: with several, the pipeline drafts ahead when the chosen one can
             drafter = self.drafter.drafter_for(s.key) if isinstance(self.drafter, MultiDrafter) else self.drafter
-            s.pipeline = Pipeline(BatchedView(self.batcher, drafter), s.key, overlap=self._overlap and wants)
+            s.pipeline = Pipeline(BatchedView(self.batcher, drafter), s.key, overlap=self._overlap and wants,
+                                  predraft=branches)
             return
         if kind == "error":  # the verifier gave up on this session
             s.done = True
@@ -276,7 +284,8 @@ class DrafterServer:
     @staticmethod
     def _proposal(block: Block, queued_ns: int, drafter: str) -> tuple:
         stats = pb.ProposalStats(speculative=block.speculative, dropped=block.dropped, queued_ns=max(queued_ns, 0),
-                                 draft_ns=block.draft_ns, ahead_ns=block.ahead_ns, drafter=drafter)
+                                 draft_ns=block.draft_ns, ahead_ns=block.ahead_ns, drafter=drafter,
+                                 branch=block.branch)
         tensors = {}
         if block.q is not None and block.tokens:
             tensors["q"] = block.q.float().contiguous()  # [N, V] fp32

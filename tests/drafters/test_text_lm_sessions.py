@@ -90,3 +90,72 @@ def test_compaction_with_drafts_outstanding_keeps_every_q_exact():
     assert longest <= most + 3 * 8 + 4  # holes never outlive a round of calls (before: every call grew it)
     d.release(rows)
     assert d._kv.cache is None and not d._rows  # noqa: SLF001
+
+
+def _invariant(d: TextLMDrafter) -> None:
+    """Valid slots per row = committed context minus tail + every fed draft node (main chain and branches)."""
+    for i, r in enumerate(d._rows.values()):  # noqa: SLF001
+        fed = [c for c in (r.draft.cols if r.draft else []) if c >= 0]
+        assert int(d._kv.valid[i].sum()) == len(r.context) - len(r.tail) + len(fed)  # noqa: SLF001
+
+
+def test_branches_for_rejection_outcomes_draft_exactly_and_a_matching_verdict_adopts_one():
+    """Predraft (SSD / Saguaro): after the chain and its extension, branches open at the drafter's most likely
+    rejection outcomes (k, t); each branch's nodes have q = a full recompute over context + d_<k + t (so the main
+    chain past k and other branches are invisible to them); a verdict landing on a branch makes its nodes the
+    proposal, and drafting on from there stays exact."""
+    lm = _lm()
+    rng = random.Random(3)
+    gamma = 3
+    for temperature in (1.0, 0.0):
+        d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE,
+                          kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+        assert d.predraft
+        g = torch.Generator().manual_seed(5)
+        d.begin([DraftContext("r", torch.randint(0, IMAGE, (7,), generator=g), first_token=3,
+                              temperature=temperature, seed=1)])
+        landed = 0
+        for _ in range(6):
+            p = d.propose(["r"], gamma + 1)
+            chain = p.tokens[0, : p.counts[0]].tolist()
+            ahead = d.extend(["r"], gamma + 1)
+            _check_or_argmax(lm, d, chain, ahead, temperature)
+            branches = {}
+            for _ in range(4):
+                opened = d.branch([("r", gamma)])[0]
+                assert opened is not None and opened not in branches
+                k, t = opened
+                assert 0 <= k <= gamma and t != chain[k] and t != IMAGE
+                nodes = d.extend(["r"], 3)
+                _check_or_argmax(lm, d, chain[:k] + [t], nodes, temperature)
+                branches[opened] = nodes.tokens[0, : nodes.counts[0]].tolist()
+                _invariant(d)
+            (k, t), nodes = rng.choice(sorted(branches.items()))
+            if rng.random() < 0.75:
+                context = d.context("r") + chain[:k] + [t]
+                d.observe_ahead([Verdict("r", tuple(range(k)), tuple(chain[:k]), t)])
+                landed += 1
+                assert d.context("r") == context
+                assert d._rows["r"].draft.tokens == nodes  # noqa: SLF001 - the branch is the proposal now
+                more = d.extend(["r"], 2)  # drafting on from the adopted branch
+                _check_or_argmax(lm, d, nodes, more, temperature)
+                _invariant(d)
+                d.observe([Verdict("r", (), (), rng.randrange(IMAGE))])  # then a plain miss
+            else:  # an outcome nobody drafted for: every branch goes with the rest
+                miss = next(x for x in range(IMAGE) if x != chain[k] and (k, x) not in branches)
+                d.observe([Verdict("r", tuple(range(k)), tuple(chain[:k]), miss)])
+            _invariant(d)
+        assert landed > 0
+        d.release(["r"])
+        assert d._kv.cache is None  # noqa: SLF001
+
+
+def _check_or_argmax(lm, d: TextLMDrafter, prefix: list[int], p, temperature: float) -> None:
+    """Sampled rows: each node's q is the full recompute (``_check``); greedy rows: each node is its argmax."""
+    tokens = p.tokens[0, : p.counts[0]].tolist()
+    if temperature > 0:
+        _check(lm, d, "r", prefix, tokens, p.q)
+        return
+    assert p.q is None
+    for i, t in enumerate(tokens):
+        assert int(_ref_logp(lm, d.context("r") + prefix + tokens[:i]).argmax()) == t

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -105,7 +106,7 @@ def test_greedy_overlap_equals_plain_decoding_batched(model_dir, lively, process
         assert supports_lookahead(drafter)
         verifier = _verifier(d)
         try:
-            with DrafterServer(drafter, overlap=True) as server:
+            with DrafterServer(drafter, overlap=True, predraft=3) as server:
                 got = _run_batch(verifier, reqs, server.address)
         finally:
             verifier.close()
@@ -115,6 +116,48 @@ def test_greedy_overlap_equals_plain_decoding_batched(model_dir, lively, process
         assert all(s["overlap"] and s["proposals"] > 0 for s in stats)
         settled += sum(s["spec_used"] + s["spec_dropped"] for s in stats)
     assert settled > 0, kind  # blocks really were drafted ahead and settled
+
+
+class _SlowVerify:
+    """A real target whose verify takes ``delay_s`` longer: the cost ratio of a big target to a small drafter (the
+    tiny test target verifies faster than the drafter drafts, so nothing would be drafted before the verdict)."""
+
+    def __init__(self, target, delay_s: float) -> None:
+        self._target, self._delay = target, delay_s
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def verify(self, *args, **kwargs):
+        time.sleep(self._delay)
+        return self._target.verify(*args, **kwargs)
+
+
+def test_predraft_foreseen_rejections_get_their_block_at_once_and_output_is_unchanged(lively, processor):
+    """SSD / Saguaro on the data plane: text_lm = the target's own LM with a little noise, so where it is wrong the
+    target's token is often its runner-up; with predraft the drafter drafts blocks for those rejections while the
+    (slowed) verifier works, some verdicts land on one (spec_branch), and greedy output equals plain decoding."""
+    reqs = world_requests(processor, 3, SamplingParams(max_tokens=24))
+    plain = SpecEngine(load_target(lively), None)
+    want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
+    drafter = _text_lm(lively)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in drafter.model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    target = _SlowVerify(load_target(lively), 0.08)
+    verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0),
+                              gamma=4)
+    try:
+        with DrafterServer(drafter, overlap=True, predraft=3) as server:
+            got = _run_batch(verifier, reqs, server.address)
+    finally:
+        verifier.close()
+    assert {rid: g["tokens"] for rid, g in got.items()} == want
+    stats = [g["dataplane"] for g in got.values()]
+    assert sum(s["spec_branch"] for s in stats) > 0, stats
+    assert all(s["spec_branch"] <= s["spec_used"] for s in stats)
 
 
 def test_repetitive_answers_use_blocks_drafted_ahead_and_rejections_drop_them(model_dir, lively, processor):
@@ -268,11 +311,55 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
                "--max-tokens", "12", "--gamma", "3", "--out", str(out)])
     assert rc == 0
     r = json.loads((out / "bench_distributed.json").read_text())
-    assert set(r["configs"]) >= {"plain", "single_process", "sequential", "pipelined"}
-    for name in ("single_process", "sequential", "pipelined"):
+    assert set(r["configs"]) >= {"plain", "single_process", "sequential", "pipelined", "predraft"}
+    for name in ("single_process", "sequential", "pipelined", "predraft"):
         assert r["configs"][name]["greedy_exact"] is True
         assert r["configs"][name]["speedup_vs_plain"] > 0
     assert r["configs"]["pipelined"]["spec_used"] + r["configs"]["pipelined"]["spec_dropped"] > 0
-    assert 0 < r["overlap"]["efficiency"]
+    assert 0 < r["overlap"]["efficiency"] and r["overlap"]["predraft_vs_pipelined"] > 0
+    assert r["configs"]["predraft"]["spec_branch"] == 0  # ngram cannot rank rejections: nothing drafted for them
     assert set(r["wire"]) >= {"fp32", "fp16", "int8"}
     assert (out / "bench_distributed.md").read_text().startswith("# ")
+
+
+def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would():
+    """The Pipeline on text_lm with predraft, message by message: branches open at the drafter's likeliest
+    rejection outcomes; a verdict with one of them gets that branch as its next block at once, exactly the block a
+    sequential drafter proposes after the same committed tokens; an unforeseen verdict drops every branch."""
+    torch.manual_seed(0)
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512)
+    lm = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in lm.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    make = lambda: create({"kind": "text_lm", "model": lm, "image_token_id": 63})  # noqa: E731
+    ahead, seq = make(), make()
+    prompt = torch.tensor([5, 9, 11, 2, 40, 7])
+    ahead.begin([DraftContext("a", prompt, 3)])
+    seq.begin([DraftContext("s", prompt, 3)])
+    p = Pipeline(ahead, "a", threading.Lock(), overlap=True, predraft=3)
+    assert p.predraft == 3
+    b = p.propose(4)
+    p.speculate(lambda: False)
+    assert len(p._branches) == 3 and all(len(n[0]) == 5 for n in p._branches.values())  # noqa: SLF001
+    (k, t), (nodes, _) = sorted(p._branches.items())[-1]  # noqa: SLF001
+    assert t != b.tokens[k] if k < len(b.tokens) else t != p._guess  # noqa: SLF001
+    assert p.would_hit(list(range(k)), t) is False  # nothing is growing now: only the guess would be kept
+    p.verdict(Verdict("a", tuple(range(k)), tuple(b.tokens[:k]), t))
+    nb = p.propose(4)
+    assert nb.speculative and nb.branch and p.branch_hits == 1 and nb.tokens == nodes[:4]
+    for x in b.tokens[:k] + [t]:
+        seq.observe([Verdict("s", (), (), x)])
+    assert nb.tokens == seq.propose(["s"], 4).tokens[0].tolist()
+    assert ahead.context("a") == seq.context("s")
+    p.speculate(lambda: False)
+    outcomes = set(p._branches) | {(4, p._guess)}  # noqa: SLF001
+    miss = next((0, x) for x in range(63) if (0, x) not in outcomes and x != nb.tokens[0])
+    p.verdict(Verdict("a", (), (), miss[1]))
+    again = p.propose(4)
+    assert not again.speculative and again.dropped == 1
+    assert ahead.context("a")[-1] == miss[1]
