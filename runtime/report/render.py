@@ -177,7 +177,8 @@ def _overlap_md(sec, r):
     return [f"`bench distributed` with drafter `{sec['drafter']['kind']}`, gamma {sec['gamma']}, suites "
             f"{', '.join(sec['suites'])} ({sec['n_per_suite']} prompt(s) each); verifier in this process, drafter in a "
             f"child process over loopback gRPC. Overlap efficiency = speedup / (tau x T_decode / T_verify(gamma)): "
-            f"pipelined {_f(o.get('efficiency'), 3)}; pipelined vs sequential {_f(o.get('pipelined_vs_sequential'))}x.",
+            f"pipelined {_f(o.get('efficiency'), 3)}; pipelined vs sequential {_f(o.get('pipelined_vs_sequential'))}x; "
+            f"with predraft (blocks drafted for rejections) vs pipelined {_f(o.get('predraft_vs_pipelined'))}x.",
             "", *_table(["config", "tau", "speedup vs plain", "ideal", "efficiency", "transfer share",
                          "greedy == plain"], rows)]
 
