@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, supports_lookahead
+from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, supports_lookahead, supports_predraft
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # what a drafter name may be (config keys, API fields)
 RESERVED = ("none",)  # the API's word for "no drafting"; never a drafter's name
@@ -79,6 +79,7 @@ class MultiDrafter:
         self.spec = DrafterSpec(kind="multi", structure=structure,
                                 needs=frozenset().union(*(d.spec.needs for d in subs)))
         self.lookahead = all(supports_lookahead(d) for d in subs)
+        self.predraft = self.lookahead and all(supports_predraft(d) for d in subs)
         self._route: dict[str, str] = {}  # request id -> the name it drafts with (begin .. release)
 
     @property
@@ -155,6 +156,17 @@ class MultiDrafter:
             if not supports_lookahead(d):
                 raise ValueError(f"observe_ahead for requests of drafter {name!r}, which does not draft ahead")
             d.observe_ahead([_verdict_for(verdicts[b], d.spec.needs) for b in rows])
+
+    def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
+        """``Predraft`` by request: rows whose drafter cannot rank rejection outcomes get None."""
+        rows = list(rows)
+        out: list[tuple[int, int] | None] = [None] * len(rows)
+        for name, idx in _groups(self._names(r for r, _ in rows)):
+            d = self.drafters[name]
+            if supports_predraft(d):
+                for b, opened in zip(idx, d.branch([rows[b] for b in idx])):
+                    out[b] = opened
+        return out
 
     def _names(self, request_ids) -> list[str]:
         # a request that never began drafts with the default, as it would with the default alone

@@ -286,6 +286,29 @@ def test_spec_is_the_union_and_lookahead_needs_every_drafter():
     assert supports_lookahead(mixed.drafters["n"]) and mixed.drafter_for("unknown") is ngram
 
 
+def test_branch_routes_to_drafters_that_rank_rejections_and_others_get_none():
+    """Predraft through a MultiDrafter: a text_lm request opens a rejection outcome, an ngram request gets None."""
+    from transformers import LlamaConfig
+
+    from specula.drafters.protocol import supports_predraft
+
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2)).eval()
+    text = create({"kind": "text_lm", "model": lm, "image_token_id": 63})
+    multi = MultiDrafter({"t": text, "n": create({"kind": "ngram"})}, default="t")
+    assert supports_lookahead(multi) and not supports_predraft(multi) and supports_predraft(multi.drafter_for("x"))
+    prompt = torch.tensor([4, 5, 6, 4, 5, 6, 4])
+    multi.begin([DraftContext("a", prompt, 5, drafter="t"), DraftContext("b", prompt, 5, drafter="n")])
+    p = multi.propose(["a", "b"], 3)
+    assert p.counts[0] == 3
+    opened = multi.branch([("b", 2), ("a", 2)])
+    assert opened[0] is None and opened[1] is not None
+    k, t = opened[1]
+    assert 0 <= k <= 2 and t != p.tokens[0, k]
+    multi.release(["a", "b"])
+
+
 # ----------------------------------------------------------------------------------------------- engine
 
 
