@@ -21,7 +21,8 @@ class Sample:
     first sentence of reasoning answers). ``n_choices`` is how many answers the question type admits (chance level
     = 1 / n_choices for a balanced question). ``attributes`` are words a good caption must name. ``patch_words``
     holds, per image, the words describing the object under each of the GRID*GRID patches (empty tuple for
-    background); training uses it as a dense auxiliary signal.
+    background); training uses it as a dense auxiliary signal. ``followups`` (training only) are further user /
+    assistant turns about the same images after the first, so one image's visual tokens serve many answers.
     """
 
     suite: str
@@ -33,6 +34,7 @@ class Sample:
     n_choices: int | None = None
     attributes: tuple[str, ...] = ()
     patch_words: tuple[tuple[tuple[str, ...], ...], ...] = field(default=(), repr=False)
+    followups: tuple[tuple[str, str], ...] = ()  # training dialogues: more (question, answer) turns on the same images
 
     def __post_init__(self) -> None:
         if self.prompt.count(IMAGE_MARK) != len(self.images):

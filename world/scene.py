@@ -269,3 +269,26 @@ def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int =
         suffix = pick(rng, ("Explain your answer.", "Explain why.", "Give your reasoning.", ""))
         return Sample(suite, "reasoning", (img,), clean(f"<image>{q} {suffix}"), resp, a, None, (), (pw,))
     raise ValueError(f"unknown scene task {task!r}")
+
+
+def make_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 12, n_min: int = 1,
+                  n_max: int = 5) -> Sample:
+    """A training dialogue: one scene, then up to ``n_turns`` distinct short questions about it as successive turns.
+
+    The first turn is exactly an evaluation-format VQA prompt; the follow-ups reuse the image's visual tokens, so
+    one forward pass trains many grounded answers (a single-question sample spends ~80% of its tokens on the image).
+    """
+    scene = sample_scene(rng, n_min, n_max)
+    img, pw = render_scene(scene, rng)
+    turns: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for _ in range(4 * n_turns):
+        if len(turns) == n_turns:
+            break
+        q, a, _ = vqa(rng, scene)
+        if q in seen:
+            continue
+        seen.add(q)
+        turns.append((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a))
+    (q0, a0), rest = turns[0], tuple(turns[1:])
+    return Sample(suite, "vqa_dialogue", (img,), f"<image>{q0}", a0, a0, None, (), (pw,), rest)

@@ -76,6 +76,37 @@ TRAIN_MIX: tuple[tuple[str, Maker, str, float], ...] = (
 )
 
 
+def _vqa_dialogue(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make_dialogue(rng, suite, task, n_turns=12)
+
+
+def _few_object_dialogue(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make_dialogue(rng, suite, task, n_turns=8, n_min=1, n_max=2)
+
+
+# The grounding mix: scene questions come as 12-turn dialogues about one image (first turn in the evaluation
+# format), so the answer signal per image is ~10x that of TRAIN_MIX at ~2x the tokens; the other tasks stay in at
+# lower weight so they are not forgotten.
+DIALOGUE_MIX: tuple[tuple[str, Maker, str, float], ...] = (
+    ("vqa_dialogue", _vqa_dialogue, "vqa", 4.0),
+    ("vqa_dialogue_few", _few_object_dialogue, "vqa", 1.0),
+    ("caption", scene.make, "caption", 2.0),
+    ("caption_short", _few_object_caption, "caption", 0.5),
+    ("reasoning", scene.make, "reasoning", 0.7),
+    ("chart", charts.make, "qa", 0.8),
+    ("chart_caption", charts.make, "caption", 0.2),
+    ("ocr", signs.make, "qa", 0.8),
+    ("ocr_caption", signs.make, "caption", 0.2),
+    ("multi_image", multi.make_multi, "qa", 0.5),
+    ("multi_caption", multi.make_multi, "caption", 0.1),
+    ("video", multi.make_video, "qa", 0.4),
+    ("video_caption", multi.make_video, "caption", 0.1),
+    ("text", text_only.make, "text", 0.5),
+)
+
+MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX}
+
+
 def suite_names() -> list[str]:
     return list(SUITES)
 

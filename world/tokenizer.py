@@ -36,6 +36,11 @@ def format_turns(prompt: str, response: str | None = None) -> str:
     return text if response is None else text + response + EOS
 
 
+def format_dialogue(prompt: str, response: str, followups: tuple[tuple[str, str], ...] = ()) -> str:
+    """The chat template applied to a whole dialogue: the first turn, then each (question, answer) follow-up."""
+    return format_turns(prompt, response) + "".join(f"{USER}{q}{ASSISTANT}{a}{EOS}" for q, a in followups)
+
+
 def corpus(n_samples: int, seed: int = 0) -> Iterator[str]:
     from specula.world.suites import SUITES, generate, train_stream
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specula.world.sample import Sample
-from specula.world.tokenizer import ASSISTANT, format_turns
+from specula.world.tokenizer import ASSISTANT, format_dialogue
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Encoder:
         self.processor = processor
         self.tok = processor.tokenizer
         self.assistant_id = self.tok.convert_tokens_to_ids(ASSISTANT)
+        self.eos_id = self.tok.eos_token_id
         self.max_words = max_words
         self._word_ids: dict[str, int] = {}
 
@@ -47,7 +48,7 @@ class Encoder:
         return self._word_ids[word]
 
     def encode(self, s: Sample) -> Encoded:
-        text = format_turns(s.prompt, s.response)
+        text = format_dialogue(s.prompt, s.response, s.followups)
         if s.images:
             out = self.processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
             pixels = out["pixel_values"]
@@ -55,9 +56,7 @@ class Encoder:
             out = self.tok([text], return_tensors="pt", add_special_tokens=False)
             pixels = None
         ids = out["input_ids"][0]  # [L]
-        labels = ids.clone()
-        start = int((ids == self.assistant_id).nonzero()[-1]) + 1
-        labels[:start] = -100
+        labels = assistant_labels(ids, self.assistant_id, self.eos_id)
         targets = classes = None
         if s.images:
             classes = patch_classes(s.patch_words)
@@ -68,6 +67,22 @@ class Encoder:
                         t[i, j, k] = self.word_id(w)
             targets = t
         return Encoded(ids, labels, pixels, targets, classes)
+
+
+def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch.Tensor:
+    """Labels for next-token training: every assistant turn's tokens (through its EOS) keep their id, the rest -100.
+
+    ids # [L] int64
+    """
+    inside = torch.zeros_like(ids, dtype=torch.bool)  # [L]
+    on = False
+    for i, t in enumerate(ids.tolist()):
+        inside[i] = on
+        if t == assistant_id:
+            on = True
+        elif t == eos_id and on:
+            on = False
+    return torch.where(inside, ids, torch.full_like(ids, -100))
 
 
 def collate(items: list[Encoded], pad_id: int) -> Batch:

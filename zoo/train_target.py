@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from specula.world.suites import TRAIN_MIX, generate
+from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
 from specula.zoo.quality import chance_level, short_answer_accuracy
 from specula.zoo.target_config import TargetArch, build_model
@@ -59,21 +59,23 @@ class TrainConfig:
     vision_images: int = 4_000  # stage 0: tower + projector on dense patch labels before joint training
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
+    mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
 
 
 CURRICULUM_WEIGHTS = {"vqa_single": 5.0, "caption_short": 3.0, "text": 1.5, "vqa": 1.5}
 
 
 def mix_weights(frac: float, cfg: TrainConfig) -> list[float]:
-    if frac < cfg.curriculum:
-        return [CURRICULUM_WEIGHTS.get(name, 0.25 * w) for name, _, _, w in TRAIN_MIX]
-    return [w for _, _, _, w in TRAIN_MIX]
+    mix = MIXES[cfg.mix]
+    if frac < cfg.curriculum and cfg.mix == "base":
+        return [CURRICULUM_WEIGHTS.get(name, 0.25 * w) for name, _, _, w in mix]
+    return [w for _, _, _, w in mix]
 
 
 def sample_at(i: int, frac: float, cfg: TrainConfig):
     rng = random.Random(f"specula-mix/{cfg.seed}/{i}")
-    k = rng.choices(range(len(TRAIN_MIX)), weights=mix_weights(frac, cfg))[0]
-    name, maker, task, _ = TRAIN_MIX[k]
+    k = rng.choices(range(len(MIXES[cfg.mix])), weights=mix_weights(frac, cfg))[0]
+    name, maker, task, _ = MIXES[cfg.mix][k]
     return maker(random.Random(f"specula-world/{cfg.seed}/train/{name}/{i}"), name, task)
 
 

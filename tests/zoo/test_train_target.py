@@ -1,6 +1,7 @@
 """The target training recipe on a tiny model: losses fall, checkpoints resume, export loads with from_pretrained."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -111,3 +112,38 @@ def test_training_continues_from_exported_weights(tmp_path, processor):
     assert any("initialised from" in m for m in logs)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["samples"] >= 96 and state["warm_restart_at"] >= 48
+
+
+def test_dialogue_labels_cover_every_assistant_turn(processor):
+    from specula.world.suites import MIXES
+
+    enc = Encoder(processor)
+    maker = {m[0]: m[1] for m in MIXES["dialogue"]}["vqa_dialogue"]
+    s = maker(random.Random("dialogue-test"), "vqa", "vqa")
+    assert s.prompt.startswith("<image>") and s.followups and len(s.followups) <= 11
+    assert len({q for q, _ in s.followups} | {s.prompt}) == len(s.followups) + 1  # distinct questions
+    e = enc.encode(s)
+    tok = processor.tokenizer
+    eos = tok.eos_token_id
+    # the labelled tokens are exactly each answer followed by EOS, in order
+    labelled = e.labels[e.labels != -100].tolist()
+    answers = [s.response] + [a for _, a in s.followups]
+    expected = []
+    for a in answers:
+        expected += tok(a, add_special_tokens=False).input_ids + [eos]  # Metaspace: same tokens as in context
+    assert labelled == expected
+    # the text is what the chat template makes of the same messages (one image mark in the first user turn)
+    msgs = [{"role": "user", "content": s.prompt}, {"role": "assistant", "content": s.response}]
+    for q, a in s.followups:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    templ = tok(tok.apply_chat_template(msgs, tokenize=False), add_special_tokens=False).input_ids
+    image_id = tok.convert_tokens_to_ids("<image>")
+    assert [t for t in e.input_ids.tolist() if t != image_id] == [t for t in templ if t != image_id]
+
+
+def test_single_turn_labels_unchanged_by_dialogue_support(processor):
+    from specula.zoo.batching import assistant_labels
+
+    ids = torch.tensor([1, 4, 9, 5, 7, 8, 2])  # bos user x assistant a b eos
+    out = assistant_labels(ids, assistant_id=5, eos_id=2)
+    assert out.tolist() == [-100, -100, -100, -100, 7, 8, 2]
