@@ -66,8 +66,9 @@ class _Draft:
 
     Chains drafting ahead (lookahead / predraft) also keep: ``main`` nodes 0 .. main-1 form the chain the verifier
     sees (plus what was drafted past it); nodes after them are hidden branches (``branch``), each a chain whose
-    first node's parent is a main node (or -1); ``tip`` is the node ``extend`` grows; ``probs`` / ``alts`` rank
-    the rejection outcomes (a node's own probability, its best ALTS other tokens with theirs)."""
+    first node's parent is a main node (or -1); ``tip`` is the node ``extend`` grows; ``logits`` keeps, per node,
+    the row it was drawn from, so ``branch`` can rank the rejection outcomes (a node's own probability, its best
+    ALTS other tokens with theirs) lazily, only when a pipeline asks for them."""
 
     tokens: list[int]
     parents: list[int]  # -1 = off the committed context
@@ -75,8 +76,8 @@ class _Draft:
     closed: bool = False  # the tip found no successor (no mass left): extend adds nothing
     main: int = 0  # chains: nodes 0 .. main-1 are the main chain
     tip: int = -1  # chains: the node extend grows (-1: the last main node)
-    probs: list[float] = field(default_factory=list)  # chains: per node, its probability where it was drawn
-    alts: list[list[tuple[int, float]]] = field(default_factory=list)  # chains: per node, (token, prob) of others
+    logits: list[torch.Tensor | None] = field(default_factory=list)  # chains: per node [V] fp32, None = a branch's first
+    ranked: dict[int, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)  # node -> (own, alts)
     opened: set[tuple[int, int]] = field(default_factory=set)  # branch outcomes (k, t) opened so far
 
 
@@ -234,11 +235,11 @@ class TextLMDrafter:
         toks, qs, oks = [], [], []
         parent_ok = torch.ones(bc, 1, dtype=torch.bool)  # [Bc, W_prev]
         chain = self.spec.structure == "chain"
-        ranks = []  # chains: per level (own prob [Bc], alternatives [Bc, ALTS] ids and probs)
+        level_logits = []  # chains: per level [Bc, V], kept for ``branch``'s ranking
         for level, k in enumerate(widths):
             kids, probs = self._children(logits, k, temps, greedy, gens)  # [Bc, W_prev, k], [Bc, W_prev, V]
             if chain:
-                ranks.append(_rank(logits[:, 0], temps, kids[:, 0, 0], self.image_token_id))
+                level_logits.append(logits[:, 0])
             w = kids.shape[1] * k
             kids = kids.reshape(bc, w).cpu()  # [Bc, W] BFS: a node's children contiguous, in draw order
             ok = (kids >= 0) & parent_ok.repeat_interleave(k, dim=1)  # [Bc, W] bool (-1: no mass left)
@@ -263,8 +264,7 @@ class TextLMDrafter:
             r.draft = _Draft(t[:n], p[:n], c[:n])
             if chain:  # a chain's invalid nodes are a suffix: node i is level i
                 r.draft.main, r.draft.tip = n, n - 1
-                r.draft.probs = [ranks[i][0][b] for i in range(n)]
-                r.draft.alts = [ranks[i][1][b] for i in range(n)]
+                r.draft.logits = [level_logits[i][b] for i in range(n)]
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
@@ -316,7 +316,6 @@ class TextLMDrafter:
             greedy = torch.tensor([r.temperature == 0 for r in sub])
             temps = torch.tensor([r.temperature or 1.0 for r in sub], device=self.device)
             kids, probs = self._children(logits[:, None], 1, temps, greedy, [r.generator for r in sub])
-            own, alts = _rank(logits, temps, kids[:, 0, 0], self.image_token_id)
             kids = kids[:, 0, 0].tolist()  # [Bc], -1 = no mass left
             still = []
             for j, (i, r, t) in enumerate(zip(grow, sub, kids)):
@@ -330,8 +329,7 @@ class TextLMDrafter:
                 d.tokens.append(int(t))
                 d.parents.append(tip)
                 d.cols.append(-1)
-                d.probs.append(own[j])
-                d.alts.append(alts[j])
+                d.logits.append(logits[j])
                 d.tip = len(d.tokens) - 1
                 new[i].append(int(t))
                 qs[i].append(None if probs is None or r.temperature == 0 else probs[j, 0])
@@ -369,7 +367,7 @@ class TextLMDrafter:
             row.context += d.tokens[:k] + [d.tokens[c]]
             row.draft = _Draft([d.tokens[i] for i in rest], list(range(-1, len(rest) - 1)), [d.cols[i] for i in rest],
                                closed=d.cols[rest[-1]] >= 0, main=len(rest), tip=len(rest) - 1,
-                               probs=[d.probs[i] for i in rest], alts=[d.alts[i] for i in rest])
+                               logits=[d.logits[i] for i in rest])
         self._reclaim()
 
     def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
@@ -382,15 +380,17 @@ class TextLMDrafter:
             self._row(rid)
         out: list[tuple[int, int] | None] = []
         for rid, last in rows:
-            d = self._rows[rid].draft
+            row = self._rows[rid]
+            d = row.draft
             best = None
             if self.predraft and d is not None:
                 reach = 1.0
                 for k in range(min(last, d.main - 1) + 1):
-                    for t, pt in d.alts[k]:
+                    own, alts = _node_rank(d, k, row.temperature or 1.0, self.image_token_id)
+                    for t, pt in alts:
                         if (k, t) not in d.opened and (best is None or reach * pt > best[0]):
                             best = (reach * pt, k, t)
-                    reach *= d.probs[k]
+                    reach *= own
             if best is None:
                 out.append(None)
                 continue
@@ -399,8 +399,7 @@ class TextLMDrafter:
             d.tokens.append(t)
             d.parents.append(k - 1)
             d.cols.append(-1)
-            d.probs.append(1.0)
-            d.alts.append([])
+            d.logits.append(None)
             d.tip, d.closed = len(d.tokens) - 1, False
             out.append((k, t))
         return out
@@ -539,20 +538,24 @@ class TextLMDrafter:
 ALTS = 2  # other tokens kept per chain node to rank rejection outcomes (``branch``)
 
 
-def _rank(logits: torch.Tensor, temps: torch.Tensor, drawn: torch.Tensor, image_token_id: int
-          ) -> tuple[list[float], list[list]]:
-    """logits [Bc, V] fp32, temps [Bc], drawn [Bc] int64 (-1 = none) -> per row: the drawn token's probability and
-    the ALTS most likely other tokens with theirs, under softmax(logits / T) without the image token (greedy rows
-    pass T = 1: the drafter's confidence)."""
-    logits = logits.float().clone()
-    logits[:, image_token_id] = float("-inf")
-    probs = torch.softmax(logits / temps[:, None], dim=-1)  # [Bc, V]
-    own = probs.gather(1, drawn.clamp_min(0)[:, None].to(probs.device))[:, 0]  # [Bc]
-    top = probs.topk(min(ALTS + 1, probs.shape[-1]), dim=-1)  # [Bc, ALTS + 1]
-    alts = []
-    for ids, ps, t in zip(top.indices.tolist(), top.values.tolist(), drawn.tolist()):
-        alts.append([(i, p) for i, p in zip(ids, ps) if i != t and p > 0][:ALTS])
-    return own.tolist(), alts
+def _node_rank(d: _Draft, node: int, temperature: float, image_token_id: int
+               ) -> tuple[float, list[tuple[int, float]]]:
+    """Chain node ``node``'s own probability and its ALTS most likely other tokens with theirs, under
+    softmax(logits / T) without the image token (greedy rows pass T = 1: the drafter's confidence); computed once,
+    when ``branch`` first asks (the draft loop never pays for it). A branch's first node ranks as (1, [])."""
+    if node not in d.ranked:
+        row = d.logits[node]
+        if row is None:
+            d.ranked[node] = (1.0, [])
+        else:
+            logits = row.float().clone()  # [V]
+            logits[image_token_id] = float("-inf")
+            probs = torch.softmax(logits / temperature, dim=-1)  # [V]
+            drawn = d.tokens[node]
+            top = probs.topk(min(ALTS + 1, probs.shape[-1]))
+            alts = [(i, p) for i, p in zip(top.indices.tolist(), top.values.tolist()) if i != drawn and p > 0]
+            d.ranked[node] = (float(probs[drawn]), alts[:ALTS])
+    return d.ranked[node]
 
 
 def _tip(d: _Draft) -> int:
