@@ -93,6 +93,12 @@ def _ref(o: Obj, scene: Scene) -> str:
 
 def vqa(rng: random.Random, scene: Scene) -> tuple[str, str, int]:
     """One short-answer question about the scene: (question, answer, number of possible answers)."""
+    q, a, n, _ = vqa_typed(rng, scene)
+    return q, a, n
+
+
+def vqa_typed(rng: random.Random, scene: Scene) -> tuple[str, str, int, str]:
+    """``vqa`` plus the question's type (colour, shape, count, count_colour, exists, size, relation, where)."""
     objs = scene.objects
     kind = pick(rng, ("colour", "shape", "count", "count_colour", "exists", "where", "size", "relation"))
     o = objs[rng.randrange(len(objs))]
@@ -100,24 +106,24 @@ def vqa(rng: random.Random, scene: Scene) -> tuple[str, str, int]:
         if [x.shape for x in objs].count(o.shape) == 1:
             q = pick(rng, ("What colour is the {s}?", "Which colour does the {s} have?", "What is the colour of the {s}?",
                            "The {s} is what colour?")).format(s=o.shape)
-            return q, o.colour, len(COLOUR_NAMES)
+            return q, o.colour, len(COLOUR_NAMES), "colour"
         kind = "shape"
     if kind == "shape":
         if [x.colour for x in objs].count(o.colour) == 1:
             q = pick(rng, ("What shape is the {c} object?", "Which shape is {c}?", "What is the shape of the {c} object?",
                            "The {c} object is what shape?")).format(c=o.colour)
-            return q, o.shape, len(SHAPES)
+            return q, o.shape, len(SHAPES), "shape"
         kind = "where"
     if kind == "count":
         q = pick(rng, ("How many objects are there?", "How many shapes are in the picture?",
                        "How many objects can you see?", "Count the objects in the image."))
-        return q, NUMBER_WORDS[len(objs)], 5
+        return q, NUMBER_WORDS[len(objs)], 5, "count"
     if kind == "count_colour":
         c = o.colour if rng.random() < 0.6 else pick(rng, COLOUR_NAMES)
         n = sum(x.colour == c for x in objs)
         q = pick(rng, ("How many {c} objects are there?", "How many {c} shapes can you see?",
                        "Count the {c} objects.")).format(c=c)
-        return q, NUMBER_WORDS[n], 4
+        return q, NUMBER_WORDS[n], 4, "count_colour"
     if kind == "exists":
         if rng.random() < 0.5:
             c, s = o.colour, o.shape
@@ -132,20 +138,20 @@ def vqa(rng: random.Random, scene: Scene) -> tuple[str, str, int]:
         yes = any(x.colour == c and x.shape == s for x in objs)
         q = pick(rng, ("Is there {a} {c} {s}?", "Is there {a} {c} {s} in the image?", "Can you see {a} {c} {s}?",
                        "Does the picture contain {a} {c} {s}?")).format(a=article(c), c=c, s=s)
-        return q, "yes" if yes else "no", 2
+        return q, "yes" if yes else "no", 2, "exists"
     if kind == "size":
         q = pick(rng, ("Is the {r} large or small?", "Is the {r} small or large?", "What size is the {r}?")).format(r=_ref(o, scene))
-        return q, o.size, 2
+        return q, o.size, 2, "size"
     if kind == "relation" and len(objs) >= 2:
         a, b = rng.sample(list(objs), 2)
         if a.cell[1] != b.cell[1] and rng.random() < 0.5:
             q = pick(rng, ("Is the {a} to the left of the {b}?", "Is the {a} left of the {b}?")).format(a=_ref(a, scene), b=_ref(b, scene))
-            return q, "yes" if a.cx < b.cx else "no", 2
+            return q, "yes" if a.cx < b.cx else "no", 2, "relation"
         if a.cell[0] != b.cell[0]:
             q = pick(rng, ("Is the {a} above the {b}?", "Is the {a} higher than the {b}?")).format(a=_ref(a, scene), b=_ref(b, scene))
-            return q, "yes" if a.cy < b.cy else "no", 2
+            return q, "yes" if a.cy < b.cy else "no", 2, "relation"
     q = pick(rng, ("Where is the {r}?", "In which part of the image is the {r}?", "Where is the {r} located?")).format(r=_ref(o, scene))
-    return q, o.where, len(POSITIONS)
+    return q, o.where, len(POSITIONS), "where"
 
 
 # ----------------------------------------------------------------------------------------------- captions
@@ -258,9 +264,9 @@ def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int =
     scene = sample_scene(rng, n_min, n_max)
     img, pw = render_scene(scene, rng)
     if task == "vqa":
-        q, a, k = vqa(rng, scene)
+        q, a, k, qtype = vqa_typed(rng, scene)
         prompt = f"<image>{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.8 else f"<image>{q}"
-        return Sample(suite, "vqa", (img,), prompt, a, a, k, (), (pw,))
+        return Sample(suite, f"vqa/{qtype}", (img,), prompt, a, a, k, (), (pw,))
     if task == "caption":
         text, attrs = caption(rng, scene)
         return Sample(suite, "caption", (img,), "<image>" + pick(rng, CAPTION_PROMPTS), text, None, None, attrs, (pw,))

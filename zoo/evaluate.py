@@ -11,7 +11,8 @@ import json
 import torch
 
 from specula.world.suites import SUITES, generate
-from specula.zoo.quality import blank_like, caption_attribute_recall, chance_level, short_answer_accuracy
+from specula.zoo.quality import (blank_like, by_question_type, caption_attribute_recall, chance_level,
+                                 short_answer_accuracy, short_answer_hits)
 
 GATES = {"vqa_exact_min": 0.90, "blank_margin_max": 0.10, "caption_attribute_recall_min": 0.85}
 EVAL_OFFSET = 20_000  # eval indices used by gates; training-time tracking uses 10_000.. of the same split
@@ -40,8 +41,12 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
             qa = [s for s in samples if s.answer]
             r["exact"] = short_answer_accuracy(model, processor, qa)
         else:
-            r["exact"] = short_answer_accuracy(model, processor, samples)
-            r["exact_blank_image"] = short_answer_accuracy(model, processor, samples, blank=True)
+            hits = short_answer_hits(model, processor, samples)
+            blank_hits = short_answer_hits(model, processor, samples, blank=True)
+            r["exact"] = sum(hits) / max(1, len(samples))
+            r["exact_blank_image"] = sum(blank_hits) / max(1, len(samples))
+            if any("/" in s.kind for s in samples):
+                r["by_type"] = by_question_type(samples, hits, blank_hits)
             chance = chance_level(samples)
             if chance is not None:
                 r["chance"] = chance
@@ -74,6 +79,8 @@ def eval_cli(args) -> int:
         print(json.dumps(r, indent=1))
     else:
         for name, v in r["suites"].items():
-            print(f"{name:12s} " + "  ".join(f"{k}={x:.3f}" for k, x in v.items()))
+            print(f"{name:12s} " + "  ".join(f"{k}={x:.3f}" for k, x in v.items() if k != "by_type"))
+            for qtype, t in v.get("by_type", {}).items():
+                print(f"  {qtype:18s} n={t['n']:<4d} exact={t['exact']:.3f}  blank_image={t['exact_blank_image']:.3f}")
         print("gates: " + ", ".join(f"{k}={'pass' if ok else 'FAIL'}" for k, ok in r["gates"].items()))
     return 0

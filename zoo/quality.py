@@ -31,16 +31,35 @@ def greedy_answer(model, processor, s: Sample, max_new_tokens: int) -> str:
     return processor.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
-def short_answer_accuracy(model, processor, samples: list[Sample], blank: bool = False) -> float:
-    """Exact match of the greedy answer (normalised) against the sample's short answer."""
-    hits = 0
+def short_answer_hits(model, processor, samples: list[Sample], blank: bool = False) -> list[bool]:
+    """Per sample: does the greedy answer (normalised) equal the sample's short answer?"""
+    hits = []
     for s in samples:
         q = blank_like(s) if blank else s
         pred = greedy_answer(model, processor, q, max_new_tokens=8)
         if s.kind.startswith("reasoning") or "." in pred:
             pred = pred.split(".")[0]
-        hits += normalize(pred) == normalize(s.answer or "")
-    return hits / max(1, len(samples))
+        hits.append(normalize(pred) == normalize(s.answer or ""))
+    return hits
+
+
+def short_answer_accuracy(model, processor, samples: list[Sample], blank: bool = False) -> float:
+    """Exact match of the greedy answer (normalised) against the sample's short answer."""
+    return sum(short_answer_hits(model, processor, samples, blank)) / max(1, len(samples))
+
+
+def by_question_type(samples: list[Sample], hits: list[bool], blank_hits: list[bool]) -> dict[str, dict]:
+    """Accuracy with the image and with a blank one per question type (the part of ``kind`` after "/")."""
+    out: dict[str, dict] = {}
+    for s, h, b in zip(samples, hits, blank_hits):
+        r = out.setdefault(s.kind.split("/", 1)[-1], {"n": 0, "exact": 0.0, "exact_blank_image": 0.0})
+        r["n"] += 1
+        r["exact"] += h
+        r["exact_blank_image"] += b
+    for r in out.values():
+        r["exact"] /= r["n"]
+        r["exact_blank_image"] /= r["n"]
+    return dict(sorted(out.items()))
 
 
 def chance_level(samples: list[Sample]) -> float | None:

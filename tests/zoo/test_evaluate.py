@@ -1,0 +1,39 @@
+"""``specula zoo eval``'s report: the gate keys and the per-question-type breakdown (image vs blank)."""
+
+import pytest
+import torch
+
+from specula.targets.processor import load_processor
+from specula.world import generate
+from specula.zoo.evaluate import evaluate
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.quality import by_question_type
+from specula.zoo.target_config import TargetArch, build_model
+
+
+def test_vqa_samples_carry_their_question_type():
+    kinds = {generate("vqa", "eval", i).kind for i in range(120)}
+    assert kinds == {f"vqa/{t}" for t in ("colour", "shape", "count", "count_colour", "exists", "size", "relation",
+                                         "where")}
+
+
+def test_by_question_type_counts_each_type():
+    samples = [generate("vqa", "eval", i) for i in range(40)]
+    hits = [i % 2 == 0 for i in range(40)]
+    blank = [False] * 40
+    out = by_question_type(samples, hits, blank)
+    assert sum(r["n"] for r in out.values()) == 40
+    for qtype, r in out.items():
+        mine = [h for s, h in zip(samples, hits) if s.kind == f"vqa/{qtype}"]
+        assert r["exact"] == pytest.approx(sum(mine) / len(mine)) and r["exact_blank_image"] == 0
+
+
+def test_evaluate_reports_gate_keys_and_types():
+    processor = load_processor(TOKENIZER_DIR)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer).eval()
+    torch.set_num_threads(1)
+    r = evaluate(model, processor, n=6, suites=["vqa", "caption", "chart"])
+    assert {"vqa_exact", "vqa_exact_blank_image", "vqa_chance", "caption_attribute_recall", "gates"} <= set(r)
+    types = r["suites"]["vqa"]["by_type"]
+    assert sum(t["n"] for t in types.values()) == 6
+    assert "by_type" in r["suites"]["chart"]  # chart kinds are "chart/<question>" too
