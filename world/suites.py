@@ -85,8 +85,9 @@ def _few_object_dialogue(rng: random.Random, suite: str, task: str) -> Sample:
 
 
 # The grounding mix: scene questions come as 12-turn dialogues about one image (first turn in the evaluation
-# format), so the answer signal per image is ~10x that of TRAIN_MIX at ~2x the tokens; the other tasks stay in at
-# lower weight so they are not forgotten.
+# format), so the answer signal per image is ~10x that of TRAIN_MIX at ~2x the tokens; scenes described in words get
+# the same dialogues (the LM first has to learn the lookup itself: trained on TRAIN_MIX it answered "where" questions
+# about a described scene 0/9); the other tasks stay in at lower weight so they are not forgotten.
 DIALOGUE_MIX: tuple[tuple[str, Maker, str, float], ...] = (
     ("vqa_dialogue", _vqa_dialogue, "vqa", 4.0),
     ("vqa_dialogue_few", _few_object_dialogue, "vqa", 1.0),
@@ -102,6 +103,7 @@ DIALOGUE_MIX: tuple[tuple[str, Maker, str, float], ...] = (
     ("video", multi.make_video, "qa", 0.4),
     ("video_caption", multi.make_video, "caption", 0.1),
     ("text", text_only.make, "text", 0.5),
+    ("text_scene_dialogue", text_only.make_scene_dialogue, "text", 2.0),
 )
 
 MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX}

@@ -59,3 +59,24 @@ def make(rng: random.Random, suite: str, task: str) -> Sample:
     ctx = sentence(pick(rng, ("there is {l}.", "a picture shows {l}.", "imagine {l}.")).format(l=listed))
     q, a, k = vqa(rng, scene)
     return Sample(suite, "text/scene", (), f"{ctx} {q} {pick(rng, SHORT_SUFFIX)}", a, a, k)
+
+
+def make_scene_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 12) -> Sample:
+    """A scene described in words, then up to ``n_turns`` distinct short questions about it as successive turns.
+
+    The cheap form of the grounding skill (find an object by one attribute, copy another from the context): no
+    image, ~60 tokens of context, and every turn's answer is supervised."""
+    scene = sample_scene(rng, 1, 5, allow_overlap=False)
+    listed = join_list(rng, [f"{article(o.size)} {o.size} {o.colour} {o.shape} in the {o.where}" for o in scene.objects])
+    ctx = sentence(pick(rng, ("there is {l}.", "a picture shows {l}.", "imagine {l}.")).format(l=listed))
+    turns: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for _ in range(4 * n_turns):
+        if len(turns) == n_turns:
+            break
+        q, a, _ = vqa(rng, scene)
+        if q not in seen:
+            seen.add(q)
+            turns.append((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a))
+    (q0, a0), rest = turns[0], tuple(turns[1:])
+    return Sample(suite, "text/scene_dialogue", (), f"{ctx} {q0}", a0, a0, None, (), (), rest)

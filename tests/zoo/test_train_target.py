@@ -114,13 +114,14 @@ def test_training_continues_from_exported_weights(tmp_path, processor):
     assert state["samples"] >= 96 and state["warm_restart_at"] >= 48
 
 
-def test_dialogue_labels_cover_every_assistant_turn(processor):
+@pytest.mark.parametrize("entry", ["vqa_dialogue", "text_scene_dialogue"])
+def test_dialogue_labels_cover_every_assistant_turn(processor, entry):
     from specula.world.suites import MIXES
 
     enc = Encoder(processor)
-    maker = {m[0]: m[1] for m in MIXES["dialogue"]}["vqa_dialogue"]
+    maker = {m[0]: m[1] for m in MIXES["dialogue"]}[entry]
     s = maker(random.Random("dialogue-test"), "vqa", "vqa")
-    assert s.prompt.startswith("<image>") and s.followups and len(s.followups) <= 11
+    assert s.prompt.startswith("<image>") == (entry == "vqa_dialogue") and s.followups and len(s.followups) <= 11
     assert len({q for q, _ in s.followups} | {s.prompt}) == len(s.followups) + 1  # distinct questions
     e = enc.encode(s)
     tok = processor.tokenizer
