@@ -143,6 +143,11 @@ class VisionSettings(DeviceDeploymentSettings):
     max_batch_size: int = Field(8, ge=1, description="Images of concurrent requests encoded in one forward pass.")
     batch_wait_timeout_s: float = Field(
         0.005, ge=0, description="How long the first request of a batch waits for company.")
+    pre_projector: bool = Field(
+        True, description="Also return the tower's pre-projector features (what massv, caption, pooled and "
+                          "ensemble drafters feed their own projector), so the verifier never runs the vision tower "
+                          "again for them; the verifier drops them when its drafter does not need them. Costs "
+                          "D_vis / H more bytes per image between the two deployments.")
 
 
 class VerifierSettings(DeviceDeploymentSettings):

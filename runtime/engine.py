@@ -152,7 +152,10 @@ class SpecEngine:
             visual = r.visual.features if isinstance(r.visual, VisualFeatures) else r.visual
         elif "visual" in needs and r.pixel_values is not None:
             visual = self.target.encode_images(r.pixel_values, "projected").features
-        if "pre_projector" in needs and r.pixel_values is not None:  # [N_img, T_img, D_vis] for a drafter's projector
+        pre = r.visual.pre_projector if isinstance(r.visual, VisualFeatures) else None
+        if "pre_projector" in needs and pre is not None:  # [N_img, T_img, D_vis] from the vision stage
+            extra["pre_projector"] = pre
+        elif "pre_projector" in needs and r.pixel_values is not None:  # computed here, for a drafter's projector
             extra["pre_projector"] = self.target.encode_images(r.pixel_values, "pre_projector",
                                                                image_grid_thw=r.image_grid_thw).features
         return DraftContext(r.request_id, r.input_ids, first, r.params.temperature, r.params.seed,

@@ -53,6 +53,9 @@ class VisualFeatures:
     lengths: tuple[int, ...]  # T_img per image (all equal for LLaVA)
     grid_hw: tuple[tuple[int, int], ...]  # token grid (rows, cols) per image; LLaVA "full" adds a leading CLS
     image_grid_thw: torch.Tensor | None = None  # [N_img, 3] int64 Qwen2.5-VL patch grid (mrope needs it), else None
+    # the same images' "pre_projector" features when a separate vision stage computed them too (for a drafter with
+    # its own projector, so the verifier need not run the tower again): [N_img, T_max, D_pre]
+    pre_projector: torch.Tensor | None = None
 
     def per_image(self) -> list[torch.Tensor]:
         """Unpadded features, one [T_img, D] tensor per image."""

@@ -34,6 +34,7 @@ from dataclasses import replace
 
 from specula.runtime.dataplane import RemoteDrafter
 from specula.runtime.engine import GenerationRequest, SpecEngine, TokenEvent
+from specula.targets.types import VisualFeatures
 
 log = logging.getLogger(__name__)
 Sink = Callable[[object], None]  # gets chunk dicts, then (instead of a finished chunk) maybe a VerifierError
@@ -99,10 +100,7 @@ class VerifierEngine:
             self._ids.add(request.request_id)
         if self.remote is not None:
             self.remote.attach(request.request_id, drafter_address)
-            if request.visual is not None and not {"pixels", "pre_projector"} & self.remote.spec.needs:
-                # the target reads the visual features; pixels stay only for a drafter that needs them (or the
-                # tower's pre-projector features, recomputed here from the pixels)
-                request = replace(request, pixel_values=None)
+            request = _keep_what_is_needed(request, self.remote.spec.needs)
         self._inbox.put(("add", request, sink))
 
     def cancel(self, request_id: str) -> None:
@@ -301,3 +299,18 @@ class VerifierEngine:
             self.remote.stats.pop(rid, None)
         if sink is not None:
             sink(err)
+
+
+def _keep_what_is_needed(request: GenerationRequest, needs: frozenset[str]) -> GenerationRequest:
+    """With visual features from the vision stage the target needs no pixels: they stay only for a drafter that
+    reads pixels, or one that needs pre-projector features the vision stage did not send (then they are computed
+    here from the pixels); pre-projector features a drafter does not need are dropped."""
+    visual = request.visual
+    if visual is None:
+        return request
+    pre = visual.pre_projector if isinstance(visual, VisualFeatures) else None
+    if pre is not None and "pre_projector" not in needs:
+        visual = replace(visual, pre_projector=None)
+        pre = None
+    keep_pixels = "pixels" in needs or ("pre_projector" in needs and pre is None)
+    return replace(request, visual=visual, pixel_values=request.pixel_values if keep_pixels else None)

@@ -1,5 +1,8 @@
 """``VisionEngine``: pixels -> projected visual embeddings (the VisionEncoder deployment's engine; no Ray).
 
+With ``pre_projector`` (config ``deployments.vision_encoder.pre_projector``) each result also carries the tower's
+pre-projector features, for drafters with their own projector (massv, caption, pooled, ensemble).
+
 The target consumes these in place of its image tokens (``GenerationRequest.visual``), so the vision tower can run
 on its own device and batch images across requests::
 
@@ -25,8 +28,9 @@ class VisionEngine:
     """Wraps a Target's ``encode_images(..., "projected")`` (a full one or a vision-only one); thread-compatible,
     not thread-safe."""
 
-    def __init__(self, target) -> None:
+    def __init__(self, target, pre_projector: bool = False) -> None:
         self.target = target
+        self.pre_projector = pre_projector  # also return the tower's pre-projector features
 
     @classmethod
     def from_config(cls, config) -> VisionEngine:
@@ -34,7 +38,7 @@ class VisionEngine:
 
         settings = config.deployments.vision_encoder
         set_threads(settings)
-        return cls(load_vision_target_for(config, settings.device))
+        return cls(load_vision_target_for(config, settings.device), pre_projector=settings.pre_projector)
 
     @torch.inference_mode()
     def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | None = None) -> VisualFeatures:
@@ -51,6 +55,7 @@ class VisionEngine:
         grids = [g for _, g in items]
         grid = torch.cat([torch.as_tensor(g) for g in grids]) if any(g is not None for g in grids) else None
         out = self.target.encode_images(pixels, "projected", image_grid_thw=grid)
+        pre = self.target.encode_images(pixels, "pre_projector", image_grid_thw=grid) if self.pre_projector else None
         results, start = [], 0
         for n in counts:
             stop = start + n
@@ -62,6 +67,8 @@ class VisionEngine:
                 lengths=lengths,
                 grid_hw=out.grid_hw[start:stop],
                 image_grid_thw=None if out.image_grid_thw is None else out.image_grid_thw[start:stop].cpu(),
+                pre_projector=None if pre is None else pre.features[start:stop, :max(pre.lengths[start:stop], default=0)]
+                .cpu().contiguous(),  # [N_img, T_img, D_pre]
             ))
             start = stop
         return results

@@ -232,3 +232,38 @@ def test_sampled_runs_complete_and_a_seed_repeats_them(deployed, weights):
     assert runs[0][0]["tokens"] == runs[1][0]["tokens"], kind
     for got, last in runs:
         assert got["drafter"] == "ok" and last["dataplane"]["overlap"] is False
+
+
+@pytest.mark.parametrize("from_vision", [True, False])
+def test_pre_projector_features_come_from_the_vision_stage(weights, plain, from_vision):
+    """massv's pre-projector features: computed by the VisionEncoder's engine (the verifier never runs the tower
+    for them), or, with ``vision_encoder.pre_projector: false``, by the verifier from the pixels; either way the
+    drafter gets the target's own features and the output is plain decoding's."""
+    cfg = _config(weights, "massv")
+    raw = cfg.model_dump()
+    raw["deployments"]["vision_encoder"]["pre_projector"] = from_vision
+    from specula.runtime.config import load_config
+
+    app = LocalApp.from_config(load_config(raw))
+    try:
+        asked = []
+        target = app.verifier.target
+        real_encode = target.encode_images
+
+        def encode_images(pixels, variant="projected", **kw):
+            asked.append(variant)
+            return real_encode(pixels, variant, **kw)
+
+        target.encode_images = encode_images
+        drafter, seen = app.drafter.drafter, []
+        real_begin = drafter.begin
+        drafter.begin = lambda contexts: (seen.extend(contexts), real_begin(contexts))[1]
+        got, _ = _answer(app, world_body(IMAGE, MAX_TOKENS))
+        assert got["tokens"] == plain[IMAGE].tokens and got["drafter"] == "ok"
+        assert ("pre_projector" in asked) is (not from_vision), asked
+        (ctx,) = seen
+        ingress_req = app.ingress.prepare(app.ingress.parse(world_body(IMAGE, MAX_TOKENS)), "ref")
+        want = real_encode(ingress_req.pixel_values, "pre_projector").features
+        assert torch.allclose(ctx.extra["pre_projector"].float(), want.float(), atol=1e-5)
+    finally:
+        app.close()
