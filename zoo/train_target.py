@@ -142,10 +142,14 @@ def _param_groups(model, cfg: TrainConfig):
 def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
     samples = [generate("vqa", "eval", 10_000 + i, cfg.seed) for i in range(cfg.eval_n)]
     model.eval()
+    described = [s for s in (generate("text", "eval", 10_000 + i, cfg.seed) for i in range(4 * cfg.eval_n))
+                 if s.kind == "text/scene"][: cfg.eval_n]
     res = {
         "vqa_exact": short_answer_accuracy(model, processor, samples),
         "vqa_exact_blank_image": short_answer_accuracy(model, processor, samples, blank=True),
         "chance": chance_level(samples),
+        # the same lookup over a scene described in words: the LM's own skill, without the vision path
+        "text_scene_exact": short_answer_accuracy(model, processor, described),
     }
     model.train()
     return res
