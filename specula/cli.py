@@ -166,9 +166,10 @@ def _add_train(sub) -> None:
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")
-    t.add_argument("--mix", default="base", choices=["base", "dialogue"],
-                   help="training mix: base (one question per sample) or dialogue (12-turn scene dialogues per image, "
-                        "~10x the grounded answers per forward; see world/suites.py)")
+    t.add_argument("--mix", default="base", choices=["base", "dialogue", "lookup"],
+                   help="training mix (world/suites.py): base (one question per sample), dialogue (12-turn scene "
+                        "dialogues per image, ~10x the grounded answers per forward) or lookup (mostly scenes "
+                        "described in words, as dialogues: the LM's copy-from-context skill, cheaply)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
 
     def run(args):
