@@ -171,6 +171,9 @@ def _add_train(sub) -> None:
                         "dialogues per image, ~10x the grounded answers per forward) or lookup (mostly scenes "
                         "described in words, as dialogues: the LM's copy-from-context skill, cheaply)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
+    t.add_argument("--token-budget", type=int, default=4096,
+                   help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "
+                        "updates for the same compute")
 
     def run(args):
         from specula.zoo.build import train_target_cli

@@ -64,7 +64,8 @@ def train_target_cli(args) -> int:
     cfg = TrainConfig(run_dir=args.run_dir, arch=args.arch, total_samples=args.samples, seed=args.seed,
                       threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
                       init_from=args.init_from, vision_images=args.vision_images,
-                      mix=getattr(args, "mix", "base"), lr=getattr(args, "lr", 1e-3))
+                      mix=getattr(args, "mix", "base"), lr=getattr(args, "lr", 1e-3),
+                      token_budget=getattr(args, "token_budget", 4096))
     ckpt = train(cfg, load_processor(TOKENIZER_DIR))
     if args.export:
         print(f"exported to {export(ckpt)}")
