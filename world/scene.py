@@ -286,15 +286,20 @@ def make_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 12, 
     """
     scene = sample_scene(rng, n_min, n_max)
     img, pw = render_scene(scene, rng)
+    (q0, a0), *rest = dialogue_turns(rng, scene, n_turns)
+    return Sample(suite, "vqa_dialogue", (img,), f"<image>{q0}", a0, a0, None, (), (pw,), tuple(rest))
+
+
+def dialogue_turns(rng: random.Random, scene: Scene, n_turns: int) -> list[tuple[str, str]]:
+    """Up to ``n_turns`` distinct short (question, answer) pairs about ``scene``; half carry an answer-format
+    suffix."""
     turns: list[tuple[str, str]] = []
     seen: set[str] = set()
     for _ in range(4 * n_turns):
         if len(turns) == n_turns:
             break
         q, a, _ = vqa(rng, scene)
-        if q in seen:
-            continue
-        seen.add(q)
-        turns.append((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a))
-    (q0, a0), rest = turns[0], tuple(turns[1:])
-    return Sample(suite, "vqa_dialogue", (img,), f"<image>{q0}", a0, a0, None, (), (pw,), rest)
+        if q not in seen:
+            seen.add(q)
+            turns.append((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a))
+    return turns

@@ -9,7 +9,7 @@ import random
 
 from specula.world.phrasing import article, clean, join_list, pick, sentence, SHORT_SUFFIX
 from specula.world.sample import Sample
-from specula.world.scene import sample_scene, vqa
+from specula.world.scene import dialogue_turns, sample_scene, vqa
 from specula.world.vocab import COLOUR_NAMES, NUMBER_WORDS, SHAPES
 
 DEFINITIONS = {
@@ -69,14 +69,5 @@ def make_scene_dialogue(rng: random.Random, suite: str, task: str, n_turns: int 
     scene = sample_scene(rng, 1, 5, allow_overlap=False)
     listed = join_list(rng, [f"{article(o.size)} {o.size} {o.colour} {o.shape} in the {o.where}" for o in scene.objects])
     ctx = sentence(pick(rng, ("there is {l}.", "a picture shows {l}.", "imagine {l}.")).format(l=listed))
-    turns: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    for _ in range(4 * n_turns):
-        if len(turns) == n_turns:
-            break
-        q, a, _ = vqa(rng, scene)
-        if q not in seen:
-            seen.add(q)
-            turns.append((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a))
-    (q0, a0), rest = turns[0], tuple(turns[1:])
-    return Sample(suite, "text/scene_dialogue", (), f"{ctx} {q0}", a0, a0, None, (), (), rest)
+    (q0, a0), *rest = dialogue_turns(rng, scene, n_turns)
+    return Sample(suite, "text/scene_dialogue", (), f"{ctx} {q0}", a0, a0, None, (), (), tuple(rest))
