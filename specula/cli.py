@@ -5,7 +5,7 @@
     specula bench target --out reports/target
     specula train target --run-dir runs/target
     specula train msd --no-decouple           # an MSD ablation
-    specula zoo list | build | eval --json | export
+    specula zoo list | build | eval --json | probe | export
     specula chat --image scene.png "What colour is the circle?"   # ask a running `specula serve` over gRPC
 """
 
@@ -308,6 +308,22 @@ def _add_zoo(sub) -> None:
         return eval_cli(args)
 
     e.set_defaults(func=run_eval)
+    pr = zsub.add_parser("probe", help="where grounding fails: real vs oracle visual tokens vs the scene in words",
+                         description="VQA accuracy per question type with the target's own visual tokens and with "
+                                     "oracle ones (each object patch replaced by its words' embeddings), and the "
+                                     "same questions about a scene described in words (see zoo/probe.py)")
+    pr.add_argument("--model", default="target")
+    pr.add_argument("--n", type=int, default=100, help="questions (default: 100)")
+    pr.add_argument("--json", action="store_true", help="print JSON")
+    pr.add_argument("--threads", type=int, default=2)
+
+    def run_probe(args):
+        _threads(args)
+        from specula.zoo.probe import probe_cli
+
+        return probe_cli(args)
+
+    pr.set_defaults(func=run_probe)
     x = zsub.add_parser("export", help="copy a training checkpoint into the shipped zoo (fp16) and update the manifest")
     x.add_argument("--ckpt", default="runs/target/ckpt", help="checkpoint directory (default: runs/target/ckpt)")
     x.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).export_cli(a))

@@ -37,3 +37,21 @@ def test_evaluate_reports_gate_keys_and_types():
     types = r["suites"]["vqa"]["by_type"]
     assert sum(t["n"] for t in types.values()) == 6
     assert "by_type" in r["suites"]["chart"]  # chart kinds are "chart/<question>" too
+
+
+def test_probe_reports_real_oracle_and_described():
+    from specula.zoo.probe import oracle_visual, probe
+
+    processor = load_processor(TOKENIZER_DIR)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer).eval()
+    torch.set_num_threads(1)
+    r = probe(model, processor, n=4)
+    assert sum(t["n"] for t in r["by_type"].values()) == 4 and r["described_n"] >= 1
+    assert 0 <= r["real"] <= 1 and 0 <= r["oracle"] <= 1
+    # oracle tokens: object patches become their words' embedding direction, background patches stay
+    real = torch.randn(3, model.config.text_config.hidden_size)
+    out = oracle_visual(model, [[5, 6], [], [7]], real)
+    assert torch.equal(out[1], real[1])
+    want = model.get_input_embeddings().weight[[5, 6]].sum(0)
+    assert torch.nn.functional.cosine_similarity(out[0], want, dim=0) > 0.999
+    assert torch.allclose(out[2].pow(2).mean(), real[2].pow(2).mean(), rtol=1e-4)
