@@ -22,7 +22,7 @@ from specula.runtime.engine import SpecEngine
 from specula.runtime.serve import IngressEngine
 from specula.targets import load_target
 
-from ray_kit import free_port, ray_env, replicas, run_app, stream_records, wait_for
+from ray_kit import free_port, ray_env, replicas, run_app, stream_records, wait_for, init_ray
 from serve_kit import make_config, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -56,7 +56,7 @@ def served(model_dir):
     cfg = _config(model_dir, port)
     with ray_env(FAST_METRICS) as tmp:
         try:
-            ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
+            init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
                      log_to_driver=False, configure_logging=False)
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             run_app(build_app(cfg), cfg.name)

@@ -21,7 +21,7 @@ from specula.runtime.engine import SpecEngine
 from specula.runtime.serve import IngressEngine
 from specula.targets import load_target
 
-from ray_kit import free_port, post, ray_env, run_app, stream_records, wait_for
+from ray_kit import free_port, post, ray_env, run_app, stream_records, wait_for, init_ray
 from serve_kit import make_config, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -42,7 +42,7 @@ def served(model_dir):
     cfg = make_config(model_dir, http={"host": "127.0.0.1", "port": port})
     with ray_env() as tmp:
         try:
-            ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
+            init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
                      log_to_driver=False, configure_logging=False)
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             run_app(build_app(cfg), cfg.name)

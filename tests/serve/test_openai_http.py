@@ -26,6 +26,7 @@ import pytest
 
 from specula.runtime.serve import VerifierEngine
 
+from ray_kit import init_ray
 from serve_kit import make_config, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")]
@@ -106,7 +107,7 @@ def served(served_cfg):
     os.environ.update(env)
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit in 107 bytes
     try:
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
+        init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
                  log_to_driver=False, configure_logging=False)
         serve.start(http_options={"host": "127.0.0.1", "port": cfg.http.port})
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on the replicas' path

@@ -21,6 +21,7 @@ import pytest
 
 from specula.runtime.serve import LocalApp, VerifierEngine
 
+from ray_kit import init_ray
 from serve_kit import make_config, world_body
 
 pytestmark = [pytest.mark.integration,
@@ -72,7 +73,7 @@ def served(model_dir):
     os.environ.update(env)
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit in 107 bytes
     try:
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
+        init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
                  log_to_driver=False, configure_logging=False)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(cfg), name=cfg.name, route_prefix="/")
