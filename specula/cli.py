@@ -174,6 +174,9 @@ def _add_train(sub) -> None:
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "
                         "updates for the same compute")
+    t.add_argument("--user-loss", type=float, default=0.0,
+                   help="weight of an auxiliary next-token loss on the user turns' words (default: 0 = off): each "
+                        "question names objects of the scene, so predicting it needs the image")
 
     def run(args):
         from specula.zoo.build import train_target_cli

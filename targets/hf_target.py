@@ -108,6 +108,11 @@ class HFTarget:
     # ---- backend hooks -------------------------------------------------------------------------------------------
 
     def encode_images(self, pixel_values, variant="projected", *, grid=None, image_grid_thw=None) -> VisualFeatures:
+        return self.encode_image_variants(pixel_values, (variant,), grid=grid, image_grid_thw=image_grid_thw)[0]
+
+    def encode_image_variants(self, pixel_values, variants: Sequence[str], *, grid=None,
+                              image_grid_thw=None) -> tuple[VisualFeatures, ...]:
+        """Several variants of the same images from one vision-tower pass, in the order asked."""
         raise NotImplementedError
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .types import VisualFeatures
+from .types import VARIANTS, VisualFeatures
 
 
 def image_token_runs(input_ids: torch.Tensor, image_token_id: int) -> list[int]:
@@ -57,6 +57,17 @@ def check_image_groups(
             raise ValueError(summary)
     if i != len(tokens_per_image):
         raise ValueError(summary)
+
+
+def check_variants(variants: Sequence[str], grid: tuple[int, int] | None) -> None:
+    """encode_images' argument checks: known variant names, at least one, and a grid for "pooled"."""
+    if isinstance(variants, str) or not variants:
+        raise ValueError(f"variants must be a non-empty sequence of names from {VARIANTS}, got {variants!r}")
+    for variant in variants:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    if "pooled" in variants and grid is None:
+        raise ValueError("variant 'pooled' needs grid=(g_h, g_w)")
 
 
 def pool_grid(features: VisualFeatures, grid: tuple[int, int]) -> VisualFeatures:

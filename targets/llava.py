@@ -10,8 +10,8 @@ import torch
 from transformers import LlavaForConditionalGeneration
 
 from .hf_target import HFTarget
-from .images import pool_grid
-from .types import VARIANTS, VisualFeatures
+from .images import check_variants, pool_grid
+from .types import VisualFeatures
 
 
 class LlavaTarget(HFTarget):
@@ -66,35 +66,35 @@ class LlavaTarget(HFTarget):
         return [self._tokens_per_image()] * pixel_values.shape[0]
 
     @torch.no_grad()
-    def encode_images(self, pixel_values, variant="projected", *, grid=None, image_grid_thw=None) -> VisualFeatures:
+    def encode_image_variants(self, pixel_values, variants, *, grid=None, image_grid_thw=None):
         """LLaVA: "projected" [N_img, T_img, H]; "pre_projector" [N_img, T_img, D_vis * n_feature_layers] (the vision
         tower hidden states at ``vision_feature_layer``, CLS dropped for the "default" strategy, concatenated over a
-        layer list); "pooled" [N_img, g_h*g_w, H]."""
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
-        if variant == "pooled" and grid is None:
-            raise ValueError("variant 'pooled' needs grid=(g_h, g_w)")
+        layer list); "pooled" [N_img, g_h*g_w, H]. One tower pass serves every variant asked."""
+        check_variants(variants, grid)
         tokens = self._image_tokens(pixel_values, image_grid_thw, "encode_images")
         cfg = self.model.config
         pixels = pixel_values.to(self.device, self.dtype)  # [N_img, 3, S, S]
         out = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
         side = self._grid_side()
-        if variant == "pre_projector":
-            layers = cfg.vision_feature_layer
-            layers = [layers] if isinstance(layers, int) else list(layers)
-            picked = [out.hidden_states[i] for i in layers]  # each [N_img, 1 + side*side, D_vis]
-            if cfg.vision_feature_select_strategy == "default":
-                picked = [h[:, 1:] for h in picked]
-            feats = torch.cat(picked, dim=-1)  # [N_img, T_img, D_vis * len(layers)]
-        else:
-            feats = torch.stack(list(out.pooler_output))  # [N_img, T_img, H]
-        result = VisualFeatures(
-            variant="projected" if variant == "pooled" else variant,
-            features=feats,
-            lengths=tuple(tokens),
-            grid_hw=((side, side),) * len(tokens),
-        )
-        return pool_grid(result, grid) if variant == "pooled" else result
+        results = []
+        for variant in variants:
+            if variant == "pre_projector":
+                layers = cfg.vision_feature_layer
+                layers = [layers] if isinstance(layers, int) else list(layers)
+                picked = [out.hidden_states[i] for i in layers]  # each [N_img, 1 + side*side, D_vis]
+                if cfg.vision_feature_select_strategy == "default":
+                    picked = [h[:, 1:] for h in picked]
+                feats = torch.cat(picked, dim=-1)  # [N_img, T_img, D_vis * len(layers)]
+            else:
+                feats = torch.stack(list(out.pooler_output))  # [N_img, T_img, H]
+            result = VisualFeatures(
+                variant="projected" if variant == "pooled" else variant,
+                features=feats,
+                lengths=tuple(tokens),
+                grid_hw=((side, side),) * len(tokens),
+            )
+            results.append(pool_grid(result, grid) if variant == "pooled" else result)
+        return tuple(results)
 
     def _prompt_positions(self, prompt, grid, request_id):
         if grid is not None:

@@ -44,6 +44,17 @@ class Target(Protocol):
         """Vision tower (+ projector) on a batch of images; ``grid`` is required for ``variant="pooled"``."""
         ...
 
+    def encode_image_variants(
+        self,
+        pixel_values: torch.Tensor,
+        variants: Sequence[str],
+        *,
+        grid: tuple[int, int] | None = None,
+        image_grid_thw: torch.Tensor | None = None,
+    ) -> tuple[VisualFeatures, ...]:
+        """``encode_images`` for several variants of the same images from one vision-tower pass, in order."""
+        ...
+
     def prefill(self, requests: Sequence[PrefillRequest]) -> PrefillOutput:
         """Run new prompts and add them to the live batch (they may join rows already decoding)."""
         ...

@@ -20,8 +20,8 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from transformers.vision_utils import get_vision_window_index
 
 from .hf_target import HFTarget
-from .images import image_token_runs, pad_images, pool_grid
-from .types import VARIANTS, VisualFeatures
+from .images import check_variants, image_token_runs, pad_images, pool_grid
+from .types import VisualFeatures
 
 
 class Qwen2_5_VLTarget(HFTarget):
@@ -81,35 +81,36 @@ class Qwen2_5_VLTarget(HFTarget):
         return (grid.prod(dim=1) // vc.spatial_merge_size**2).tolist()
 
     @torch.no_grad()
-    def encode_images(self, pixel_values, variant="projected", *, grid=None, image_grid_thw=None) -> VisualFeatures:
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
-        if variant == "pooled" and grid is None:
-            raise ValueError("variant 'pooled' needs grid=(g_h, g_w)")
+    def encode_image_variants(self, pixel_values, variants, *, grid=None, image_grid_thw=None):
+        """The module docstring's variants; one ViT pass serves every variant asked."""
+        check_variants(variants, grid)
         tokens = self._image_tokens(pixel_values, image_grid_thw, "encode_images")
         thw = self._check_grid(image_grid_thw, "encode_images")
-        if variant == "pooled" and bool((thw[:, 0] != 1).any()):
+        if "pooled" in variants and bool((thw[:, 0] != 1).any()):
             raise ValueError("variant 'pooled' needs single-frame images (t == 1)")
         vc = self.model.config.vision_config
         merge = vc.spatial_merge_size
         g = thw.to(self.device)
         out = self.model.model.get_image_features(pixel_values.to(self.device), g, return_dict=True)
-        if variant == "pre_projector":
-            # The ViT runs in window order; the model un-permutes only after the merger. Do the same here.
-            window_index, _ = get_vision_window_index(g, merge, vc.window_size, vc.patch_size)
-            grouped = out.last_hidden_state.reshape(-1, merge * merge * vc.hidden_size)  # [sum T, merge²*D_vis]
-            grouped = grouped[torch.argsort(window_index.to(self.device))]
-            per_image = list(torch.split(grouped, tokens))  # each [T_i, merge²*D_vis]
-        else:
-            per_image = list(out.pooler_output)  # each [T_i, H]
-        result = VisualFeatures(
-            variant="projected" if variant == "pooled" else variant,
-            features=pad_images(per_image),  # [N_img, T_max, D]
-            lengths=tuple(tokens),
-            grid_hw=tuple((int(h) // merge, int(w) // merge) for _, h, w in thw.tolist()),
-            image_grid_thw=thw,
-        )
-        return pool_grid(result, grid) if variant == "pooled" else result
+        results = []
+        for variant in variants:
+            if variant == "pre_projector":
+                # The ViT runs in window order; the model un-permutes only after the merger. Do the same here.
+                window_index, _ = get_vision_window_index(g, merge, vc.window_size, vc.patch_size)
+                grouped = out.last_hidden_state.reshape(-1, merge * merge * vc.hidden_size)  # [sum T, merge²*D_vis]
+                grouped = grouped[torch.argsort(window_index.to(self.device))]
+                per_image = list(torch.split(grouped, tokens))  # each [T_i, merge²*D_vis]
+            else:
+                per_image = list(out.pooler_output)  # each [T_i, H]
+            result = VisualFeatures(
+                variant="projected" if variant == "pooled" else variant,
+                features=pad_images(per_image),  # [N_img, T_max, D]
+                lengths=tuple(tokens),
+                grid_hw=tuple((int(h) // merge, int(w) // merge) for _, h, w in thw.tolist()),
+                image_grid_thw=thw,
+            )
+            results.append(pool_grid(result, grid) if variant == "pooled" else result)
+        return tuple(results)
 
     def _prompt_positions(self, prompt, grid, request_id):
         cfg = self.model.config

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specula.world.sample import Sample
-from specula.world.tokenizer import ASSISTANT, format_dialogue
+from specula.world.tokenizer import ASSISTANT, IMAGE, USER, format_dialogue
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class Encoded:
     pixel_values: torch.Tensor | None  # [n_img, 3, S, S] fp32
     patch_targets: torch.Tensor | None  # [n_img, T_img, K] int64 word token ids, -1 = none
     patch_classes: torch.Tensor | None = None  # [n_img, T_img, 2] int64 (colour, shape) class, -100 = ignore
+    user_labels: torch.Tensor | None = None  # [L] int64: the user turns' text tokens, -100 elsewhere (``user_labels``)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Batch:
     patch_targets: torch.Tensor | None  # [N_img, T_img, K]
     n_samples: int
     patch_classes: torch.Tensor | None = None  # [N_img, T_img, 2]
+    user_labels: torch.Tensor | None = None  # [B, L]
 
 
 class Encoder:
@@ -37,6 +39,8 @@ class Encoder:
         self.processor = processor
         self.tok = processor.tokenizer
         self.assistant_id = self.tok.convert_tokens_to_ids(ASSISTANT)
+        self.user_id = self.tok.convert_tokens_to_ids(USER)
+        self.image_id = self.tok.convert_tokens_to_ids(IMAGE)
         self.eos_id = self.tok.eos_token_id
         self.max_words = max_words
         self._word_ids: dict[str, int] = {}
@@ -66,7 +70,7 @@ class Encoder:
                     for k, w in enumerate(words[: self.max_words]):
                         t[i, j, k] = self.word_id(w)
             targets = t
-        return Encoded(ids, labels, pixels, targets, classes)
+        return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id))
 
 
 def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch.Tensor:
@@ -85,20 +89,44 @@ def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch
     return torch.where(inside, ids, torch.full_like(ids, -100))
 
 
+def user_labels(ids: torch.Tensor, user_id: int, assistant_id: int, image_id: int) -> torch.Tensor:
+    """Labels for the auxiliary user-turn loss: every user turn's tokens after its USER marker, through the
+    ASSISTANT marker that ends it, image tokens excepted; the rest -100.
+
+    Predicting a question's words makes the model look back: "What shape is the [purple] object?" is guessable
+    only from the colours the image (or the described scene) holds, so every question is a grounding signal.
+
+    ids # [L] int64
+    """
+    inside = torch.zeros_like(ids, dtype=torch.bool)  # [L]
+    on = False
+    for i, t in enumerate(ids.tolist()):
+        if t == user_id:
+            on = True
+            continue
+        inside[i] = on and t != image_id
+        if t == assistant_id:
+            on = False
+    return torch.where(inside, ids, torch.full_like(ids, -100))
+
+
 def collate(items: list[Encoded], pad_id: int) -> Batch:
     L = max(len(e.input_ids) for e in items)
     B = len(items)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
     labels = torch.full((B, L), -100, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
+    user = torch.full((B, L), -100, dtype=torch.long) if all(e.user_labels is not None for e in items) else None
     for b, e in enumerate(items):
         n = len(e.input_ids)
         ids[b, :n], labels[b, :n], mask[b, :n] = e.input_ids, e.labels, 1
+        if user is not None:
+            user[b, :n] = e.user_labels
     pix = [e.pixel_values for e in items if e.pixel_values is not None]
     tgt = [e.patch_targets for e in items if e.patch_targets is not None]
     cls = [e.patch_classes for e in items if e.patch_classes is not None]
     return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
-                 torch.cat(cls) if cls else None)
+                 torch.cat(cls) if cls else None, user)
 
 
 def patch_classes(patch_words) -> torch.Tensor:

@@ -8,6 +8,8 @@ Recipe (why each part is there is in README, "The embedded target"):
         + ``aux_out`` * the same loss on the LM's last hidden state at visual positions;
   the dense loss makes visual tokens speak the LM's word space, so answering from the image becomes the same
   copy-from-context skill the text-only "described scene" questions teach;
+- optionally (``user_loss``) + a next-token loss on the user turns' words: each question names objects of the scene,
+  so predicting it needs the image (or the described scene), a denser grounding signal than the short answers;
 - a curriculum: the first ``curriculum`` share of samples is drawn mostly from single-object questions and short
   captions, then the full mix;
 - image-vs-blank accuracy on held-out VQA questions is logged every ``eval_every_s`` seconds.
@@ -60,6 +62,7 @@ class TrainConfig:
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
+    user_loss: float = 0.0  # weight of the next-token loss on the user turns' text (batching.user_labels); 0 = off
 
 
 CURRICULUM_WEIGHTS = {"vqa_single": 5.0, "caption_short": 3.0, "text": 1.5, "vqa": 1.5}
@@ -120,6 +123,11 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
     sel = tgt != -100
     logits = model.lm_head(hidden[:, :-1][sel])  # [M, V]
     losses = {"lm": F.cross_entropy(logits.float(), tgt[sel])}
+    if cfg.user_loss > 0 and batch.user_labels is not None:
+        utgt = batch.user_labels[:, 1:]  # [B, L-1]
+        usel = utgt != -100
+        if usel.any():
+            losses["lm_user"] = F.cross_entropy(model.lm_head(hidden[:, :-1][usel]).float(), utgt[usel])
     if img is not None and batch.patch_targets is not None:
         losses["aux_in"] = patch_loss(model.lm_head(lm.norm(img)).float(), batch.patch_targets)
         vis = hidden[mask.squeeze(-1)].reshape(img.shape)  # [N_img, T, H]
@@ -227,7 +235,7 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
                 g["lr"] = lr * g["lr_mult"]
             losses = forward_losses(model, batch, cfg, heads)
             loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
-                + cfg.vis_weight * losses.get("vis", 0.0)
+                + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

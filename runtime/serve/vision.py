@@ -25,8 +25,8 @@ from specula.targets.types import VisualFeatures
 
 
 class VisionEngine:
-    """Wraps a Target's ``encode_images(..., "projected")`` (a full one or a vision-only one); thread-compatible,
-    not thread-safe."""
+    """Wraps a Target's ``encode_image_variants`` ("projected", and "pre_projector" from the same tower pass) on a
+    full Target or a vision-only one; thread-compatible, not thread-safe."""
 
     def __init__(self, target, pre_projector: bool = False) -> None:
         self.target = target
@@ -54,8 +54,9 @@ class VisionEngine:
         pixels = torch.cat([p for p, _ in items])  # LLaVA [sum N_img, 3, S, S]; Qwen [sum P, C*t*p*p]
         grids = [g for _, g in items]
         grid = torch.cat([torch.as_tensor(g) for g in grids]) if any(g is not None for g in grids) else None
-        out = self.target.encode_images(pixels, "projected", image_grid_thw=grid)
-        pre = self.target.encode_images(pixels, "pre_projector", image_grid_thw=grid) if self.pre_projector else None
+        variants = ("projected", "pre_projector") if self.pre_projector else ("projected",)
+        out, *rest = self.target.encode_image_variants(pixels, variants, image_grid_thw=grid)  # one tower pass
+        pre = rest[0] if rest else None
         results, start = [], 0
         for n in counts:
             stop = start + n

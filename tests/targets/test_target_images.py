@@ -79,6 +79,30 @@ def test_pooled_features(kit):
         target.encode_images(pixels, "cropped", image_grid_thw=grid)
 
 
+def test_several_variants_come_from_one_tower_pass(kit):
+    """encode_image_variants: each variant equals its own encode_images call, and the tower runs once for all."""
+    target = kit.target()
+    _, pixels, grid = _images(kit)
+    want = [target.encode_images(pixels, v, grid=(1, 1), image_grid_thw=grid)
+            for v in ("projected", "pre_projector", "pooled")]
+    tower = kit.model.model.vision_tower if kit.name == "llava" else kit.model.model.visual
+    calls = []
+    handle = tower.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        got = target.encode_image_variants(pixels, ("projected", "pre_projector", "pooled"), grid=(1, 1),
+                                           image_grid_thw=grid)
+    finally:
+        handle.remove()
+    assert len(calls) == 1
+    for g, w in zip(got, want, strict=True):
+        assert (g.variant, g.lengths, g.grid_hw) == (w.variant, w.lengths, w.grid_hw)
+        torch.testing.assert_close(g.features, w.features, atol=0, rtol=0)
+    for bad, match in ((("projected", "cropped"), "unknown variant"), ((), "non-empty"), ("projected", "non-empty"),
+                       (("pooled",), "grid")):
+        with pytest.raises(ValueError, match=match):
+            target.encode_image_variants(pixels, bad, image_grid_thw=grid)
+
+
 def test_prefill_with_precomputed_visual_equals_pixels(kit):
     """A separate vision stage can hand over projected features instead of pixels."""
     target = kit.target()

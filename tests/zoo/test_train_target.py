@@ -148,3 +148,36 @@ def test_single_turn_labels_unchanged_by_dialogue_support(processor):
     ids = torch.tensor([1, 4, 9, 5, 7, 8, 2])  # bos user x assistant a b eos
     out = assistant_labels(ids, assistant_id=5, eos_id=2)
     assert out.tolist() == [-100, -100, -100, -100, 7, 8, 2]
+
+
+def test_user_labels_cover_the_questions_not_the_image_or_answers():
+    from specula.zoo.batching import user_labels
+
+    # bos user img img x y assistant a eos user z assistant b eos
+    ids = torch.tensor([1, 4, 3, 3, 9, 10, 5, 7, 2, 4, 11, 5, 8, 2])
+    out = user_labels(ids, user_id=4, assistant_id=5, image_id=3)
+    assert out.tolist() == [-100, -100, -100, -100, 9, 10, 5, -100, -100, -100, 11, 5, -100, -100]
+
+
+def test_user_loss_adds_a_question_term(processor):
+    """With user_loss > 0 the forward returns an lm_user term over the question words of a dialogue sample; the
+    answer-only lm term is the same either way."""
+    from specula.world.suites import MIXES
+    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.train_target import forward_losses
+
+    enc = Encoder(processor)
+    name, maker, task, _ = next(m for m in MIXES["dialogue"] if m[0] == "vqa_dialogue")
+    s = maker(random.Random(0), name, task)
+    e = enc.encode(s)
+    words = processor.tokenizer.decode(e.user_labels[e.user_labels != -100], skip_special_tokens=True)
+    assert s.followups[0][0] in words and all(q in words for q, _ in s.followups)
+    assert not ((e.user_labels != -100) & (e.labels != -100)).any()  # never an answer token
+    assert not (e.user_labels == enc.image_id).any()
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    batch = collate([e], processor.tokenizer.pad_token_id)
+    off = forward_losses(model, batch, TrainConfig(arch="tiny"))
+    on = forward_losses(model, batch, TrainConfig(arch="tiny", user_loss=0.5))
+    assert "lm_user" not in off and float(on["lm_user"]) > 0
+    torch.testing.assert_close(on["lm"], off["lm"])
