@@ -114,6 +114,7 @@ def test_sections_measure_what_they_say(report):
     ov = S["overlap"]  # verifier here, the drafter in a child process over loopback gRPC
     assert set(ov["configs"]) == {"plain", "single_process", "sequential", "pipelined", "predraft"}
     assert ov["configs"]["pipelined"]["greedy_exact"] is True and ov["overlap"]["efficiency"] > 0
+    assert ov["drafter"]["kind"] == "text_lm"  # never ngram / random: their drafting leaves nothing to overlap
     assert r["machine"]["cpu_count"] >= 1 and r["machine"]["torch"] and r["machine"]["torch_threads"] == 1
 
 
