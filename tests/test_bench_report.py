@@ -387,3 +387,14 @@ def test_reliability_is_opt_in(report, model_dirs):
     cfg = config_from_args(args)
     assert cfg.reliability and cfg.reliability_timeout_s == 60.0
     assert cfg.reliability_tests[0] == "tests/reliability"
+
+
+def test_parametrized_cases_own_the_figures_recorded_under_their_full_name():
+    from specula.runtime.report.reliability import _results
+
+    cases = [{"test": "test_auth[a]"}, {"test": "test_auth[b]"}, {"test": "test_x[1]"}, {"test": "test_x[2]"}]
+    figures = [{"test": "test_auth[a]", "line": "a refused"}, {"test": "test_auth[b]", "line": "b refused"},
+               {"test": "test_x", "line": "shared"}, {"test": "test_lost", "line": "timed out"}]
+    got = {r["test"]: r["figures"] for r in _results(cases, figures)}
+    assert got == {"test_auth[a]": ["a refused"], "test_auth[b]": ["b refused"], "test_x[1]": ["shared"],
+                   "test_x[2]": ["shared"], "test_lost": ["timed out"]}

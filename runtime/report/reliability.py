@@ -29,6 +29,13 @@ DEFAULT_TESTS = (  # relative to the repository root; pytest node ids are fine
     "tests/reliability",
     "tests/serve/test_faults.py",
     "tests/wire/test_wire_protos_build.py::test_no_pickle_on_the_wire",
+    # backpressure, deadlines and auth on both doors (they live with their API's tests)
+    "tests/serve/test_openai_http.py::test_auth_on_every_route",
+    "tests/serve/test_openai_http.py::test_backpressure_then_disconnect_frees_the_request",
+    "tests/serve/test_openai_http.py::test_timeout_is_408_and_cancels_the_generation",
+    "tests/serve/test_grpc_api.py::test_every_method_needs_a_valid_token",
+    "tests/serve/test_grpc_api.py::test_backpressure_is_resource_exhausted",
+    "tests/serve/test_grpc_api.py::test_deadline_exceeded_frees_the_request",
 )
 TAIL_LINES = 40
 
@@ -84,14 +91,16 @@ def read_junit(path: Path) -> list[dict]:
 
 
 def _results(cases: list[dict], figures: list[dict]) -> list[dict]:
-    """Every test case with the figure lines it recorded (joined on the function name: a parametrized case
-    ``test_x[a]`` owns ``test_x``'s figures), then figures no case claims (junit missing: a timeout)."""
+    """Every test case with the figure lines it recorded (joined on the case's full name, ``test_x[a]``, when it
+    recorded under it; else on the function name, so a parametrized case owns ``test_x``'s figures), then figures
+    no case claims (junit missing: a timeout)."""
     claimed = set()
     out = []
     for c in cases:
         base = c["test"].split("[", 1)[0]
-        lines = [f["line"] for f in figures if f["test"] == base]
-        claimed.add(base)
+        own = [f["line"] for f in figures if f["test"] == c["test"]]
+        lines = own or [f["line"] for f in figures if f["test"] == base]
+        claimed.update((c["test"], base))
         out.append({**c, "figures": lines})
     for f in figures:
         if f["test"] not in claimed:

@@ -22,7 +22,7 @@ from specula.runtime.serve import IngressEngine
 from specula.targets import load_target
 
 from ray_kit import free_port, post, ray_env, run_app, stream_records, wait_for, init_ray
-from serve_kit import make_config, world_body
+from serve_kit import make_config, record_figure, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")]
@@ -65,19 +65,6 @@ def plain(served, model_dir):
         return SpecEngine(target, None, gamma=0).generate([ingress.prepare(ingress.parse(body), "ref")])["ref"].tokens
 
     return run
-
-
-def _record(name: str, line: str, **numbers) -> None:
-    """Print this test's figure and append it to $SPECULA_FIGURES_OUT as reliability_kit.record_figure does (the
-    same JSON line; a local copy, since tests/reliability is not importable from here)."""
-    print(f"\n{line}")
-    if path := os.environ.get("SPECULA_FIGURES_OUT"):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps({"test": name, "line": line, "numbers": numbers}) + "\n").encode())
-        finally:
-            os.close(fd)
 
 
 def _pid(app: str, deployment: str) -> int | None:
@@ -126,7 +113,7 @@ def test_drafter_killed_mid_generation_output_unchanged_then_speculation_resumes
         return got["drafter"] == "ok"
 
     wait_for("speculation resumed with the restarted drafter replica", resumed, DEADLINE_S, every=1.0)
-    _record("test_drafter_killed_mid_generation_output_unchanged_then_speculation_resumes",
+    record_figure("test_drafter_killed_mid_generation_output_unchanged_then_speculation_resumes",
             f"drafter replica killed mid-generation: {len(want)}/{MAX_TOKENS} tokens identical to plain decoding "
             f"(drafter: {final['drafter']}); speculation resumed on the restarted replica",
             tokens=MAX_TOKENS, tokens_identical=len(want), resumed=True)
@@ -147,7 +134,7 @@ def test_verifier_killed_mid_request_gives_an_error_record_and_the_service_recov
     assert status == 200, raw[:300]
     assert json.loads(raw)["tokens"] == plain(body)
     before = sum(len(r.get("tokens", ())) for r in records)
-    _record("test_verifier_killed_mid_request_gives_an_error_record_and_the_service_recovers",
+    record_figure("test_verifier_killed_mid_request_gives_an_error_record_and_the_service_recovers",
             f"verifier replica killed mid-answer: explicit error record after {before}/{MAX_TOKENS} tokens, no "
             f"'finished' record; the next request answered in full ({MAX_TOKENS} tokens, equal to plain decoding)",
             tokens_before_error=before, tokens=MAX_TOKENS, error_records=1, recovered=True)

@@ -28,7 +28,7 @@ from specula.runtime.serve.verifier import VerifierEngine
 from specula.runtime.serve.vision import VisionEngine
 from specula.targets import load_target
 
-from serve_kit import make_config, world_body
+from serve_kit import make_config, record_figure, world_body
 
 pytestmark = pytest.mark.integration
 KEY = "test-key"
@@ -335,7 +335,7 @@ def test_oversized_message_is_refused(stack):
 
 
 @pytest.mark.parametrize("token", [None, "wrong-key"])
-def test_every_method_needs_a_valid_token(main, token):
+def test_every_method_needs_a_valid_token(main, token, request):
     _, server, _ = main
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
@@ -349,6 +349,9 @@ def test_every_method_needs_a_valid_token(main, token):
             with pytest.raises(grpc.RpcError) as e:
                 call()
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "authorization" in e.value.details()
+    record_figure(request.node.name, f"gRPC with {'no' if token is None else 'a wrong'} token: {len(calls)}/"
+                  f"{len(calls)} methods (Generate, GenerateStream, ListModels, reflection) UNAUTHENTICATED",
+                  refused=len(calls), total=len(calls))
 
 
 def test_health_needs_a_token_when_not_open(stack):
@@ -406,6 +409,10 @@ def test_backpressure_is_resource_exhausted(stack, gate):
     stack.wait_idle(servicer)
     with SpeculaClient(f"127.0.0.1:{server.port}", KEY) as client:
         assert client.generate("hi", max_tokens=2).tokens  # the slot came back
+    record_figure("test_backpressure_is_resource_exhausted",
+                  "gRPC backpressure: max_concurrent 1, queue 0, one stream held -> the next Generate "
+                  "RESOURCE_EXHAUSTED at once; the held call cancelled -> the slot served again",
+                  code="RESOURCE_EXHAUSTED")
 
 
 def _held_then_released(stack, servicer, gate) -> int:
@@ -418,7 +425,7 @@ def _held_then_released(stack, servicer, gate) -> int:
 
 
 @pytest.mark.parametrize("where", ["client", "server"])
-def test_deadline_exceeded_frees_the_request(stack, main, gate, where):
+def test_deadline_exceeded_frees_the_request(stack, main, gate, where, request):
     if where == "client":
         servicer, server, _ = main
         timeout = 1.0
@@ -432,7 +439,10 @@ def test_deadline_exceeded_frees_the_request(stack, main, gate, where):
         with pytest.raises(grpc.RpcError) as e:
             future.result()
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert _held_then_released(stack, servicer, gate) <= 1  # cancelled, not left to run 64 tokens
+    steps = _held_then_released(stack, servicer, gate)
+    assert steps <= 1  # cancelled, not left to run 64 tokens
+    record_figure(request.node.name, f"gRPC {where} deadline 1 s -> DEADLINE_EXCEEDED; the request was cancelled "
+                  f"({steps} verification step(s) after the deadline, of 64 tokens asked)", steps_after=steps)
 
 
 def test_cancel_mid_stream_frees_the_request(stack, main, gate):

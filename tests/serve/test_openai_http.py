@@ -27,7 +27,7 @@ import pytest
 from specula.runtime.serve import VerifierEngine
 
 from ray_kit import init_ray
-from serve_kit import make_config, world_body
+from serve_kit import make_config, record_figure, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")]
 
@@ -407,13 +407,15 @@ ONE_TOKEN = {"messages": _MSG, "max_tokens": 1, "temperature": 0.7, "seed": 1}
     ("GET", "/metrics", None, 200),
     ("GET", "/nothing", None, 404),
 ])
-def test_auth_on_every_route(served, method, path, body, open_status):
+def test_auth_on_every_route(served, method, path, body, open_status, request):
     url = f"{served}{path}"
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
         status, h, raw = _call(method, url, body, headers)
         assert status == 401 and _error(raw)["code"] == "invalid_api_key" and h["WWW-Authenticate"] == "Bearer"
     status, _, raw = _call(method, url, body, AUTH)
     assert status == open_status, raw
+    record_figure(request.node.name, f"HTTP {method} {path}: no / wrong / unprefixed token -> 3/3 HTTP 401 "
+                  f"invalid_api_key; valid token -> {status}", refused=3, total=3)
 
 
 def test_health_is_open_and_the_openai_client_sends_its_key(served):
@@ -448,6 +450,10 @@ def test_backpressure_then_disconnect_frees_the_request(served):
         _metric(before, "specula_generations_total", reason="closed_early") == 1
     assert _metric(after, "specula_stream_errors_total") == _metric(before, "specula_stream_errors_total")  # not
     assert _metric(after, "specula_requests_total", code="503") >= 1                     # freed by the deadline
+    record_figure("test_backpressure_then_disconnect_frees_the_request",
+                  "HTTP backpressure: one slot held by a stream -> the next request HTTP 503 server_overloaded "
+                  "(Retry-After 1) at once; the client left mid-stream -> the verifier freed it and the slot served "
+                  "again (1 generation counted closed_early)", status=503)
 
 
 def test_timeout_is_408_and_cancels_the_generation(served):
@@ -463,5 +469,12 @@ def test_timeout_is_408_and_cancels_the_generation(served):
     assert _metric(metrics, "specula_stream_errors_total", route="/v1/chat/completions", code="408") == 1
     assert json.loads(events[-1])["error"]["code"] == "request_timeout"
     assert json.loads(events[0])["object"] == "chat.completion.chunk"
+    t0 = time.monotonic()
     _wait("the verifier freed the timed-out stream", lambda: _live() == [])
+    freed_s = time.monotonic() - t0
     assert _call("POST", url, ONE_TOKEN)[0] == 200  # and the replica still serves
+    record_figure("test_timeout_is_408_and_cancels_the_generation",
+                  f"HTTP deadline: unary -> 408 request_timeout, streamed -> an error event request_timeout and no "
+                  f"[DONE] after {len(events) - 1} chunk(s); both generations cancelled (freed "
+                  f"{freed_s:.2f} s after the stream ended); the replica still serves", status=408,
+                  chunks_before_error=len(events) - 1)
