@@ -2,7 +2,7 @@
 pytest in a child process from the repository root, and the figure each of its tests records.
 
 Each test of the suite prints one figure ("1000/1000 malformed requests rejected, ... RSS +12 MiB") through
-``tests/reliability/reliability_kit.record_figure``, which also appends ``{"test", "line", "numbers"}`` as a JSON
+``record_figure`` (below; the tests reach it through their kits), which also appends ``{"test", "line", "numbers"}`` as a JSON
 line to the file named by $SPECULA_FIGURES_OUT. Here that file lives in the report folder
 (``<report>/reliability/figures.jsonl``, next to pytest's junit XML and its full output); the section reads the
 lines back and joins them with each test's outcome from the junit XML.
@@ -24,7 +24,33 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-FIGURES_ENV = "SPECULA_FIGURES_OUT"  # read by tests/reliability/reliability_kit.record_figure
+FIGURES_ENV = "SPECULA_FIGURES_OUT"  # the file record_figure appends to; set for the child pytest by run_suite
+
+
+def _plain(x):
+    """JSON for what a figure's numbers may hold besides ints/floats/strings: tensors' and numpy's scalars."""
+    return x.item() if hasattr(x, "item") else str(x)
+
+
+def record_figure(name: str, line: str, **numbers) -> None:
+    """Print a test's figure (``line``, shown with ``pytest -s`` and in the report) and, when $SPECULA_FIGURES_OUT
+    names a file, append ``{"test": name, "line": line, "numbers": {...}}`` to it as one JSON line.
+
+    ``name``: the test function's name, or a parametrized case's full name (``test_x[a]``); the report joins it
+    with pytest's junit outcome (``_results``). One ``os.write`` on an O_APPEND descriptor: figures of concurrent
+    writers (pytest-xdist workers, several test files) land as whole lines.
+    """
+    print(f"\n{line}")
+    path = os.environ.get(FIGURES_ENV)
+    if not path:
+        return
+    record = json.dumps({"test": name, "line": line, "numbers": numbers}, default=_plain, sort_keys=False)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (record + "\n").encode())
+    finally:
+        os.close(fd)
 DEFAULT_TESTS = (  # relative to the repository root; pytest node ids are fine
     "tests/reliability",
     "tests/serve/test_faults.py",

@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import base64
 import io
-import json
-import os
 
 from specula.runtime.config import load_config
 from specula.runtime.engine import GenerationRequest
+from specula.runtime.report.reliability import record_figure  # noqa: F401 (re-exported for the serving tests)
 from specula.runtime.sampling import SamplingParams
 from specula.world import generate
 from specula.world.tokenizer import format_turns
-
-def record_figure(name: str, line: str, **numbers) -> None:
-    """Print a test's figure and append it to $SPECULA_FIGURES_OUT (``specula bench report --reliability``) as
-    tests/reliability's ``reliability_kit.record_figure`` does: the same JSON line (that folder is not importable
-    from here). ``name``: the test function's name, or a parametrized case's full name (``test_x[a]``)."""
-    print(f"\n{line}")
-    if path := os.environ.get("SPECULA_FIGURES_OUT"):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps({"test": name, "line": line, "numbers": numbers}) + "\n").encode())
-        finally:
-            os.close(fd)
-
 
 SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from specula.protos import build, load
+from specula.runtime.report.reliability import record_figure
 
 PROTO = build.PROTO_DIR / "specula_dataplane.proto"
 
@@ -115,21 +116,5 @@ def test_no_pickle_on_the_wire():
     scanned = [*wire.glob("*.py"), *build.PROTO_DIR.glob("*.py")]
     for path in scanned:
         assert not unsafe.search(path.read_text()), path
-    _record("test_no_pickle_on_the_wire", f"{len(scanned)} wire-path files scanned: 0 pickle / torch.load / "
-            "np.load / allow_pickle uses", files=len(scanned), pickle_uses=0)
-
-
-def _record(name: str, line: str, **numbers) -> None:
-    """Print the figure and append it to $SPECULA_FIGURES_OUT as tests/reliability/reliability_kit.record_figure
-    does (the same JSON line; a local copy, since tests/reliability is not importable from here)."""
-    import json
-    import os
-
-    print(f"\n{line}")
-    if path := os.environ.get("SPECULA_FIGURES_OUT"):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps({"test": name, "line": line, "numbers": numbers}) + "\n").encode())
-        finally:
-            os.close(fd)
+    record_figure("test_no_pickle_on_the_wire", f"{len(scanned)} wire-path files scanned: 0 pickle / torch.load / "
+                  "np.load / allow_pickle uses", files=len(scanned), pickle_uses=0)
