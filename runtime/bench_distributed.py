@@ -10,7 +10,9 @@ them alike:
   predraft        pipelined, and while the verdict is out the drafter also drafts blocks for its likeliest
                   rejection outcomes (SSD / Saguaro, ``--predraft`` of them; drafters with ``Predraft``: text_lm)
 
-Reported: tau; speedups (vs plain, pipelined vs sequential); the time split per block step (verify, draft on the
+Reported: tau; speedups (vs plain, pipelined vs sequential), end to end and in the decode phase (from each
+request's first token to its last: prefill, vision and the drafter's Begin happen once per request and overlap
+cannot touch them, so short answers hide what it does); tokens per request per suite; the time split per block step (verify, draft on the
 critical path, transfer, idle, drafting ahead) and the transfer share of a block step; pre-drafted blocks used /
 dropped; overlap efficiency = speedup / (tau * T_decode / T_verify(gamma)) with T_decode the plain step and
 T_verify(gamma) the verify step of that run (1.0 = the ideal of drafting for free); wire bytes per codec (fp32,
@@ -147,17 +149,25 @@ def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, 
             engines[name] = VerifierEngine(target, remote, gamma=gamma, eos_token_ids=eos)
 
         def once(name, rid, ids, pix):
+            """(seconds, seconds to the first token, (tokens, metrics, dataplane)) of one request."""
             eng, req = engines[name], GenerationRequest(rid, ids, pix, params)
             t0 = time.perf_counter()
+            first = None
             if isinstance(eng, VerifierEngine):
-                out = eng.generate(req, drafter_address=child.address)
-                if out["drafter"] != "ok":
-                    raise RuntimeError(f"{name}: the drafter was not used: {out['drafter']}")
-                res = (out["tokens"], out["metrics"], out["dataplane"])
+                tokens = []
+                for chunk in eng.stream(req, drafter_address=child.address):
+                    first = time.perf_counter() if first is None and chunk["tokens"] else first
+                    tokens.extend(chunk["tokens"])
+                if chunk["drafter"] != "ok":
+                    raise RuntimeError(f"{name}: the drafter was not used: {chunk['drafter']}")
+                res = (tokens, chunk["metrics"], chunk["dataplane"])
             else:
-                r = eng.generate([req])[rid]
+                for ev in eng.stream([req]):
+                    first = time.perf_counter() if first is None and ev.tokens else first
+                r = eng.finished.pop(rid)
                 res = (r.tokens, r.metrics.to_dict(), None)
-            return time.perf_counter() - t0, res
+            t1 = time.perf_counter()
+            return t1 - t0, (first if first is not None else t1) - t0, res
 
         _, wid, wids, wpix = prompts[0]
         for name in CONFIGS:  # warm-up: first calls allocate and pick kernels
@@ -165,12 +175,13 @@ def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, 
         seconds, rows, reference = defaultdict(float), defaultdict(list), {}
         for i, (suite, pid, ids, pix) in enumerate(prompts):
             for name in CONFIGS:
-                dt, (tokens, metrics, dp) = once(name, f"{pid}-{name}", ids, pix)
+                dt, ttft, (tokens, metrics, dp) = once(name, f"{pid}-{name}", ids, pix)
                 seconds[name] += dt
                 if name == "plain":
                     reference[pid] = tokens
-                rows[name].append({"prompt": pid, "seconds": dt, "tokens": tokens, "metrics": metrics,
-                                   "dataplane": dp, "exact": tokens == reference[pid]})
+                rows[name].append({"prompt": pid, "suite": suite, "seconds": dt, "first_token_s": ttft,
+                                   "tokens": tokens, "metrics": metrics, "dataplane": dp,
+                                   "exact": tokens == reference[pid]})
             log(f"prompt {i + 1}/{len(prompts)} ({pid}): " + ", ".join(
                 f"{k} {rows[k][-1]['seconds']:.2f}s" for k in CONFIGS))
     finally:
@@ -224,7 +235,7 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
                                     "torch": torch.__version__, "python": platform.python_version(),
                                     "processes": "verifier here, drafter in a child process, loopback gRPC"},
          "configs": {}}
-    per_step = {}
+    per_step, decode = {}, {}
     for name in CONFIGS:
         rs = rows[name]
         blocks = sum(x["metrics"]["blocks"] for x in rs)
@@ -234,7 +245,10 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
             for k, v in x["metrics"]["time_s"].items():
                 t[k] += v
         verify = t["verify"] + t["sample"] + t["commit"]
+        first = sum(x["first_token_s"] for x in rs)  # prefill, vision and the drafter's Begin: once per request
+        decode[name] = seconds[name] - first
         c = {"seconds": round(seconds[name], 4), "tokens": sum(len(x["tokens"]) for x in rs),
+             "first_token_s": round(first, 4), "decode_s": round(decode[name], 4),
              "blocks": blocks, "tau": round((accepted + blocks) / blocks, 3) if blocks else None,
              "speedup_vs_plain": round(plain_s / seconds[name], 3) if seconds[name] else None,
              "greedy_exact": all(x["exact"] for x in rs) if cfg["temperature"] == 0 and name != "plain" else None,
@@ -255,6 +269,12 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
             c["wire_bytes_per_block"] = round((agg["bytes_out"] + agg["bytes_in"]) / blocks, 1) if blocks else None
             c["codec"] = dps[0]["codec"]
         r["configs"][name] = c
+    for name, c in r["configs"].items():  # the phase the drafter can speed up: after the first token
+        c["decode_speedup_vs_plain"] = round(decode["plain"] / decode[name], 3) if decode[name] > 0 else None
+    suites = defaultdict(list)
+    for x in rows["plain"]:
+        suites[x["suite"]].append(len(x["tokens"]))
+    r["tokens_per_request"] = {k: round(sum(v) / len(v), 1) for k, v in suites.items()}
     t_decode = per_step["plain"]
     r["overlap"] = {"t_decode_s": round(t_decode, 6)}
     for name in ("single_process", "sequential", "pipelined", "predraft"):
@@ -270,9 +290,16 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
                          "pipelined_vs_single_process": round(r["configs"]["single_process"]["seconds"]
                                                               / p["seconds"], 3) if p["seconds"] else None,
                          "predraft_vs_pipelined": round(p["seconds"] / r["configs"]["predraft"]["seconds"], 3)
-                         if r["configs"]["predraft"]["seconds"] else None})
+                         if r["configs"]["predraft"]["seconds"] else None,
+                         "decode_pipelined_vs_sequential": _ratio(decode["sequential"], decode["pipelined"]),
+                         "decode_predraft_vs_sequential": _ratio(decode["sequential"], decode["predraft"]),
+                         "decode_predraft_vs_pipelined": _ratio(decode["pipelined"], decode["predraft"])})
     r["wire"] = wire
     return r
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b > 0 else None
 
 
 def render_markdown(r: dict) -> str:
@@ -282,15 +309,22 @@ def render_markdown(r: dict) -> str:
              f"{cfg['n_per_suite']} prompts per suite ({', '.join(cfg['suites'])}), max_tokens {cfg['max_tokens']}, "
              f"temperature {cfg['temperature']}; {r['machine']['cpu_count']} CPUs, verifier and drafter in separate "
              "processes with one torch thread each, loopback gRPC. Ratios are measured in this run, round robin.", "",
-             "| config | tau | speedup vs plain | ideal tau*T_decode/T_verify | overlap efficiency | greedy == plain |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+             "| config | tau | speedup vs plain | decode-phase speedup | ideal tau*T_decode/T_verify "
+             "| overlap efficiency | greedy == plain |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, c in r["configs"].items():
-        lines.append(f"| {name} | {c['tau'] or '-'} | {c['speedup_vs_plain']} | {c.get('ideal_speedup') or '-'} | "
-                     f"{c.get('overlap_efficiency') or '-'} | {c['greedy_exact'] if c['greedy_exact'] is not None else '-'} |")
+        lines.append(f"| {name} | {c['tau'] or '-'} | {c['speedup_vs_plain']} | {c.get('decode_speedup_vs_plain')} | "
+                     f"{c.get('ideal_speedup') or '-'} | {c.get('overlap_efficiency') or '-'} | "
+                     f"{c['greedy_exact'] if c['greedy_exact'] is not None else '-'} |")
     o = r["overlap"]
-    lines += ["", f"Pipelined vs sequential (same drafter, same wire): **{o['pipelined_vs_sequential']}x**; "
-                  f"pipelined vs single process: {o['pipelined_vs_single_process']}x; with predraft "
-                  f"({cfg.get('predraft')} rejection blocks) vs pipelined: {o.get('predraft_vs_pipelined')}x.", "",
+    per_suite = ", ".join(f"{k} {v}" for k, v in r.get("tokens_per_request", {}).items())
+    lines += ["", f"Pipelined vs sequential (same drafter, same wire): **{o['pipelined_vs_sequential']}x** end to end, "
+                  f"**{o.get('decode_pipelined_vs_sequential')}x** in the decode phase (after the first token: "
+                  f"prefill, vision and the drafter's Begin left out); pipelined vs single process: "
+                  f"{o['pipelined_vs_single_process']}x; with predraft ({cfg.get('predraft')} rejection blocks) vs "
+                  f"pipelined: {o.get('predraft_vs_pipelined')}x end to end, {o.get('decode_predraft_vs_pipelined')}x "
+                  f"in the decode phase (predraft vs sequential: {o.get('decode_predraft_vs_sequential')}x). "
+                  f"Tokens per request (plain): {per_suite}.", "",
               "## Time per block step (seconds, verifier's view)", "",
               "| config | step | verify | draft (critical path) | transfer | idle | drafted ahead (overlapped) | "
               "transfer share | blocks drafted ahead used / dropped (used for a rejection) |",

@@ -317,6 +317,12 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
         assert r["configs"][name]["speedup_vs_plain"] > 0
     assert r["configs"]["pipelined"]["spec_used"] + r["configs"]["pipelined"]["spec_dropped"] > 0
     assert 0 < r["overlap"]["efficiency"] and r["overlap"]["predraft_vs_pipelined"] > 0
+    for name, c in r["configs"].items():  # the decode phase is what is left after each request's first token
+        assert 0 < c["first_token_s"] < c["seconds"] and c["decode_s"] == pytest.approx(
+            c["seconds"] - c["first_token_s"], abs=2e-4)
+        assert c["decode_speedup_vs_plain"] > 0
+    assert r["overlap"]["decode_pipelined_vs_sequential"] > 0 and r["overlap"]["decode_predraft_vs_pipelined"] > 0
+    assert set(r["tokens_per_request"]) == {"vqa", "text"} and all(v >= 1 for v in r["tokens_per_request"].values())
     assert r["configs"]["predraft"]["spec_branch"] == 0  # ngram cannot rank rejections: nothing drafted for them
     assert set(r["wire"]) >= {"fp32", "fp16", "int8"}
     assert (out / "bench_distributed.md").read_text().startswith("# ")
