@@ -8,7 +8,9 @@ Three accuracies on the same held-out questions, per question type:
               LM's word space would hand the LM. If ``oracle`` is no better than ``real``, the LM cannot read
               the tokens however good they are, and the vision path is not what to train;
 - ``described`` the scene described in words (the world's text/scene questions): the LM's copy-from-context
-              skill with no vision at all.
+              skill with no vision at all; ``described_by_objects`` splits it by the number of objects in the
+              scene. One object needs a copy; two or more need binding (which colour goes with which shape,
+              by adjacency in the sentence), the part small LMs learn last.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from specula.runtime.prompts import encode_prompt
 from specula.world.sample import Sample
 from specula.world.suites import generate
+from specula.world.vocab import SHAPES
 from specula.zoo.evaluate import EVAL_OFFSET
 from specula.zoo.quality import greedy_answer, normalize
 
@@ -77,9 +80,22 @@ def probe(model, processor, n: int = 100, seed: int = 0) -> dict:
         out["real"] += r["real"] / n
         out["oracle"] += r["oracle"] / n
         out["by_type"][k] = {"n": r["n"], "real": r["real"] / r["n"], "oracle": r["oracle"] / r["n"]}
-    out["described"] = sum(hit(greedy_answer(model, processor, s, 8), s) for s in described) / max(1, len(described))
+    by_objects: dict[int, list[int]] = {}
+    for s in described:
+        r = by_objects.setdefault(scene_objects(s.prompt), [0, 0])
+        r[0] += 1
+        r[1] += hit(greedy_answer(model, processor, s, 8), s)
+    out["described"] = sum(h for _, h in by_objects.values()) / max(1, len(described))
     out["described_n"] = len(described)
+    out["described_by_objects"] = {k: {"n": n_, "exact": h / n_} for k, (n_, h) in sorted(by_objects.items())}
     return out
+
+
+def scene_objects(prompt: str) -> int:
+    """Objects in a described scene: shape words in its first sentence ("Imagine a large red circle in the top
+    left and a small blue star in the center. ..." -> 2)."""
+    scene = prompt.split(".")[0].lower().split()
+    return sum(w.strip(",") in SHAPES for w in scene)
 
 
 def probe_cli(args) -> int:
@@ -93,5 +109,6 @@ def probe_cli(args) -> int:
     print(f"vqa (n={r['n']}): real {r['real']:.3f}  oracle visual tokens {r['oracle']:.3f}")
     for k, t in r["by_type"].items():
         print(f"  {k:14s} n={t['n']:<4d} real={t['real']:.3f}  oracle={t['oracle']:.3f}")
-    print(f"described scene (n={r['described_n']}): {r['described']:.3f}")
+    print(f"described scene (n={r['described_n']}): {r['described']:.3f}  by objects in the scene: " + ", ".join(
+        f"{k}: {t['exact']:.2f} (n={t['n']})" for k, t in r["described_by_objects"].items()))
     return 0

@@ -39,6 +39,14 @@ def test_evaluate_reports_gate_keys_and_types():
     assert "by_type" in r["suites"]["chart"]  # chart kinds are "chart/<question>" too
 
 
+def test_scene_objects_counts_the_shapes_of_a_described_scene():
+    from specula.zoo.probe import scene_objects
+
+    assert scene_objects("Imagine a large red circle in the top left and a small blue star, and a green cross in "
+                         "the center. What colour is the star?") == 3
+    assert scene_objects("Imagine a small black triangle in the bottom right. Where is the triangle?") == 1
+
+
 def test_probe_reports_real_oracle_and_described():
     from specula.zoo.probe import oracle_visual, probe
 
@@ -48,6 +56,9 @@ def test_probe_reports_real_oracle_and_described():
     r = probe(model, processor, n=4)
     assert sum(t["n"] for t in r["by_type"].values()) == 4 and r["described_n"] >= 1
     assert 0 <= r["real"] <= 1 and 0 <= r["oracle"] <= 1
+    split = r["described_by_objects"]  # the described-scene accuracy, split by objects in the scene
+    assert sum(t["n"] for t in split.values()) == r["described_n"] and all(k >= 1 for k in split)
+    assert r["described"] == pytest.approx(sum(t["n"] * t["exact"] for t in split.values()) / r["described_n"])
     # oracle tokens: object patches become their words' embedding direction, background patches stay
     real = torch.randn(3, model.config.text_config.hidden_size)
     out = oracle_visual(model, [[5, 6], [], [7]], real)
