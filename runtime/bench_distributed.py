@@ -12,12 +12,12 @@ them alike:
 
 Reported: tau; speedups (vs plain, pipelined vs sequential), end to end and in the decode phase (from each
 request's first token to its last: prefill, vision and the drafter's Begin happen once per request and overlap
-cannot touch them, so short answers hide what it does); tokens per request per suite; the time split per block step (verify, draft on the
-critical path, transfer, idle, drafting ahead) and the transfer share of a block step; pre-drafted blocks used /
-dropped; overlap efficiency = speedup / (tau * T_decode / T_verify(gamma)) with T_decode the plain step and
-T_verify(gamma) the verify step of that run (1.0 = the ideal of drafting for free); wire bytes per codec (fp32,
-fp16, int8, int8+zstd) of the target features a drafter may need, encoded as real frames, and of the session
-traffic measured in the pipelined run. Greedy outputs are checked against plain decoding (``greedy_exact``).
+cannot touch them, so short answers hide what it does); tokens per request per suite; the time split per block
+step (verify, draft on the critical path, transfer, idle, drafting ahead) and the transfer share of a block step;
+pre-drafted blocks used / dropped; overlap efficiency = speedup / (tau * T_decode / T_verify(gamma)) with
+T_decode the plain step and T_verify(gamma) the verify step of that run (1.0 = the ideal of drafting for free);
+wire bytes per codec (fp32, fp16, int8, int8+zstd) of the target features a drafter may need, encoded as real
+frames, and of the session traffic measured in the pipelined run. Greedy outputs are checked against plain decoding (``greedy_exact``).
 
     specula bench distributed --quick                 # the shipped target, a few prompts, a few minutes
     specula bench distributed --model DIR --drafter ngram --n 4 --max-tokens 32
