@@ -2,8 +2,8 @@
 pytest in a child process from the repository root, and the figure each of its tests records.
 
 Each test of the suite prints one figure ("1000/1000 malformed requests rejected, ... RSS +12 MiB") through
-``record_figure`` (below; the tests reach it through their kits), which also appends ``{"test", "line", "numbers"}`` as a JSON
-line to the file named by $SPECULA_FIGURES_OUT. Here that file lives in the report folder
+``record_figure`` (below; the tests reach it through their kits), which also appends ``{"test", "line",
+"numbers"}`` as a JSON line to the file named by $SPECULA_FIGURES_OUT. Here that file lives in the report folder
 (``<report>/reliability/figures.jsonl``, next to pytest's junit XML and its full output); the section reads the
 lines back and joins them with each test's outcome from the junit XML.
 
@@ -51,6 +51,8 @@ def record_figure(name: str, line: str, **numbers) -> None:
         os.write(fd, (record + "\n").encode())
     finally:
         os.close(fd)
+
+
 DEFAULT_TESTS = (  # relative to the repository root; pytest node ids are fine
     "tests/reliability",
     "tests/serve/test_faults.py",
