@@ -177,6 +177,16 @@ def _add_train(sub) -> None:
     t.add_argument("--user-loss", type=float, default=0.0,
                    help="weight of an auxiliary next-token loss on the user turns' words (default: 0 = off): each "
                         "question names objects of the scene, so predicting it needs the image")
+    t.add_argument("--code-lm-samples", type=int, default=0,
+                   help="word-code recipe (zoo/word_codes.py): samples of a first stage in which the LM alone learns "
+                        "the world with fixed word codes in place of the image tokens; the vision stage then regresses "
+                        "tower + projector onto the codes (default: 0 = off)")
+    t.add_argument("--code-lm-layers", type=int, default=0,
+                   help="train only the first N decoder layers in the code LM stage, then start the others as "
+                        "identities (default: 0 = all layers)")
+    t.add_argument("--code-lm-lr", type=float, default=1e-3, help="peak learning rate of the code LM stage (default: 1e-3)")
+    t.add_argument("--code-token-budget", type=int, default=1024,
+                   help="tokens per optimizer step in the code LM stage (default: 1024)")
 
     def run(args):
         from specula.zoo.build import train_target_cli

@@ -18,6 +18,7 @@ class Encoded:
     patch_targets: torch.Tensor | None  # [n_img, T_img, K] int64 word token ids, -1 = none
     patch_classes: torch.Tensor | None = None  # [n_img, T_img, 2] int64 (colour, shape) class, -100 = ignore
     user_labels: torch.Tensor | None = None  # [L] int64: the user turns' text tokens, -100 elsewhere (``user_labels``)
+    patch_codes: torch.Tensor | None = None  # [n_img, T_img, H] fp32 word codes (zoo/word_codes.py), when asked for
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,15 @@ class Batch:
     n_samples: int
     patch_classes: torch.Tensor | None = None  # [N_img, T_img, 2]
     user_labels: torch.Tensor | None = None  # [B, L]
+    patch_codes: torch.Tensor | None = None  # [N_img, T_img, H]
 
 
 class Encoder:
     """Holds the processor and the word -> token map for dense patch targets."""
 
-    def __init__(self, processor, max_words: int = 5):
+    def __init__(self, processor, max_words: int = 5, codes=None):
         self.processor = processor
+        self.codes = codes  # a WordCodes: each encoded sample also carries its patches' codes
         self.tok = processor.tokenizer
         self.assistant_id = self.tok.convert_tokens_to_ids(ASSISTANT)
         self.user_id = self.tok.convert_tokens_to_ids(USER)
@@ -61,8 +64,10 @@ class Encoder:
             pixels = None
         ids = out["input_ids"][0]  # [L]
         labels = assistant_labels(ids, self.assistant_id, self.eos_id)
-        targets = classes = None
+        targets = classes = codes = None
         if s.images:
+            if self.codes is not None:
+                codes = self.codes.images(s.patch_words)  # [n_img, T, H]
             classes = patch_classes(s.patch_words)
             t = torch.full((len(s.images), len(s.patch_words[0]), self.max_words), -1, dtype=torch.long)
             for i, per_patch in enumerate(s.patch_words):
@@ -70,7 +75,8 @@ class Encoder:
                     for k, w in enumerate(words[: self.max_words]):
                         t[i, j, k] = self.word_id(w)
             targets = t
-        return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id))
+        return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
+                       codes)
 
 
 def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch.Tensor:
@@ -125,8 +131,9 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
     pix = [e.pixel_values for e in items if e.pixel_values is not None]
     tgt = [e.patch_targets for e in items if e.patch_targets is not None]
     cls = [e.patch_classes for e in items if e.patch_classes is not None]
+    codes = [e.patch_codes for e in items if e.patch_codes is not None]
     return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
-                 torch.cat(cls) if cls else None, user)
+                 torch.cat(cls) if cls else None, user, torch.cat(codes) if codes else None)
 
 
 def patch_classes(patch_words) -> torch.Tensor:

@@ -65,7 +65,10 @@ def train_target_cli(args) -> int:
                       threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
                       init_from=args.init_from, vision_images=args.vision_images,
                       mix=getattr(args, "mix", "base"), lr=getattr(args, "lr", 1e-3),
-                      token_budget=getattr(args, "token_budget", 4096), user_loss=getattr(args, "user_loss", 0.0))
+                      token_budget=getattr(args, "token_budget", 4096), user_loss=getattr(args, "user_loss", 0.0),
+                      code_lm_samples=getattr(args, "code_lm_samples", 0), code_lm_layers=getattr(args, "code_lm_layers", 0),
+                      code_lm_lr=getattr(args, "code_lm_lr", 1e-3),
+                      code_token_budget=getattr(args, "code_token_budget", 1024))
     ckpt = train(cfg, load_processor(TOKENIZER_DIR))
     if args.export:
         print(f"exported to {export(ckpt)}")

@@ -12,7 +12,10 @@ Recipe (why each part is there is in README, "The embedded target"):
   so predicting it needs the image (or the described scene), a denser grounding signal than the short answers;
 - a curriculum: the first ``curriculum`` share of samples is drawn mostly from single-object questions and short
   captions, then the full mix;
-- image-vs-blank accuracy on held-out VQA questions is logged every ``eval_every_s`` seconds.
+- image-vs-blank accuracy on held-out VQA questions is logged every ``eval_every_s`` seconds;
+- optionally (``code_lm_samples`` > 0) the word-code recipe (``zoo/code_stages.py``): first the LM alone learns the
+  world with fixed word codes in place of the image tokens (optionally shallow, then grown), then the vision stage
+  regresses tower + projector onto those codes, and the joint stage keeps that regression as ``aux_in``.
 
 Checkpoints (fp32 weights + optimizer + state) go to ``<run_dir>/ckpt`` every ``ckpt_every_s`` seconds; a new run
 with the same ``run_dir`` resumes from there. The data stream is indexed, so a resumed run sees the same samples.
@@ -34,9 +37,11 @@ from tqdm import tqdm
 
 from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
+from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.quality import chance_level, short_answer_accuracy
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
+from specula.zoo.word_codes import WordCodes
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,21 @@ class TrainConfig:
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
     user_loss: float = 0.0  # weight of the next-token loss on the user turns' text (batching.user_labels); 0 = off
+    code_lm_samples: int = 0  # word-code recipe: samples of the LM-on-codes stage before the vision stage; 0 = off
+    code_lm_layers: int = 0  # decoder layers the code LM stage trains (the rest start as identities after); 0 = all
+    code_lm_lr: float = 1e-3  # peak learning rate of the code LM stage
+    code_token_budget: int = 1024  # tokens per optimizer step in the code LM stage (small batches, many updates)
+    code_lm_mix: str = "dialogue"  # world.suites.MIXES entry the code LM stage draws from
+
+    def __post_init__(self):
+        if self.mix not in MIXES or self.code_lm_mix not in MIXES:
+            raise ValueError(f"unknown mix {self.mix!r} / {self.code_lm_mix!r} (known: {', '.join(MIXES)})")
+        if self.code_lm_samples < 0 or self.code_lm_layers < 0 or self.code_token_budget <= 0:
+            raise ValueError("code_lm_samples and code_lm_layers must be >= 0 and code_token_budget > 0")
+
+    @property
+    def uses_codes(self) -> bool:
+        return self.code_lm_samples > 0
 
 
 CURRICULUM_WEIGHTS = {"vqa_single": 5.0, "caption_short": 3.0, "text": 1.5, "vqa": 1.5}
@@ -75,10 +95,12 @@ def mix_weights(frac: float, cfg: TrainConfig) -> list[float]:
     return [w for _, _, _, w in mix]
 
 
-def sample_at(i: int, frac: float, cfg: TrainConfig):
+def sample_at(i: int, frac: float, cfg: TrainConfig, mix: str | None = None):
     rng = random.Random(f"specula-mix/{cfg.seed}/{i}")
-    k = rng.choices(range(len(MIXES[cfg.mix])), weights=mix_weights(frac, cfg))[0]
-    name, maker, task, _ = MIXES[cfg.mix][k]
+    mix = mix or cfg.mix
+    weights = mix_weights(frac, cfg) if mix == cfg.mix else [w for _, _, _, w in MIXES[mix]]
+    k = rng.choices(range(len(MIXES[mix])), weights=weights)[0]
+    name, maker, task, _ = MIXES[mix][k]
     return maker(random.Random(f"specula-world/{cfg.seed}/train/{name}/{i}"), name, task)
 
 
@@ -128,8 +150,11 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
         usel = utgt != -100
         if usel.any():
             losses["lm_user"] = F.cross_entropy(model.lm_head(hidden[:, :-1][usel]).float(), utgt[usel])
-    if img is not None and batch.patch_targets is not None:
+    if img is not None and batch.patch_codes is not None:  # word-code recipe: the projector keeps producing the codes
+        losses["aux_in"] = code_vision_loss(img, batch.patch_codes)
+    elif img is not None and batch.patch_targets is not None:
         losses["aux_in"] = patch_loss(model.lm_head(lm.norm(img)).float(), batch.patch_targets)
+    if img is not None and batch.patch_targets is not None:
         vis = hidden[mask.squeeze(-1)].reshape(img.shape)  # [N_img, T, H]
         losses["aux_out"] = patch_loss(model.lm_head(vis).float(), batch.patch_targets)
     if feats is not None and heads is not None and batch.patch_classes is not None:
@@ -193,7 +218,8 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
         state["history"] = list(info.get("history", []))
         state["warm_restart_at"] = state["samples"]
         log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts)")
-    enc = Encoder(processor)
+    codes = WordCodes(model.config.text_config.hidden_size, cfg.seed) if cfg.uses_codes else None
+    enc = Encoder(processor, codes=codes)
     heads = VisionHeads(model.config.vision_config.hidden_size)
     heads_opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if (ckpt / "heads.safetensors").exists():
@@ -202,10 +228,13 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
             heads_opt.load_state_dict(torch.load(ckpt / "heads_optimizer.pt", weights_only=True))
     model.train()
 
-    def save() -> None:
+    def save(extra: dict | None = None) -> None:
+        """Checkpoint model, optimizers and state; ``extra`` (name -> state dict) adds a stage's own optimizer."""
         ckpt.mkdir(parents=True, exist_ok=True)
         tmp = ckpt.with_suffix(".tmp")
         tmp.mkdir(exist_ok=True)
+        for name, sd_extra in (extra or {}).items():
+            torch.save(sd_extra, tmp / f"{name}.pt")
         sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
         save_file(sd, tmp / "model.safetensors")
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
@@ -216,6 +245,13 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
             f.replace(ckpt / f.name)
         tmp.rmdir()
 
+    if cfg.uses_codes and not state.get("code_lm_done"):
+        if (ckpt / "code_optimizer.pt").exists():
+            state["_code_opt_state"] = torch.load(ckpt / "code_optimizer.pt", weights_only=True)
+        eval_samples = [generate("vqa", "eval", 10_000 + i, cfg.seed) for i in range(cfg.eval_n)]
+        code_lm_stage(model, enc, codes, cfg, state, save,
+                      lambda i, frac: sample_at(i, frac, cfg, mix=cfg.code_lm_mix), eval_samples, log=log)
+        (ckpt / "code_optimizer.pt").unlink(missing_ok=True)
     if cfg.vision_images > 0 and "vision_stage_at" not in state:
         vision_stage(model, heads, enc, cfg.vision_images, cfg.seed, lr=cfg.lr, log=log)
         state["vision_stage_at"] = state["samples"]  # 0 for a fresh run; later when added to a running recipe

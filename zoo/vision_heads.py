@@ -43,8 +43,13 @@ def tower_features(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, lr: float = 1e-3,
                  batch_images: int = 32, aux_weight: float = 0.5, log=print) -> dict[str, float]:
-    """Train tower + projector (+ heads) on world images; the LM (embeddings, norm) stays frozen."""
+    """Train tower + projector (+ heads) on world images; the LM (embeddings, norm) stays frozen.
+
+    The projector side is pulled towards the patch words through the LM's norm and tied head, or, when the encoder
+    carries word codes (the word-code recipe), regressed onto the codes.
+    """
     from specula.world.suites import TRAIN_MIX
+    from specula.zoo.code_stages import code_cosine, code_vision_loss
     from specula.zoo.train_target import patch_loss
 
     lm = model.model.language_model
@@ -66,10 +71,15 @@ def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, l
                 i += 1
             pix = torch.cat([e.pixel_values for e in items])
             cls = torch.cat([e.patch_classes for e in items])
-            tgt = torch.cat([e.patch_targets for e in items])
             feats, img = tower_features(model, pix)
             loss_h = heads.loss(feats, cls)
-            loss_a = patch_loss(model.lm_head(lm.norm(img)).float(), tgt)
+            if items[0].patch_codes is not None:  # word-code recipe: regress the codes the LM learnt to read
+                codes = torch.cat([e.patch_codes for e in items])  # [N, T, H]
+                loss_a = code_vision_loss(img, codes)
+                cos = code_cosine(img.detach(), codes)
+                ema["code_cos"] = 0.95 * ema.get("code_cos", cos) + 0.05 * cos
+            else:
+                loss_a = patch_loss(model.lm_head(lm.norm(img)).float(), torch.cat([e.patch_targets for e in items]))
             loss = loss_h + aux_weight * loss_a
             opt.zero_grad(set_to_none=True)
             loss.backward()

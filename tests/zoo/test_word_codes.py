@@ -1,0 +1,153 @@
+"""The word-code recipe: fixed codes per word, the shallow-then-grown code LM stage, the codes regression."""
+
+import json
+
+import pytest
+import torch
+
+from specula.targets.processor import load_processor
+from specula.world import generate
+from specula.zoo.batching import Encoder, collate
+from specula.zoo.code_stages import code_answer_hits, code_embeds, code_vision_loss, make_identity, shallow
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.train_target import TrainConfig, train
+from specula.zoo.word_codes import WordCodes
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return load_processor(TOKENIZER_DIR)
+
+
+def test_codes_are_fixed_unit_vectors_and_patches_sum_them():
+    a, b = WordCodes(64, seed=0), WordCodes(64, seed=0)
+    torch.testing.assert_close(a.code("star"), b.code("star"))  # deterministic across instances
+    assert abs(float(a.code("star").norm()) - 1) < 1e-5
+    assert abs(float(a.code("star") @ a.code("square"))) < 0.6  # distinct words are not aligned
+    assert not torch.equal(WordCodes(64, seed=1).code("star"), a.code("star"))
+    torch.testing.assert_close(a.patch(("red", "star")), a.code("red") + a.code("star"))
+    assert float(a.patch(()).abs().sum()) == 0  # background
+    with pytest.raises(ValueError):
+        WordCodes(0)
+
+
+def test_encoder_carries_codes_that_match_the_patch_words(processor):
+    codes = WordCodes(64)
+    s = generate("vqa", "eval", 5)
+    e = Encoder(processor, codes=codes).encode(s)
+    assert e.patch_codes.shape == (1, 144, 64)
+    j = next(j for j, w in enumerate(s.patch_words[0]) if w)
+    torch.testing.assert_close(e.patch_codes[0, j], codes.patch(tuple(s.patch_words[0][j])))
+    assert Encoder(processor).encode(s).patch_codes is None
+    batch = collate([e, Encoder(processor, codes=codes).encode(generate("text", "eval", 1))], processor.tokenizer.pad_token_id)
+    assert batch.patch_codes.shape == (1, 144, 64)
+
+
+def test_code_embeds_replace_exactly_the_image_positions(processor):
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    s = generate("vqa", "eval", 2)
+    e = Encoder(processor, codes=WordCodes(64)).encode(s)
+    ids = e.input_ids[None]
+    x = code_embeds(model, ids, e.patch_codes)  # [1, L, H]
+    img = ids[0] == model.config.image_token_id
+    torch.testing.assert_close(x[0, img], e.patch_codes[0])
+    torch.testing.assert_close(x[0, ~img], model.get_input_embeddings()(ids)[0, ~img])
+
+
+def test_identity_layers_preserve_the_shallow_function(processor):
+    """After make_identity the full-depth LM computes what its first k layers computed."""
+    model = build_model(TargetArch(vision_hidden=32, vision_layers=1, vision_heads=2, lm_hidden=64, lm_layers=4,
+                                   lm_heads=2, lm_kv_heads=2, lm_ffn=128), processor.tokenizer, seed=0).eval()
+    lm = model.model.language_model
+    ids = torch.tensor([[1, 40, 50, 60, 70]])
+    with torch.no_grad():
+        with shallow(lm, 2):
+            want = lm(input_ids=ids).last_hidden_state
+        full = lm(input_ids=ids).last_hidden_state
+        assert not torch.allclose(want, full)  # the last two layers do something before
+        assert lm.config.num_hidden_layers == 4  # restored
+        assert make_identity(lm, 2) == 2
+        torch.testing.assert_close(lm(input_ids=ids).last_hidden_state, want)
+
+
+def test_code_vision_loss_is_zero_only_at_the_codes():
+    codes = torch.randn(2, 3, 8)
+    assert float(code_vision_loss(codes.clone(), codes)) == 0
+    assert float(code_vision_loss(torch.zeros_like(codes), codes)) > 0
+
+
+def test_code_answers_use_the_codes(processor):
+    """A model whose LM is untrained answers something; blank (zero) codes change what the LM sees."""
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    samples = [generate("vqa", "eval", i) for i in range(2)]
+    codes = WordCodes(64)
+    hits = code_answer_hits(model, processor, codes, samples, max_new_tokens=2)
+    assert len(hits) == 2 and all(isinstance(h, bool) for h in hits)
+    e = Encoder(processor, codes=codes).encode(samples[0])
+    ids = e.input_ids[None]
+    lm = model.model.language_model
+    with torch.no_grad():
+        a = lm(inputs_embeds=code_embeds(model, ids, e.patch_codes)).last_hidden_state[0, -1]
+        b = lm(inputs_embeds=code_embeds(model, ids, torch.zeros_like(e.patch_codes))).last_hidden_state[0, -1]
+    assert not torch.allclose(a, b)
+
+
+def test_config_rejects_bad_code_settings():
+    with pytest.raises(ValueError):
+        TrainConfig(code_lm_samples=-1)
+    with pytest.raises(ValueError):
+        TrainConfig(code_lm_mix="nope")
+    assert TrainConfig(code_lm_samples=10).uses_codes and not TrainConfig().uses_codes
+
+
+@pytest.mark.slow
+def test_code_recipe_runs_grows_and_resumes(tmp_path, processor):
+    """Code LM stage (2 of 4 layers), then growth, vision stage on codes, joint stage; a second call resumes."""
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=24, pool=12, token_budget=2048,
+                      warmup_samples=8, eval_n=2, eval_every_s=1e9, ckpt_every_s=0.0, threads=1, vision_images=16,
+                      code_lm_samples=24, code_lm_layers=1, code_token_budget=2048)
+    logs = []
+    ckpt = train(cfg, processor, log=logs.append)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["code_lm_done"] and state["code_lm_samples"] >= 24 and state["code_lm_grown_from"] == 1
+    assert any(h.get("stage") == "code_lm" and "code_vqa_exact_blank" in h for h in state["history"])
+    assert "vision_stage_at" in state and state["samples"] >= 24
+    assert any("start as identities" in m for m in logs)
+    assert not (ckpt / "code_optimizer.pt").exists()  # the stage's optimizer is gone once the stage is done
+    cfg2 = TrainConfig(**{**cfg.__dict__, "total_samples": 36})
+    train(cfg2, processor, log=logs.append)
+    state2 = json.loads((ckpt / "state.json").read_text())
+    assert state2["samples"] >= 36 and state2["code_lm_samples"] == state["code_lm_samples"]
+
+
+@pytest.mark.slow
+def test_code_lm_stage_resumes_mid_stage(tmp_path, processor):
+    """A run stopped inside the code LM stage continues there, with the stage's optimizer restored."""
+    base = dict(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=12, pool=2, token_budget=2048,
+                warmup_samples=8, eval_n=1, eval_every_s=1e9, ckpt_every_s=0.0, threads=1, vision_images=8,
+                code_token_budget=2048)
+    from specula.zoo import code_stages
+
+    calls = []
+    real = code_stages.code_lm_loss
+
+    def stop_after_two(model, batch):
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real(model, batch)
+
+    code_stages.code_lm_loss = stop_after_two
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(TrainConfig(**base, code_lm_samples=48), processor, log=lambda m: None)
+    finally:
+        code_stages.code_lm_loss = real
+    ckpt = tmp_path / "run" / "ckpt"
+    mid = json.loads((ckpt / "state.json").read_text())
+    assert 0 < mid["code_lm_samples"] < 48 and (ckpt / "code_optimizer.pt").exists()
+    logs = []
+    train(TrainConfig(**base, code_lm_samples=48), processor, log=logs.append)
+    done = json.loads((ckpt / "state.json").read_text())
+    assert any("resumed" in m for m in logs) and done["code_lm_done"] and done["code_lm_samples"] >= 48

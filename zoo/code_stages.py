@@ -1,0 +1,195 @@
+"""The word-code stages of ``specula train target`` (``zoo/word_codes.py`` says what a code is and why).
+
+- ``code_lm_stage``: the LM alone learns the world with each image token replaced by its patch's code. Optionally
+  only the first ``code_lm_layers`` decoder layers run (a shallow LM learns the lookup several times faster per
+  second); at the end the remaining layers are made identities (``o_proj`` and ``down_proj`` zeroed) so that the
+  full-depth model computes exactly what the shallow one learnt, and the joint stage trains them from there.
+- ``code_vision_loss``: tower + projector regress the codes (used by the vision stage and, as ``aux_in``, by the
+  joint stage).
+- ``code_answer_hits``: held-out short answers with codes (or zero codes: the "blank image") in place of the
+  image, the stage's image-vs-blank check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from specula.runtime.prompts import encode_prompt
+from specula.zoo.batching import Batch, collate, token_budget_batches
+from specula.zoo.quality import normalize
+from specula.zoo.word_codes import WordCodes
+
+CODE_STREAM = 1 << 40  # the code LM stage's samples are indexed apart from the joint stage's
+
+
+@contextlib.contextmanager
+def shallow(lm, layers: int):
+    """Run only the first ``layers`` decoder layers of a HF Llama-style model inside the block (0 = all)."""
+    full = lm.config.num_hidden_layers
+    if layers <= 0 or layers >= full:
+        yield
+        return
+    lm.config.num_hidden_layers = layers
+    try:
+        yield
+    finally:
+        lm.config.num_hidden_layers = full
+
+
+def make_identity(lm, first: int) -> int:
+    """Zero the residual outputs of decoder layers ``first..`` so each adds nothing; returns how many changed."""
+    n = 0
+    with torch.no_grad():
+        for layer in lm.layers[first:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+            n += 1
+    return n
+
+
+def code_embeds(model, input_ids: torch.Tensor, codes: torch.Tensor | None) -> torch.Tensor:
+    """Token embeddings with the image positions replaced by ``codes``.
+
+    input_ids # [B, L]; codes # [N_img, T, H] in image order (None: no images)  ->  [B, L, H]
+    """
+    emb = model.get_input_embeddings()(input_ids)
+    if codes is None:
+        return emb
+    mask = (input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
+    return emb.masked_scatter(mask, codes.reshape(-1, codes.shape[-1]).to(emb.dtype))
+
+
+def code_lm_loss(model, batch: Batch) -> torch.Tensor:
+    lm = model.model.language_model
+    x = code_embeds(model, batch.input_ids, batch.patch_codes)  # [B, L, H]
+    hidden = lm(inputs_embeds=x, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    tgt = batch.labels[:, 1:]  # [B, L-1]
+    sel = tgt != -100
+    return F.cross_entropy(model.lm_head(hidden[:, :-1][sel]).float(), tgt[sel])
+
+
+def code_vision_loss(img: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Squared error per patch, summed over the width and averaged over patches.
+
+    img # [N, T, H] projector outputs; codes # [N, T, H]
+    """
+    return (img.float() - codes.float()).pow(2).sum(-1).mean()
+
+
+def code_cosine(img: torch.Tensor, codes: torch.Tensor) -> float:
+    """Mean cosine between projector outputs and codes over the patches that show something  # img, codes [N, T, H]"""
+    keep = codes.norm(dim=-1) > 0  # [N, T]
+    if not keep.any():
+        return 0.0
+    return float(F.cosine_similarity(img[keep].float(), codes[keep].float(), dim=-1).mean())
+
+
+@torch.inference_mode()
+def code_answer_hits(model, processor, codes: WordCodes, samples, blank: bool = False, max_new_tokens: int = 8,
+                     layers: int = 0) -> list[bool]:
+    """Greedy short answers with codes (or zeros, ``blank``) in the image positions; exact match per sample."""
+    lm = model.model.language_model
+    tok = processor.tokenizer
+    was_training = model.training
+    model.eval()
+    hits = []
+    with shallow(lm, layers):
+        for s in samples:
+            ids, _ = encode_prompt(processor, s.prompt, s.images)
+            c = codes.images(s.patch_words) if s.images else None  # [n_img, T, H]
+            if c is not None and blank:
+                c = torch.zeros_like(c)
+            x = code_embeds(model, ids[None], c)  # [1, L, H]
+            out = []
+            for _ in range(max_new_tokens):
+                nxt = int(model.lm_head(lm(inputs_embeds=x).last_hidden_state[:, -1]).argmax(-1))
+                if nxt == tok.eos_token_id:
+                    break
+                out.append(nxt)
+                x = torch.cat([x, model.get_input_embeddings()(torch.tensor([[nxt]]))], 1)
+            pred = tok.decode(out, skip_special_tokens=True)
+            if s.kind.startswith("reasoning") or "." in pred:
+                pred = pred.split(".")[0]
+            hits.append(normalize(pred) == normalize(s.answer or ""))
+    model.train(was_training)
+    return hits
+
+
+def code_lm_lr(done: int, cfg) -> float:
+    warm = max(1, cfg.warmup_samples // 4)
+    if done < warm:
+        return cfg.code_lm_lr * max(done, 1) / warm
+    frac = min(1.0, (done - warm) / max(1, cfg.code_lm_samples - warm))
+    return cfg.code_lm_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, sample_at, eval_samples, log=print) -> None:
+    """Train the LM on word codes until ``state["code_lm_samples"]`` reaches ``cfg.code_lm_samples``; resumable.
+
+    ``save(extra)`` checkpoints the model and ``state`` plus ``extra`` (name -> state dict: this stage's optimizer,
+    saved as ``code_optimizer.pt``); on resume the caller puts that back in ``state["_code_opt_state"]``.
+    ``sample_at(i, frac)`` draws training sample ``i``.
+    """
+    lm = model.model.language_model
+    params = list(lm.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.code_lm_lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    if state.get("_code_opt_state") is not None:
+        opt.load_state_dict(state.pop("_code_opt_state"))
+    done = state.setdefault("code_lm_samples", 0)
+    bar = tqdm(total=cfg.code_lm_samples, initial=done, unit="sample", desc="code LM stage", mininterval=5.0)
+    last_ckpt = last_eval = t_last = time.time()
+    ema = None
+    model.train()
+    with shallow(lm, cfg.code_lm_layers):
+        while state["code_lm_samples"] < cfg.code_lm_samples:
+            start = state["code_lm_samples"]
+            frac = start / cfg.code_lm_samples
+            items = [encoder.encode(sample_at(CODE_STREAM + start + j, frac)) for j in range(cfg.pool)]
+            for group in token_budget_batches(items, cfg.code_token_budget):
+                batch = collate(group, encoder.tok.pad_token_id)
+                for g in opt.param_groups:
+                    g["lr"] = code_lm_lr(state["code_lm_samples"], cfg)
+                loss = code_lm_loss(model, batch)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                state["code_lm_samples"] += batch.n_samples
+                bar.update(batch.n_samples)
+                ema = float(loss.detach()) if ema is None else 0.98 * ema + 0.02 * float(loss.detach())
+            now = time.time()
+            state["elapsed_s"] += now - t_last
+            t_last = now
+            bar.set_postfix({"lm": f"{ema:.3f}"}, refresh=False)
+            if now - last_eval > cfg.eval_every_s:
+                _log_eval(model, encoder.processor, codes, cfg, state, eval_samples, ema, log)
+                last_eval = t_last = time.time()
+            if now - last_ckpt > cfg.ckpt_every_s:
+                save({"code_optimizer": opt.state_dict()})
+                last_ckpt = time.time()
+    bar.close()
+    _log_eval(model, encoder.processor, codes, cfg, state, eval_samples, ema, log)
+    if cfg.code_lm_layers and "code_lm_grown_from" not in state:
+        n = make_identity(lm, cfg.code_lm_layers)
+        state["code_lm_grown_from"] = cfg.code_lm_layers
+        log(f"code LM stage: layers {cfg.code_lm_layers}..{cfg.code_lm_layers + n - 1} start as identities")
+    state["code_lm_done"] = True
+    save({})
+
+
+def _log_eval(model, processor, codes, cfg, state, samples, ema, log) -> None:
+    hits = code_answer_hits(model, processor, codes, samples, layers=cfg.code_lm_layers)
+    blank = code_answer_hits(model, processor, codes, samples, blank=True, layers=cfg.code_lm_layers)
+    res = {"stage": "code_lm", "code_vqa_exact": round(sum(hits) / max(1, len(hits)), 4),
+           "code_vqa_exact_blank": round(sum(blank) / max(1, len(blank)), 4),
+           "samples": state["code_lm_samples"], "minutes": round(state["elapsed_s"] / 60, 1),
+           "loss_lm": None if ema is None else round(ema, 4)}
+    state["history"].append(res)
+    log(json.dumps(res))
