@@ -66,3 +66,25 @@ def test_probe_reports_real_oracle_and_described():
     want = model.get_input_embeddings().weight[[5, 6]].sum(0)
     assert torch.nn.functional.cosine_similarity(out[0], want, dim=0) > 0.999
     assert torch.allclose(out[2].pow(2).mean(), real[2].pow(2).mean(), rtol=1e-4)
+    assert set(r["word_embeddings"]) == {"colour", "shape", "size", "place"}
+
+
+def test_word_geometry_sees_collapsed_shape_words():
+    from specula.world.vocab import SHAPES
+    from specula.zoo.probe import word_geometry
+
+    processor = load_processor(TOKENIZER_DIR)
+    tok = processor.tokenizer
+    model = build_model(TargetArch.from_name("tiny"), tok)
+    g = word_geometry(model, tok)
+    assert g["shape"]["words"] >= 5 and g["colour"]["words"] >= 6 and g["place"]["words"] == 5
+    assert abs(g["shape"]["cosine"]) < 0.5  # random init: nearly orthogonal
+    with torch.no_grad():  # collapse the shape words onto one direction (plus a little noise), halve their norm
+        w = model.get_input_embeddings().weight
+        base = w[5].clone()  # any fixed direction
+        for s in SHAPES:
+            ids = tok(s, add_special_tokens=False).input_ids
+            if len(ids) == 1:
+                w[ids[0]] = 0.5 * base + 0.01 * torch.randn_like(base) * base.norm()
+    g2 = word_geometry(model, tok)
+    assert g2["shape"]["cosine"] > 0.95 and g2["colour"]["cosine"] == g["colour"]["cosine"]
