@@ -177,6 +177,9 @@ def _add_train(sub) -> None:
     t.add_argument("--user-loss", type=float, default=0.0,
                    help="weight of an auxiliary next-token loss on the user turns' words (default: 0 = off): each "
                         "question names objects of the scene, so predicting it needs the image")
+    t.add_argument("--aux-out", type=float, default=0.25,
+                   help="weight of the dense patch-word loss on the LM's last hidden state at the image positions "
+                        "(default: 0.25; 0 = off)")
     t.add_argument("--code-lm-samples", type=int, default=0,
                    help="word-code recipe (zoo/word_codes.py): samples of a first stage in which the LM alone learns "
                         "the world with fixed word codes in place of the image tokens; the vision stage then regresses "

@@ -57,18 +57,23 @@ def export_cli(args) -> int:
     return 0
 
 
+def train_config_from_args(args):
+    """The TrainConfig that ``specula train target``'s flags describe."""
+    from specula.zoo.train_target import TrainConfig
+
+    return TrainConfig(run_dir=args.run_dir, arch=args.arch, total_samples=args.samples, seed=args.seed,
+                       threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
+                       init_from=args.init_from, vision_images=args.vision_images, mix=args.mix, lr=args.lr,
+                       token_budget=args.token_budget, user_loss=args.user_loss, aux_out=args.aux_out,
+                       code_lm_samples=args.code_lm_samples, code_lm_layers=args.code_lm_layers,
+                       code_lm_lr=args.code_lm_lr, code_token_budget=args.code_token_budget)
+
+
 def train_target_cli(args) -> int:
     from specula.targets.processor import load_processor
-    from specula.zoo.train_target import TrainConfig, train
+    from specula.zoo.train_target import train
 
-    cfg = TrainConfig(run_dir=args.run_dir, arch=args.arch, total_samples=args.samples, seed=args.seed,
-                      threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
-                      init_from=args.init_from, vision_images=args.vision_images,
-                      mix=getattr(args, "mix", "base"), lr=getattr(args, "lr", 1e-3),
-                      token_budget=getattr(args, "token_budget", 4096), user_loss=getattr(args, "user_loss", 0.0),
-                      code_lm_samples=getattr(args, "code_lm_samples", 0), code_lm_layers=getattr(args, "code_lm_layers", 0),
-                      code_lm_lr=getattr(args, "code_lm_lr", 1e-3),
-                      code_token_budget=getattr(args, "code_token_budget", 1024))
+    cfg = train_config_from_args(args)
     ckpt = train(cfg, load_processor(TOKENIZER_DIR))
     if args.export:
         print(f"exported to {export(ckpt)}")

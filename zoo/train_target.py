@@ -154,7 +154,7 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
         losses["aux_in"] = code_vision_loss(img, batch.patch_codes)
     elif img is not None and batch.patch_targets is not None:
         losses["aux_in"] = patch_loss(model.lm_head(lm.norm(img)).float(), batch.patch_targets)
-    if img is not None and batch.patch_targets is not None:
+    if img is not None and batch.patch_targets is not None and cfg.aux_out > 0:
         vis = hidden[mask.squeeze(-1)].reshape(img.shape)  # [N_img, T, H]
         losses["aux_out"] = patch_loss(model.lm_head(vis).float(), batch.patch_targets)
     if feats is not None and heads is not None and batch.patch_classes is not None:

@@ -151,3 +151,33 @@ def test_code_lm_stage_resumes_mid_stage(tmp_path, processor):
     train(TrainConfig(**base, code_lm_samples=48), processor, log=logs.append)
     done = json.loads((ckpt / "state.json").read_text())
     assert any("resumed" in m for m in logs) and done["code_lm_done"] and done["code_lm_samples"] >= 48
+
+
+def test_cli_flags_reach_the_train_config():
+    from specula.cli import build_parser
+    from specula.zoo.build import train_config_from_args
+
+    args = build_parser().parse_args(["train", "target", "--run-dir", "r", "--code-lm-samples", "500",
+                                      "--code-lm-layers", "2", "--code-lm-lr", "2e-3", "--code-token-budget", "512",
+                                      "--aux-out", "0", "--mix", "dialogue", "--lr", "3e-4"])
+    cfg = train_config_from_args(args)
+    assert (cfg.code_lm_samples, cfg.code_lm_layers, cfg.code_lm_lr, cfg.code_token_budget) == (500, 2, 2e-3, 512)
+    assert (cfg.aux_out, cfg.mix, cfg.lr, cfg.run_dir) == (0.0, "dialogue", 3e-4, "r") and cfg.uses_codes
+    assert not train_config_from_args(build_parser().parse_args(["train", "target"])).uses_codes
+
+
+def test_joint_losses_regress_codes_and_can_drop_aux_out(processor):
+    from specula.zoo.train_target import forward_losses
+    from specula.zoo.vision_heads import tower_features
+
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    s = generate("vqa", "eval", 4)
+    with_codes = collate([Encoder(processor, codes=WordCodes(64)).encode(s)], processor.tokenizer.pad_token_id)
+    plain = collate([Encoder(processor).encode(s)], processor.tokenizer.pad_token_id)
+    a = forward_losses(model, with_codes, TrainConfig(arch="tiny", aux_out=0.0))
+    assert "aux_out" not in a
+    _, img = tower_features(model, with_codes.pixel_values)
+    torch.testing.assert_close(a["aux_in"], code_vision_loss(img, with_codes.patch_codes))
+    b = forward_losses(model, plain, TrainConfig(arch="tiny"))
+    assert "aux_out" in b and not torch.allclose(a["aux_in"], b["aux_in"])
+    torch.testing.assert_close(a["lm"], b["lm"])
