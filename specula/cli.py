@@ -162,7 +162,10 @@ def _add_train(sub) -> None:
     t.add_argument("--ckpt-every", type=float, default=240.0, help="seconds between checkpoints (default: 240)")
     t.add_argument("--eval-every", type=float, default=600.0, help="seconds between image-vs-blank checks (default: 600)")
     t.add_argument("--vision-images", type=int, default=4_000,
-                   help="stage 0: images for the tower + projector stage before joint training (default: 4000)")
+                   help="stage 0: images for the tower + projector stage before joint training (default: 4000); "
+                        "raising it on a resumed run trains the vision stage further before joint training goes on")
+    t.add_argument("--vision-lr", type=float, default=None,
+                   help="learning rate of the vision stage (default: the same as --lr)")
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")

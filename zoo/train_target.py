@@ -64,6 +64,7 @@ class TrainConfig:
     eval_n: int = 48
     threads: int = 2
     vision_images: int = 4_000  # stage 0: tower + projector on dense patch labels before joint training
+    vision_lr: float | None = None  # learning rate of the vision stage (None: ``lr``)
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
@@ -252,9 +253,13 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
         code_lm_stage(model, enc, codes, cfg, state, save,
                       lambda i, frac: sample_at(i, frac, cfg, mix=cfg.code_lm_mix), eval_samples, log=log)
         (ckpt / "code_optimizer.pt").unlink(missing_ok=True)
-    if cfg.vision_images > 0 and "vision_stage_at" not in state:
-        vision_stage(model, heads, enc, cfg.vision_images, cfg.seed, lr=cfg.lr, log=log)
+    # the vision stage runs until ``vision_images`` images are done; raising it on a resumed run extends the stage
+    vision_done = state.get("vision_images_done", cfg.vision_images if "vision_stage_at" in state else 0)
+    if cfg.vision_images > vision_done:
+        vision_stage(model, heads, enc, cfg.vision_images - vision_done, cfg.seed, lr=cfg.vision_lr or cfg.lr, log=log,
+                     start=vision_done)
         state["vision_stage_at"] = state["samples"]  # 0 for a fresh run; later when added to a running recipe
+        state["vision_images_done"] = cfg.vision_images
         save()
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)
     t_last = time.time()

@@ -42,7 +42,7 @@ def tower_features(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, lr: float = 1e-3,
-                 batch_images: int = 32, aux_weight: float = 0.5, log=print) -> dict[str, float]:
+                 batch_images: int = 32, aux_weight: float = 0.5, log=print, start: int = 0) -> dict[str, float]:
     """Train tower + projector (+ heads) on world images; the LM (embeddings, norm) stays frozen.
 
     The projector side is pulled towards the patch words through the LM's norm and tied head, or, when the encoder
@@ -60,7 +60,7 @@ def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, l
         p.requires_grad_(False)
     makers = [m for m in TRAIN_MIX if m[0] in ("vqa", "vqa_single", "caption", "chart", "ocr")]
     bar = tqdm(total=n_images, unit="img", desc="vision stage", mininterval=5.0)
-    seen, i, ema = 0, 0, {}
+    seen, i, ema = 0, start, {}  # ``start``: images an earlier call already trained on (the stream continues)
     try:
         while seen < n_images:
             items = []

@@ -115,10 +115,13 @@ def test_code_recipe_runs_grows_and_resumes(tmp_path, processor):
     assert "vision_stage_at" in state and state["samples"] >= 24
     assert any("start as identities" in m for m in logs)
     assert not (ckpt / "code_optimizer.pt").exists()  # the stage's optimizer is gone once the stage is done
-    cfg2 = TrainConfig(**{**cfg.__dict__, "total_samples": 36})
+    assert state["vision_images_done"] == 16
+    cfg2 = TrainConfig(**{**cfg.__dict__, "total_samples": 36, "vision_images": 24, "vision_lr": 2e-3})
     train(cfg2, processor, log=logs.append)
     state2 = json.loads((ckpt / "state.json").read_text())
     assert state2["samples"] >= 36 and state2["code_lm_samples"] == state["code_lm_samples"]
+    assert state2["vision_images_done"] == 24 and state2["vision_stage_at"] >= 24  # extended on resume
+    assert sum(m.startswith("vision stage:") for m in logs) == 2  # once per call
 
 
 @pytest.mark.slow
@@ -159,10 +162,11 @@ def test_cli_flags_reach_the_train_config():
 
     args = build_parser().parse_args(["train", "target", "--run-dir", "r", "--code-lm-samples", "500",
                                       "--code-lm-layers", "2", "--code-lm-lr", "2e-3", "--code-token-budget", "512",
-                                      "--aux-out", "0", "--mix", "dialogue", "--lr", "3e-4"])
+                                      "--aux-out", "0", "--mix", "dialogue", "--lr", "3e-4", "--vision-lr", "1e-3"])
     cfg = train_config_from_args(args)
     assert (cfg.code_lm_samples, cfg.code_lm_layers, cfg.code_lm_lr, cfg.code_token_budget) == (500, 2, 2e-3, 512)
-    assert (cfg.aux_out, cfg.mix, cfg.lr, cfg.run_dir) == (0.0, "dialogue", 3e-4, "r") and cfg.uses_codes
+    assert (cfg.aux_out, cfg.mix, cfg.lr, cfg.run_dir, cfg.vision_lr) == (0.0, "dialogue", 3e-4, "r", 1e-3)
+    assert cfg.uses_codes
     assert not train_config_from_args(build_parser().parse_args(["train", "target"])).uses_codes
 
 
