@@ -103,17 +103,17 @@ def code_answer_hits(model, processor, codes: WordCodes, samples, blank: bool = 
     with shallow(lm, layers):
         for s in samples:
             ids, _ = encode_prompt(processor, s.prompt, s.images)
-            c = codes.images(s.patch_words) if s.images else None  # [n_img, T, H]
+            c = codes.images(s.patch_words).to(model.device) if s.images else None  # [n_img, T, H]
             if c is not None and blank:
                 c = torch.zeros_like(c)
-            x = code_embeds(model, ids[None], c)  # [1, L, H]
+            x = code_embeds(model, ids[None].to(model.device), c)  # [1, L, H]
             out = []
             for _ in range(max_new_tokens):
                 nxt = int(model.lm_head(lm(inputs_embeds=x).last_hidden_state[:, -1]).argmax(-1))
                 if nxt == tok.eos_token_id:
                     break
                 out.append(nxt)
-                x = torch.cat([x, model.get_input_embeddings()(torch.tensor([[nxt]]))], 1)
+                x = torch.cat([x, model.get_input_embeddings()(torch.tensor([[nxt]], device=x.device))], 1)
             pred = tok.decode(out, skip_special_tokens=True)
             if s.kind.startswith("reasoning") or "." in pred:
                 pred = pred.split(".")[0]
