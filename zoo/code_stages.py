@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specula.runtime.prompts import encode_prompt
 from specula.zoo.batching import Batch, collate, token_budget_batches
 from specula.zoo.quality import normalize
 from specula.zoo.word_codes import WordCodes
@@ -91,30 +90,18 @@ def code_cosine(img: torch.Tensor, codes: torch.Tensor) -> float:
     return float(F.cosine_similarity(img[keep].float(), codes[keep].float(), dim=-1).mean())
 
 
-@torch.inference_mode()
 def code_answer_hits(model, processor, codes: WordCodes, samples, blank: bool = False, max_new_tokens: int = 8,
                      layers: int = 0) -> list[bool]:
     """Greedy short answers with codes (or zeros, ``blank``) in the image positions; exact match per sample."""
-    lm = model.model.language_model
-    tok = processor.tokenizer
+    from specula.zoo.probe import answer_with_visual  # the probe's greedy loop over given visual tokens
+
     was_training = model.training
     model.eval()
     hits = []
-    with shallow(lm, layers):
+    with shallow(model.model.language_model, layers):
         for s in samples:
-            ids, _ = encode_prompt(processor, s.prompt, s.images)
-            c = codes.images(s.patch_words).to(model.device) if s.images else None  # [n_img, T, H]
-            if c is not None and blank:
-                c = torch.zeros_like(c)
-            x = code_embeds(model, ids[None].to(model.device), c)  # [1, L, H]
-            out = []
-            for _ in range(max_new_tokens):
-                nxt = int(model.lm_head(lm(inputs_embeds=x).last_hidden_state[:, -1]).argmax(-1))
-                if nxt == tok.eos_token_id:
-                    break
-                out.append(nxt)
-                x = torch.cat([x, model.get_input_embeddings()(torch.tensor([[nxt]], device=x.device))], 1)
-            pred = tok.decode(out, skip_special_tokens=True)
+            c = codes.images(s.patch_words).flatten(0, 1)  # [n_img * T, H]
+            pred = answer_with_visual(model, processor, s, torch.zeros_like(c) if blank else c, max_new_tokens)
             if s.kind.startswith("reasoning") or "." in pred:
                 pred = pred.split(".")[0]
             hits.append(normalize(pred) == normalize(s.answer or ""))

@@ -46,7 +46,7 @@ def oracle_visual(model, word_ids: list[list[int]], real: torch.Tensor) -> torch
 
 @torch.inference_mode()
 def answer_with_visual(model, processor, s: Sample, visual: torch.Tensor, max_new_tokens: int = 8) -> str:
-    """Greedy answer to a one-image sample with the given visual tokens [T, H] in place of the image tokens."""
+    """Greedy answer with the given visual tokens [n_img * T, H] in place of the sample's image tokens."""
     ids, _ = encode_prompt(processor, s.prompt, s.images)
     embeds = model.get_input_embeddings()(ids[None])  # [1, L, H]
     embeds[ids[None] == model.config.image_token_id] = visual.to(embeds.dtype)
