@@ -256,11 +256,18 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
     # the vision stage runs until ``vision_images`` images are done; raising it on a resumed run extends the stage
     vision_done = state.get("vision_images_done", cfg.vision_images if "vision_stage_at" in state else 0)
     if cfg.vision_images > vision_done:
+        def vision_checkpoint(done: int, opt_sd: dict) -> None:
+            state["vision_images_done"] = done  # mid-stage: a resumed run continues the stage from here
+            save({"vision_optimizer": opt_sd})
+
+        vis_opt = ckpt / "vision_optimizer.pt"
         vision_stage(model, heads, enc, cfg.vision_images - vision_done, cfg.seed, lr=cfg.vision_lr or cfg.lr, log=log,
-                     start=vision_done)
+                     start=vision_done, checkpoint=vision_checkpoint, ckpt_every_s=cfg.ckpt_every_s,
+                     opt_state=torch.load(vis_opt, weights_only=True) if vis_opt.exists() else None)
         state["vision_stage_at"] = state["samples"]  # 0 for a fresh run; later when added to a running recipe
         state["vision_images_done"] = cfg.vision_images
         save()
+        vis_opt.unlink(missing_ok=True)  # a later extension of the stage starts with fresh moments
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)
     t_last = time.time()
     last_ckpt = last_eval = time.time()

@@ -9,6 +9,8 @@ learnt in minutes instead of hours of joint training.
 from __future__ import annotations
 
 import random
+import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,11 +44,17 @@ def tower_features(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, lr: float = 1e-3,
-                 batch_images: int = 32, aux_weight: float = 0.5, log=print, start: int = 0) -> dict[str, float]:
+                 batch_images: int = 32, aux_weight: float = 0.5, log=print, start: int = 0,
+                 checkpoint: Callable[[int, dict], None] | None = None, ckpt_every_s: float = 240.0,
+                 opt_state: dict | None = None) -> dict[str, float]:
     """Train tower + projector (+ heads) on world images; the LM (embeddings, norm) stays frozen.
 
     The projector side is pulled towards the patch words through the LM's norm and tied head, or, when the encoder
     carries word codes (the word-code recipe), regressed onto the codes.
+
+    ``start``: images an earlier call already trained on (the image stream continues from there).
+    ``checkpoint(images_done, optimizer_state)`` is called every ``ckpt_every_s`` seconds so that a long stage can be
+    stopped and resumed; ``opt_state`` restores the stage's optimizer on such a resume.
     """
     from specula.world.suites import TRAIN_MIX
     from specula.zoo.code_stages import code_cosine, code_vision_loss
@@ -55,12 +63,17 @@ def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, l
     lm = model.model.language_model
     params = list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
     opt = torch.optim.AdamW(params + list(heads.parameters()), lr=lr, weight_decay=0.01)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+        for g in opt.param_groups:
+            g["lr"] = lr  # a resumed stage may run at a new rate
     frozen = [p for p in lm.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)
     makers = [m for m in TRAIN_MIX if m[0] in ("vqa", "vqa_single", "caption", "chart", "ocr")]
     bar = tqdm(total=n_images, unit="img", desc="vision stage", mininterval=5.0)
-    seen, i, ema = 0, start, {}  # ``start``: images an earlier call already trained on (the stream continues)
+    seen, i, ema = 0, start, {}
+    last_ckpt = time.time()
     try:
         while seen < n_images:
             items = []
@@ -90,6 +103,9 @@ def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, l
             for k, v in (("heads", loss_h), ("aux_in", loss_a)):
                 ema[k] = 0.95 * ema.get(k, float(v.detach())) + 0.05 * float(v.detach())
             bar.set_postfix({k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
+            if checkpoint is not None and time.time() - last_ckpt > ckpt_every_s and seen < n_images:
+                checkpoint(start + seen, opt.state_dict())
+                last_ckpt = time.time()
     finally:
         for p in frozen:
             p.requires_grad_(True)

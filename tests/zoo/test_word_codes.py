@@ -156,6 +156,41 @@ def test_code_lm_stage_resumes_mid_stage(tmp_path, processor):
     assert any("resumed" in m for m in logs) and done["code_lm_done"] and done["code_lm_samples"] >= 48
 
 
+@pytest.mark.slow
+def test_vision_stage_resumes_mid_stage(tmp_path, processor):
+    """A run stopped inside the vision stage continues there (images done and the stage's optimizer restored)."""
+    base = dict(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=4, pool=2, token_budget=2048,
+                warmup_samples=2, eval_n=1, eval_every_s=1e9, ckpt_every_s=0.0, threads=1, vision_images=96)  # batches of 32
+    from specula.zoo import vision_heads
+
+    calls = []
+    real = vision_heads.VisionHeads.loss
+
+    def stop_after_two(self, feats, classes):
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real(self, feats, classes)
+
+    vision_heads.VisionHeads.loss = stop_after_two
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(TrainConfig(**base), processor, log=lambda m: None)
+    finally:
+        vision_heads.VisionHeads.loss = real
+    ckpt = tmp_path / "run" / "ckpt"
+    mid = json.loads((ckpt / "state.json").read_text())
+    assert mid["vision_images_done"] == 64 and "vision_stage_at" not in mid
+    assert (ckpt / "vision_optimizer.pt").exists()
+    logs = []
+    train(TrainConfig(**base), processor, log=logs.append)
+    done = json.loads((ckpt / "state.json").read_text())
+    seen = [m for m in logs if m.startswith("vision stage:")]
+    assert len(seen) == 1 and int(seen[0].split()[2]) == 96 - 64  # only what was left
+    assert done["vision_images_done"] == 96 and "vision_stage_at" in done
+    assert not (ckpt / "vision_optimizer.pt").exists()
+
+
 def test_cli_flags_reach_the_train_config():
     from specula.cli import build_parser
     from specula.zoo.build import train_config_from_args
