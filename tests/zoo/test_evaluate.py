@@ -67,6 +67,33 @@ def test_probe_reports_real_oracle_and_described():
     assert torch.nn.functional.cosine_similarity(out[0], want, dim=0) > 0.999
     assert torch.allclose(out[2].pow(2).mean(), real[2].pow(2).mean(), rtol=1e-4)
     assert set(r["word_embeddings"]) == {"colour", "shape", "size", "place"}
+    assert sum(t["n"] for t in r["real_by_objects"].values()) == 4
+    assert r["real"] == pytest.approx(sum(t["n"] * t["exact"] for t in r["real_by_objects"].values()) / 4)
+    assert set(r["lookup_errors"]) == {"right", "other_object", "absent"}
+
+
+def test_classify_lookup_tells_selection_from_reading_errors():
+    from specula.world.suites import generate
+    from specula.zoo.evaluate import EVAL_OFFSET
+    from specula.zoo.probe import LOOKUP_SLOTS, classify_lookup, image_objects
+
+    found = 0
+    for i in range(200):
+        s = generate("vqa", "eval", EVAL_OFFSET + i, 0)
+        kind = s.kind.split("/")[-1]
+        objs = image_objects(s)
+        if kind not in LOOKUP_SLOTS or len({w[:2] for w in objs}) < 2:
+            assert kind in LOOKUP_SLOTS or classify_lookup(s, s.answer) is None
+            continue
+        values = {" ".join(w[j] for j in LOOKUP_SLOTS[kind] if j < len(w)) for w in objs}
+        other = sorted(v for v in values if v != s.answer)
+        if not other:  # e.g. both objects are large
+            continue
+        assert classify_lookup(s, s.answer + ".") == "right"
+        assert classify_lookup(s, other[0]) == "other_object"
+        assert classify_lookup(s, "zebra") == "absent"
+        found += 1
+    assert found >= 10
 
 
 def test_word_geometry_sees_collapsed_shape_words():
