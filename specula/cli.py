@@ -149,6 +149,22 @@ def _add_bench(sub) -> None:
 
     dp.set_defaults(func=run_distributed)
 
+    op = bsub.add_parser("outcomes", help="how often a verdict's outcome is among the drafter's top predicted "
+                                          "outcomes: the ceiling of drafting ahead (no timing)",
+                         description="Greedy SpecEngine runs in which the drafter ranks its guess and its likeliest "
+                                     "rejection outcomes before every verdict; JSON + markdown with the share of "
+                                     "blocks covered by the top 1 .. m outcomes.")
+    from specula.runtime.bench_outcomes import add_arguments as outcomes_arguments
+
+    outcomes_arguments(op)
+
+    def run_outcomes(args):
+        from specula.runtime.bench_outcomes import main as outcomes_main
+
+        return outcomes_main(args)
+
+    op.set_defaults(func=run_outcomes)
+
 
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a model of the embedded family (resumable)")
@@ -193,6 +209,13 @@ def _add_train(sub) -> None:
     t.add_argument("--code-lm-lr", type=float, default=1e-3, help="peak learning rate of the code LM stage (default: 1e-3)")
     t.add_argument("--code-token-budget", type=int, default=1024,
                    help="tokens per optimizer step in the code LM stage (default: 1024)")
+    t.add_argument("--referent-attention", type=float, default=0.0,
+                   help="weight of the referent-attention loss (zoo/referents.py): for each lookup question, head 0 "
+                        "of layer 0 attends to the question's referent words and head 0 of layer 1 to the "
+                        "referent's image tokens (default: 0 = off)")
+    t.add_argument("--vision-from", default=None,
+                   help="a run's ckpt directory: a fresh run starts its tower, projector and vision heads from it "
+                        "and counts its vision images as done (same seed and arch, both word-code runs)")
 
     def run(args):
         from specula.zoo.build import train_target_cli

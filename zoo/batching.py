@@ -19,6 +19,7 @@ class Encoded:
     patch_classes: torch.Tensor | None = None  # [n_img, T_img, 2] int64 (colour, shape) class, -100 = ignore
     user_labels: torch.Tensor | None = None  # [L] int64: the user turns' text tokens, -100 elsewhere (``user_labels``)
     patch_codes: torch.Tensor | None = None  # [n_img, T_img, H] fp32 word codes (zoo/word_codes.py), when asked for
+    referents: tuple = ()  # zoo/referents.py ReferentTarget per lookup turn, when asked for
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,16 @@ class Batch:
     patch_classes: torch.Tensor | None = None  # [N_img, T_img, 2]
     user_labels: torch.Tensor | None = None  # [B, L]
     patch_codes: torch.Tensor | None = None  # [N_img, T_img, H]
+    referents: tuple = ()  # per row: that row's ReferentTargets (empty tuple: none asked for)
 
 
 class Encoder:
     """Holds the processor and the word -> token map for dense patch targets."""
 
-    def __init__(self, processor, max_words: int = 5, codes=None):
+    def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False):
         self.processor = processor
         self.codes = codes  # a WordCodes: each encoded sample also carries its patches' codes
+        self.referents = referents  # each encoded scene dialogue also carries its lookup turns' attention targets
         self.tok = processor.tokenizer
         self.assistant_id = self.tok.convert_tokens_to_ids(ASSISTANT)
         self.user_id = self.tok.convert_tokens_to_ids(USER)
@@ -75,8 +78,13 @@ class Encoder:
                     for k, w in enumerate(words[: self.max_words]):
                         t[i, j, k] = self.word_id(w)
             targets = t
+        refs = ()
+        if self.referents:
+            from specula.zoo.referents import referent_targets
+
+            refs = referent_targets(s, ids, labels, self.image_id, self.word_id)
         return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
-                       codes)
+                       codes, refs)
 
 
 def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch.Tensor:
@@ -133,7 +141,8 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
     cls = [e.patch_classes for e in items if e.patch_classes is not None]
     codes = [e.patch_codes for e in items if e.patch_codes is not None]
     return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
-                 torch.cat(cls) if cls else None, user, torch.cat(codes) if codes else None)
+                 torch.cat(cls) if cls else None, user, torch.cat(codes) if codes else None,
+                 tuple(e.referents for e in items) if any(e.referents for e in items) else ())
 
 
 def patch_classes(patch_words) -> torch.Tensor:

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from specula.zoo.batching import Batch, collate, token_budget_batches
 from specula.zoo.quality import normalize
+from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.word_codes import WordCodes
 
 CODE_STREAM = 1 << 40  # the code LM stage's samples are indexed apart from the joint stage's
@@ -65,13 +66,23 @@ def code_embeds(model, input_ids: torch.Tensor, codes: torch.Tensor | None) -> t
     return emb.masked_scatter(mask, codes.reshape(-1, codes.shape[-1]).to(emb.dtype))
 
 
-def code_lm_loss(model, batch: Batch) -> torch.Tensor:
+def code_lm_loss(model, batch: Batch, referent_weight: float = 0.0) -> torch.Tensor:
+    """Next-token loss on the assistant turns, plus ``referent_weight`` x the referent-attention loss
+    (``zoo/referents.py``) when the batch carries referent targets."""
     lm = model.model.language_model
     x = code_embeds(model, batch.input_ids, batch.patch_codes)  # [B, L, H]
-    hidden = lm(inputs_embeds=x, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    refs = referent_weight > 0 and bool(batch.referents)
+    with eager_attention(lm, refs):
+        out = lm(inputs_embeds=x, attention_mask=batch.attention_mask, output_attentions=refs)
+    hidden = out.last_hidden_state  # [B, L, H]
     tgt = batch.labels[:, 1:]  # [B, L-1]
     sel = tgt != -100
-    return F.cross_entropy(model.lm_head(hidden[:, :-1][sel]).float(), tgt[sel])
+    loss = F.cross_entropy(model.lm_head(hidden[:, :-1][sel]).float(), tgt[sel])
+    if refs:
+        ref = referent_attention_loss(out.attentions, batch.referents)
+        if ref is not None:
+            loss = loss + referent_weight * ref
+    return loss
 
 
 def code_vision_loss(img: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
@@ -143,7 +154,7 @@ def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, samp
                 batch = collate(group, encoder.tok.pad_token_id)
                 for g in opt.param_groups:
                     g["lr"] = code_lm_lr(state["code_lm_samples"], cfg)
-                loss = code_lm_loss(model, batch)
+                loss = code_lm_loss(model, batch, cfg.referent_attention)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -40,6 +40,7 @@ from specula.zoo.batching import Encoder, collate, token_budget_batches
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.quality import chance_level, short_answer_accuracy
 from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 from specula.zoo.word_codes import WordCodes
 
@@ -74,12 +75,16 @@ class TrainConfig:
     code_lm_lr: float = 1e-3  # peak learning rate of the code LM stage
     code_token_budget: int = 1024  # tokens per optimizer step in the code LM stage (small batches, many updates)
     code_lm_mix: str = "dialogue"  # world.suites.MIXES entry the code LM stage draws from
+    referent_attention: float = 0.0  # weight of the referent-attention loss (zoo/referents.py) in the LM stages; 0 = off
+    vision_from: str | None = None  # a run's ckpt dir whose tower, projector and vision heads a fresh run starts from
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
             raise ValueError(f"unknown mix {self.mix!r} / {self.code_lm_mix!r} (known: {', '.join(MIXES)})")
         if self.code_lm_samples < 0 or self.code_lm_layers < 0 or self.code_token_budget <= 0:
             raise ValueError("code_lm_samples and code_lm_layers must be >= 0 and code_token_budget > 0")
+        if self.referent_attention < 0:
+            raise ValueError("referent_attention must be >= 0")
 
     @property
     def uses_codes(self) -> bool:
@@ -140,7 +145,10 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
         feats, img = tower_features(model, batch.pixel_values)  # [N_img, T, D_vis], [N_img, T, H]
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
-    hidden = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    refs = cfg.referent_attention > 0 and bool(batch.referents)
+    with eager_attention(lm, refs):
+        out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs)
+    hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
     sel = tgt != -100
@@ -160,6 +168,10 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
         losses["aux_out"] = patch_loss(model.lm_head(vis).float(), batch.patch_targets)
     if feats is not None and heads is not None and batch.patch_classes is not None:
         losses["vis"] = heads.loss(feats, batch.patch_classes)
+    if refs:
+        ref = referent_attention_loss(out.attentions, batch.referents)
+        if ref is not None:
+            losses["referent"] = ref
     return losses
 
 
@@ -187,6 +199,30 @@ def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
     }
     model.train()
     return res
+
+
+def _vision_from(model, heads, src: Path, cfg: TrainConfig, state: dict, log) -> None:
+    """Start a fresh run's tower, projector and vision heads from another run's checkpoint ``src``; its vision
+    images count as done. Word codes depend only on (seed, width), so a tower trained to regress another run's
+    codes serves this run's LM as well, whatever that run's LM learnt."""
+    info = json.loads((src / "state.json").read_text())
+    other = info.get("config", {})
+    if (other.get("seed"), other.get("arch")) != (cfg.seed, cfg.arch) or bool(other.get("code_lm_samples")) != cfg.uses_codes:
+        raise ValueError(f"--vision-from {src}: trained with seed {other.get('seed')}, arch {other.get('arch')!r}, "
+                         f"codes {bool(other.get('code_lm_samples'))}; this run has seed {cfg.seed}, arch "
+                         f"{cfg.arch!r}, codes {cfg.uses_codes}")
+    sd = load_file(src / "model.safetensors")
+    vision = {k: v for k, v in sd.items() if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
+    if not vision:
+        raise ValueError(f"--vision-from {src}: no vision tower in its model.safetensors")
+    missing = model.load_state_dict(vision, strict=False).unexpected_keys
+    if missing:
+        raise ValueError(f"--vision-from {src}: unexpected keys {missing[:3]}")
+    if (src / "heads.safetensors").exists():
+        heads.load_state_dict(load_file(src / "heads.safetensors"))
+    state["vision_images_done"] = int(info.get("vision_images_done", 0))
+    state["vision_from"] = str(src)
+    log(f"vision tower, projector and heads from {src} ({state['vision_images_done']} vision images)")
 
 
 def train(cfg: TrainConfig, processor, log=print) -> Path:
@@ -220,8 +256,10 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
         state["warm_restart_at"] = state["samples"]
         log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts)")
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed) if cfg.uses_codes else None
-    enc = Encoder(processor, codes=codes)
+    enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0)
     heads = VisionHeads(model.config.vision_config.hidden_size)
+    if cfg.vision_from and not (ckpt / "state.json").exists():
+        _vision_from(model, heads, Path(cfg.vision_from), cfg, state, log)
     heads_opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if (ckpt / "heads.safetensors").exists():
         heads.load_state_dict(load_file(ckpt / "heads.safetensors"))
@@ -283,7 +321,8 @@ def train(cfg: TrainConfig, processor, log=print) -> Path:
                 g["lr"] = lr * g["lr_mult"]
             losses = forward_losses(model, batch, cfg, heads)
             loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
-                + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0)
+                + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0) \
+                + cfg.referent_attention * losses.get("referent", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

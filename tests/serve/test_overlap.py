@@ -369,3 +369,51 @@ def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would():
     again = p.propose(4)
     assert not again.speculative and again.dropped == 1
     assert ahead.context("a")[-1] == miss[1]
+
+
+def _prompt_rows(processor, n: int, text_only: bool) -> list:
+    from specula.runtime.sampling import SamplingParams as _SP
+
+    reqs = [r for r in world_requests(processor, 4 * n, _SP(max_tokens=16)) if (r.pixel_values is None) == text_only]
+    return [("s", r.request_id, r.input_ids, r.pixel_values) for r in reqs[:n]]
+
+
+def test_outcome_ceiling_of_an_exact_drafter_is_its_guess(lively, processor):
+    """The target's own LM on text prompts: every block is accepted whole and the bonus token is the guess."""
+    from specula.runtime.bench_outcomes import measure
+
+    r = measure(load_target(lively), _text_lm(lively), _prompt_rows(processor, 2, True), gamma=3, max_tokens=16, top=4)
+    assert r["blocks"] >= 2 and r["coverage"]["1"] == 1.0 and r["not_ranked"] == 0.0
+
+
+def test_outcome_ranks_find_rejections_among_the_drafters_runners_up(lively, processor):
+    """A noisy copy of the target's LM on image prompts: where it is wrong the target's token is often its
+    runner-up, so the top-m curve climbs past the guess; it never falls, and it ends at 1 - not_ranked."""
+    from specula.runtime.bench_outcomes import measure
+
+    drafter = _text_lm(lively)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in drafter.model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    r = measure(load_target(lively), drafter, _prompt_rows(processor, 3, False), gamma=4, max_tokens=16, top=6)
+    cov = [r["coverage"][str(m)] for m in range(1, 7)]
+    assert cov == sorted(cov) and cov[-1] > cov[0]
+    assert cov[-1] + r["not_ranked"] == pytest.approx(1.0, abs=1e-3)
+    assert r["first_blocks"] <= 3 < r["blocks"]
+
+
+def test_bench_outcomes_cli_writes_json_and_refuses_drafters_without_ranking(lively, tmp_path):
+    from specula.cli import main
+
+    out = tmp_path / "outcomes"
+    rc = main(["bench", "outcomes", "--model", str(lively), "--suite", "text", "--n", "1", "--max-tokens", "8",
+               "--top", "3", "--out", str(out)])
+    assert rc == 0
+    r = json.loads((out / "bench_outcomes.json").read_text())
+    assert set(r["coverage"]) == {"1", "2", "3"} and r["config"]["drafter"] == {"kind": "text_lm"}
+    assert (out / "bench_outcomes.md").read_text().startswith("# ")
+    with pytest.raises(SystemExit, match="ranks rejection outcomes"):
+        main(["bench", "outcomes", "--model", str(lively), "--drafter", "ngram", "--suite", "text", "--n", "1",
+              "--out", str(tmp_path / "x")])

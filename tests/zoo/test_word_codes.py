@@ -135,11 +135,11 @@ def test_code_lm_stage_resumes_mid_stage(tmp_path, processor):
     calls = []
     real = code_stages.code_lm_loss
 
-    def stop_after_two(model, batch):
+    def stop_after_two(model, batch, *args):
         calls.append(1)
         if len(calls) > 2:
             raise KeyboardInterrupt
-        return real(model, batch)
+        return real(model, batch, *args)
 
     code_stages.code_lm_loss = stop_after_two
     try:
