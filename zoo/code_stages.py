@@ -66,9 +66,9 @@ def code_embeds(model, input_ids: torch.Tensor, codes: torch.Tensor | None) -> t
     return emb.masked_scatter(mask, codes.reshape(-1, codes.shape[-1]).to(emb.dtype))
 
 
-def code_lm_loss(model, batch: Batch, referent_weight: float = 0.0) -> torch.Tensor:
+def code_lm_loss(model, batch: Batch, referent_weight: float = 0.0, parts: dict | None = None) -> torch.Tensor:
     """Next-token loss on the assistant turns, plus ``referent_weight`` x the referent-attention loss
-    (``zoo/referents.py``) when the batch carries referent targets."""
+    (``zoo/referents.py``) when the batch carries referent targets; ``parts`` gets each term's value."""
     lm = model.model.language_model
     x = code_embeds(model, batch.input_ids, batch.patch_codes)  # [B, L, H]
     refs = referent_weight > 0 and bool(batch.referents)
@@ -78,10 +78,14 @@ def code_lm_loss(model, batch: Batch, referent_weight: float = 0.0) -> torch.Ten
     tgt = batch.labels[:, 1:]  # [B, L-1]
     sel = tgt != -100
     loss = F.cross_entropy(model.lm_head(hidden[:, :-1][sel]).float(), tgt[sel])
+    if parts is not None:
+        parts["lm"] = float(loss.detach())
     if refs:
         ref = referent_attention_loss(out.attentions, batch.referents)
         if ref is not None:
             loss = loss + referent_weight * ref
+            if parts is not None:
+                parts["referent"] = float(ref.detach())
     return loss
 
 
@@ -143,7 +147,7 @@ def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, samp
     done = state.setdefault("code_lm_samples", 0)
     bar = tqdm(total=cfg.code_lm_samples, initial=done, unit="sample", desc="code LM stage", mininterval=5.0)
     last_ckpt = last_eval = t_last = time.time()
-    ema = None
+    ema, ema_ref = None, None
     model.train()
     with shallow(lm, cfg.code_lm_layers):
         while state["code_lm_samples"] < cfg.code_lm_samples:
@@ -154,26 +158,32 @@ def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, samp
                 batch = collate(group, encoder.tok.pad_token_id)
                 for g in opt.param_groups:
                     g["lr"] = code_lm_lr(state["code_lm_samples"], cfg)
-                loss = code_lm_loss(model, batch, cfg.referent_attention)
+                parts: dict[str, float] = {}
+                loss = code_lm_loss(model, batch, cfg.referent_attention, parts)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 state["code_lm_samples"] += batch.n_samples
                 bar.update(batch.n_samples)
-                ema = float(loss.detach()) if ema is None else 0.98 * ema + 0.02 * float(loss.detach())
+                lm_part = parts.get("lm", float(loss.detach()))
+                ema = lm_part if ema is None else 0.98 * ema + 0.02 * lm_part
+                if "referent" in parts:
+                    r = parts["referent"]
+                    ema_ref = r if ema_ref is None else 0.98 * ema_ref + 0.02 * r
             now = time.time()
             state["elapsed_s"] += now - t_last
             t_last = now
-            bar.set_postfix({"lm": f"{ema:.3f}"}, refresh=False)
+            bar.set_postfix({"lm": f"{ema:.3f}"} | ({"referent": f"{ema_ref:.3f}"} if ema_ref is not None else {}),
+                            refresh=False)
             if now - last_eval > cfg.eval_every_s:
-                _log_eval(model, encoder.processor, codes, cfg, state, eval_samples, ema, log)
+                _log_eval(model, encoder.processor, codes, cfg, state, eval_samples, ema, log, ema_ref)
                 last_eval = t_last = time.time()
             if now - last_ckpt > cfg.ckpt_every_s:
                 save({"code_optimizer": opt.state_dict()})
                 last_ckpt = time.time()
     bar.close()
-    _log_eval(model, encoder.processor, codes, cfg, state, eval_samples, ema, log)
+    _log_eval(model, encoder.processor, codes, cfg, state, eval_samples, ema, log, ema_ref)
     if cfg.code_lm_layers and "code_lm_grown_from" not in state:
         n = make_identity(lm, cfg.code_lm_layers)
         state["code_lm_grown_from"] = cfg.code_lm_layers
@@ -182,12 +192,14 @@ def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, samp
     save({})
 
 
-def _log_eval(model, processor, codes, cfg, state, samples, ema, log) -> None:
+def _log_eval(model, processor, codes, cfg, state, samples, ema, log, ema_ref=None) -> None:
     hits = code_answer_hits(model, processor, codes, samples, layers=cfg.code_lm_layers)
     blank = code_answer_hits(model, processor, codes, samples, blank=True, layers=cfg.code_lm_layers)
     res = {"stage": "code_lm", "code_vqa_exact": round(sum(hits) / max(1, len(hits)), 4),
            "code_vqa_exact_blank": round(sum(blank) / max(1, len(blank)), 4),
            "samples": state["code_lm_samples"], "minutes": round(state["elapsed_s"] / 60, 1),
            "loss_lm": None if ema is None else round(ema, 4)}
+    if ema_ref is not None:
+        res["loss_referent"] = round(ema_ref, 4)
     state["history"].append(res)
     log(json.dumps(res))

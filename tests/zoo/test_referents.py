@@ -91,8 +91,11 @@ def test_code_lm_loss_adds_the_referent_term_and_it_reaches_the_first_layer(proc
     batch = collate([enc.encode(_dialogue(i)) for i in range(2)], processor.tokenizer.pad_token_id)
     assert any(batch.referents)
     base = code_lm_loss(model, batch)
-    with_ref = code_lm_loss(model, batch, referent_weight=1.0)
-    assert float(with_ref.detach()) > float(base.detach()) + 0.1  # an untrained model's heads are near uniform: a large term
+    parts = {}
+    with_ref = code_lm_loss(model, batch, referent_weight=1.0, parts=parts)
+    assert float(with_ref.detach()) > float(base.detach()) + 0.1
+    assert set(parts) == {"lm", "referent"} and parts["lm"] == pytest.approx(float(base.detach()), rel=1e-4)
+    assert float(with_ref.detach()) == pytest.approx(parts["lm"] + parts["referent"], rel=1e-4)  # an untrained model's heads are near uniform: a large term
     with_ref.backward()
     q0 = model.model.language_model.layers[0].self_attn.q_proj.weight.grad
     assert q0 is not None and float(q0.abs().sum()) > 0
@@ -110,6 +113,7 @@ def test_recipe_with_referent_attention_and_vision_from_another_run(tmp_path, pr
                              vision_from=str(first), **{**base, "total_samples": 0}), processor, log=logs.append)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["vision_from"] == str(first) and state["vision_images_done"] == 16
+    assert any("loss_referent" in h for h in state["history"] if h.get("stage") == "code_lm")
     assert not any(m.startswith("vision stage:") for m in logs)  # the other run's vision images count as done
     from safetensors.torch import load_file
 
