@@ -58,6 +58,18 @@ def _text_lm(model_dir):
     return create({"kind": "text_lm", "model": lm.eval()}, target=load_target(model_dir))
 
 
+def _noisy_text_lm(model_dir, scale: float = 0.05):
+    """``_text_lm`` with a little noise on its matrices: where it is wrong the target's token is often its
+    runner-up."""
+    drafter = _text_lm(model_dir)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in drafter.model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    return drafter
+
+
 def _eagle(model_dir):
     """A head that passes h_i through (fc = [0 | I], its layer the identity): it drafts the target's last choice."""
     hf = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
@@ -140,12 +152,7 @@ def test_predraft_foreseen_rejections_get_their_block_at_once_and_output_is_unch
     reqs = world_requests(processor, 3, SamplingParams(max_tokens=24))
     plain = SpecEngine(load_target(lively), None)
     want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
-    drafter = _text_lm(lively)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in drafter.model.parameters():
-            if p.dim() == 2:
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    drafter = _noisy_text_lm(lively)
     target = _SlowVerify(load_target(lively), 0.08)
     verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0),
                               gamma=4)
@@ -391,12 +398,7 @@ def test_outcome_ranks_find_rejections_among_the_drafters_runners_up(lively, pro
     runner-up, so the top-m curve climbs past the guess; it never falls, and it ends at 1 - not_ranked."""
     from specula.runtime.bench_outcomes import measure
 
-    drafter = _text_lm(lively)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in drafter.model.parameters():
-            if p.dim() == 2:
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    drafter = _noisy_text_lm(lively)
     r = measure(load_target(lively), drafter, _prompt_rows(processor, 3, False), gamma=4, max_tokens=16, top=6)
     cov = [r["coverage"][str(m)] for m in range(1, 7)]
     assert cov == sorted(cov) and cov[-1] > cov[0]
