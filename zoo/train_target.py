@@ -225,7 +225,11 @@ def _vision_from(model, heads, src: Path, cfg: TrainConfig, state: dict, log) ->
     log(f"vision tower, projector and heads from {src} ({state['vision_images_done']} vision images)")
 
 
-def train(cfg: TrainConfig, processor, log=print) -> Path:
+def _print_now(msg: str) -> None:
+    print(msg, flush=True)  # a run in the background logs to a file: evaluations must not wait in a buffer
+
+
+def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     torch.set_num_threads(cfg.threads)
     run = Path(cfg.run_dir)
     ckpt = run / "ckpt"
