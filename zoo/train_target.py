@@ -39,8 +39,8 @@ from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.quality import chance_level, short_answer_accuracy
-from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.referents import eager_attention, referent_attention_loss
+from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 from specula.zoo.word_codes import WordCodes
 
@@ -215,9 +215,9 @@ def _vision_from(model, heads, src: Path, cfg: TrainConfig, state: dict, log) ->
     vision = {k: v for k, v in sd.items() if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
     if not vision:
         raise ValueError(f"--vision-from {src}: no vision tower in its model.safetensors")
-    missing = model.load_state_dict(vision, strict=False).unexpected_keys
-    if missing:
-        raise ValueError(f"--vision-from {src}: unexpected keys {missing[:3]}")
+    unexpected = model.load_state_dict(vision, strict=False).unexpected_keys
+    if unexpected:
+        raise ValueError(f"--vision-from {src}: unexpected keys {unexpected[:3]}")
     if (src / "heads.safetensors").exists():
         heads.load_state_dict(load_file(src / "heads.safetensors"))
     state["vision_images_done"] = int(info.get("vision_images_done", 0))
