@@ -130,8 +130,18 @@ def test_cli_flags(processor):
     from specula.cli import build_parser
     from specula.zoo.build import train_config_from_args
 
-    args = build_parser().parse_args(["train", "target", "--referent-attention", "0.5", "--vision-from", "x/ckpt"])
+    args = build_parser().parse_args(["train", "target", "--referent-attention", "0.5", "--vision-from", "x/ckpt",
+                                      "--code-lm-mix", "scenes"])
     cfg = train_config_from_args(args)
-    assert (cfg.referent_attention, cfg.vision_from) == (0.5, "x/ckpt")
+    assert (cfg.referent_attention, cfg.vision_from, cfg.code_lm_mix) == (0.5, "x/ckpt", "scenes")
+    assert train_config_from_args(build_parser().parse_args(["train", "target"])).code_lm_mix == "dialogue"
+
+
+def test_scenes_mix_is_almost_only_scene_dialogues():
+    from specula.world.suites import MIXES
+
+    w = {name: weight for name, _, _, weight in MIXES["scenes"]}
+    assert (w["vqa_dialogue"] + w["vqa_dialogue_few"]) / sum(w.values()) > 0.8
+    assert TrainConfig(code_lm_mix="scenes").code_lm_mix == "scenes"
     with pytest.raises(ValueError):
         TrainConfig(referent_attention=-1)
