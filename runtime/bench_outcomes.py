@@ -50,7 +50,7 @@ class OutcomeRecorder:
 
     def propose(self, request_ids, gamma: int):
         prop = self.drafter.propose(request_ids, gamma + 1)
-        counts, cut = [], []
+        counts = []
         for b, rid in enumerate(request_ids):
             c = int(prop.counts[b])
             guess = int(prop.tokens[b, gamma]) if c == gamma + 1 else None
