@@ -182,6 +182,10 @@ def _add_train(sub) -> None:
                         "raising it on a resumed run trains the vision stage further before joint training goes on")
     t.add_argument("--vision-lr", type=float, default=None,
                    help="learning rate of the vision stage (default: the same as --lr)")
+    t.add_argument("--vision-pos-lr-mult", type=float, default=1.0,
+                   help="learning-rate multiplier of the vision tower's position embeddings in the vision stage "
+                        "(default: 1). They start far quieter than the patch content; without a boost the tower "
+                        "barely learns where a patch is")
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")

@@ -66,6 +66,7 @@ class TrainConfig:
     threads: int = 2
     vision_images: int = 4_000  # stage 0: tower + projector on dense patch labels before joint training
     vision_lr: float | None = None  # learning rate of the vision stage (None: ``lr``)
+    vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
@@ -305,7 +306,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         vis_opt = ckpt / "vision_optimizer.pt"
         vision_stage(model, heads, enc, cfg.vision_images - vision_done, cfg.seed, lr=cfg.vision_lr or cfg.lr, log=log,
                      start=vision_done, checkpoint=vision_checkpoint, ckpt_every_s=cfg.ckpt_every_s,
-                     opt_state=torch.load(vis_opt, weights_only=True) if vis_opt.exists() else None)
+                     opt_state=torch.load(vis_opt, weights_only=True) if vis_opt.exists() else None,
+                     pos_lr_mult=cfg.vision_pos_lr_mult)
         state["vision_stage_at"] = state["samples"]  # 0 for a fresh run; later when added to a running recipe
         state["vision_images_done"] = cfg.vision_images
         save()

@@ -46,7 +46,7 @@ def tower_features(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tor
 def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, lr: float = 1e-3,
                  batch_images: int = 32, aux_weight: float = 0.5, log=print, start: int = 0,
                  checkpoint: Callable[[int, dict], None] | None = None, ckpt_every_s: float = 240.0,
-                 opt_state: dict | None = None) -> dict[str, float]:
+                 opt_state: dict | None = None, pos_lr_mult: float = 1.0) -> dict[str, float]:
     """Train tower + projector (+ heads) on world images; the LM (embeddings, norm) stays frozen.
 
     The projector side is pulled towards the patch words through the LM's norm and tied head, or, when the encoder
@@ -55,18 +55,32 @@ def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, l
     ``start``: images an earlier call already trained on (the image stream continues from there).
     ``checkpoint(images_done, optimizer_state)`` is called every ``ckpt_every_s`` seconds so that a long stage can be
     stopped and resumed; ``opt_state`` restores the stage's optimizer on such a resume.
+
+    ``pos_lr_mult`` scales the learning rate of the tower's position embeddings. They start at std 0.02 while the
+    patch embedding of an object patch soon has norm ~36, so at the base rate (Adam moves each entry by about ``lr``
+    per step) position stays ~2% of a token for tens of thousands of images: the tower is a bag of patches that can
+    tell neither where an object is nor how its corner patches fit together into a shape (README, "The tower
+    cannot see where").
     """
     from specula.world.suites import TRAIN_MIX
     from specula.zoo.code_stages import code_cosine, code_vision_loss
     from specula.zoo.train_target import patch_loss
 
     lm = model.model.language_model
-    params = list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
-    opt = torch.optim.AdamW(params + list(heads.parameters()), lr=lr, weight_decay=0.01)
+    pos = [p for n, p in model.model.vision_tower.named_parameters() if n.endswith("position_embedding.weight")]
+    rest = [p for n, p in model.model.vision_tower.named_parameters() if not n.endswith("position_embedding.weight")]
+    rest += list(model.model.multi_modal_projector.parameters())
+    params = rest + pos  # tower + projector: what the gradient clip covers
+    opt = torch.optim.AdamW([{"params": rest + list(heads.parameters()), "lr_mult": 1.0},
+                             {"params": pos, "lr_mult": pos_lr_mult}], lr=lr, weight_decay=0.01)
     if opt_state is not None:
-        opt.load_state_dict(opt_state)
-        for g in opt.param_groups:
-            g["lr"] = lr  # a resumed stage may run at a new rate
+        if len(opt_state["param_groups"]) == len(opt.param_groups):
+            opt.load_state_dict(opt_state)
+        else:  # a checkpoint from before the position group: its moments do not map onto the groups
+            log("vision stage: the saved optimizer predates the position-embedding group; moments restart")
+    for g, mult in zip(opt.param_groups, (1.0, pos_lr_mult)):
+        g["lr_mult"] = mult
+        g["lr"] = lr * mult  # a resumed stage may run at a new rate
     frozen = [p for p in lm.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)

@@ -201,7 +201,9 @@ def test_cli_flags_reach_the_train_config():
     cfg = train_config_from_args(args)
     assert (cfg.code_lm_samples, cfg.code_lm_layers, cfg.code_lm_lr, cfg.code_token_budget) == (500, 2, 2e-3, 512)
     assert (cfg.aux_out, cfg.mix, cfg.lr, cfg.run_dir, cfg.vision_lr) == (0.0, "dialogue", 3e-4, "r", 1e-3)
-    assert cfg.uses_codes
+    assert cfg.uses_codes and cfg.vision_pos_lr_mult == 1.0
+    cfg = train_config_from_args(build_parser().parse_args(["train", "target", "--vision-pos-lr-mult", "30"]))
+    assert cfg.vision_pos_lr_mult == 30.0
     assert not train_config_from_args(build_parser().parse_args(["train", "target"])).uses_codes
 
 
@@ -220,3 +222,24 @@ def test_joint_losses_regress_codes_and_can_drop_aux_out(processor):
     b = forward_losses(model, plain, TrainConfig(arch="tiny"))
     assert "aux_out" in b and not torch.allclose(a["aux_in"], b["aux_in"])
     torch.testing.assert_close(a["lm"], b["lm"])
+
+
+def test_vision_stage_boosts_the_position_embeddings_rate(processor):
+    """``pos_lr_mult`` moves the tower's position embeddings that many times faster than the rest (Adam's step is
+    about the learning rate per entry), and a saved optimizer of the same stage keeps its moments."""
+    from specula.zoo.vision_heads import VisionHeads, vision_stage
+
+    moved, opt_states = {}, {}
+    for mult in (1.0, 30.0):
+        model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+        heads = VisionHeads(model.config.vision_config.hidden_size)
+        pe = model.model.vision_tower.embeddings.position_embedding.weight
+        before = pe.detach().clone()
+        keep = {}
+        vision_stage(model, heads, Encoder(processor), 64, 0, lr=1e-4, log=lambda m: None, pos_lr_mult=mult,
+                     checkpoint=lambda done, sd: keep.update(sd=sd), ckpt_every_s=0.0, batch_images=32)
+        moved[mult] = float((pe.detach() - before).abs().mean())
+        opt_states[mult] = keep["sd"]
+    assert moved[30.0] > 10 * moved[1.0]
+    groups = opt_states[30.0]["param_groups"]
+    assert [g["lr_mult"] for g in groups] == [1.0, 30.0] and groups[1]["lr"] == pytest.approx(30 * 1e-4)
