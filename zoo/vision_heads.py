@@ -36,11 +36,14 @@ class VisionHeads(nn.Module):
 
 
 def tower_features(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pre-projector features [N, T, D_vis], projected [N, T, H]) exactly as LLaVA selects them
-    (last layer, CLS dropped: ``vision_feature_layer=-1``, strategy "default")."""
+    """(last-layer tower features [N, T, D_vis] for the dense heads, projected [N, T, H]) with the projector fed
+    exactly as LLaVA feeds it: the hidden states at ``vision_feature_layer`` (an index or a list, concatenated),
+    CLS dropped (strategy "default")."""
     out = model.model.vision_tower(pixel_values, output_hidden_states=True)
-    feats = out.hidden_states[-1][:, 1:]  # [N, T, D_vis]
-    return feats, model.model.multi_modal_projector(feats)
+    layers = model.config.vision_feature_layer
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    picked = torch.cat([out.hidden_states[i][:, 1:] for i in layers], dim=-1)  # [N, T, D_vis * len(layers)]
+    return out.hidden_states[-1][:, 1:], model.model.multi_modal_projector(picked)
 
 
 def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, lr: float = 1e-3,

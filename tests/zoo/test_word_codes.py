@@ -243,3 +243,23 @@ def test_vision_stage_boosts_the_position_embeddings_rate(processor):
     assert moved[30.0] > 10 * moved[1.0]
     groups = opt_states[30.0]["param_groups"]
     assert [g["lr_mult"] for g in groups] == [1.0, 30.0] and groups[1]["lr"] == pytest.approx(30 * 1e-4)
+
+
+def test_tower_features_feed_the_projector_as_llava_does(processor):
+    """``tower_features`` gives the projector what HF LLaVA gives it, a layer list included (concatenated), and the
+    last layer to the dense heads."""
+    from specula.zoo.vision_heads import tower_features
+
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0).eval()
+    enc = Encoder(processor).encode(generate("vqa", "eval", 3, 0))
+    for layers in (-1, [-1, 0]):
+        if isinstance(layers, list):
+            l1 = model.model.multi_modal_projector.linear_1
+            model.model.multi_modal_projector.linear_1 = torch.nn.Linear(2 * l1.in_features, l1.out_features)
+        model.config.vision_feature_layer = layers
+        with torch.no_grad():
+            feats, img = tower_features(model, enc.pixel_values)
+            ref = model.model.get_image_features(pixel_values=enc.pixel_values, vision_feature_layer=layers,
+                                                 return_dict=True)
+        torch.testing.assert_close(img[0], ref.pooler_output[0])
+        assert feats.shape[-1] == model.config.vision_config.hidden_size
