@@ -186,6 +186,10 @@ def _add_train(sub) -> None:
                    help="learning-rate multiplier of the vision tower's position embeddings in the vision stage "
                         "(default: 1). They start far quieter than the patch content; without a boost the tower "
                         "barely learns where a patch is")
+    t.add_argument("--projector-fit-images", type=int, default=0,
+                   help="word-code recipe: after the vision stage, fit the projector in closed form (ridge "
+                        "regression of the codes on the tower's features) on this many images, once per run "
+                        "(default: 0, off; 960 is plenty)")
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")

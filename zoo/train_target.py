@@ -41,6 +41,7 @@ from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.quality import chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.projector_fit import fit_projector
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 from specula.zoo.word_codes import WordCodes
 
@@ -67,6 +68,7 @@ class TrainConfig:
     vision_images: int = 4_000  # stage 0: tower + projector on dense patch labels before joint training
     vision_lr: float | None = None  # learning rate of the vision stage (None: ``lr``)
     vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
+    projector_fit_images: int = 0  # word-code recipe: fit the projector in closed form on this many images (0: off)
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
@@ -86,6 +88,8 @@ class TrainConfig:
             raise ValueError("code_lm_samples and code_lm_layers must be >= 0 and code_token_budget > 0")
         if self.referent_attention < 0:
             raise ValueError("referent_attention must be >= 0")
+        if self.projector_fit_images < 0 or (self.projector_fit_images and not self.uses_codes):
+            raise ValueError("projector_fit_images must be >= 0 and needs the word-code recipe (code_lm_samples > 0)")
 
     @property
     def uses_codes(self) -> bool:
@@ -312,6 +316,10 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         state["vision_images_done"] = cfg.vision_images
         save()
         vis_opt.unlink(missing_ok=True)  # a later extension of the stage starts with fresh moments
+    if cfg.projector_fit_images and "projector_fit" not in state:  # once, after the vision stage (zoo/projector_fit.py)
+        fit = fit_projector(model, enc, cfg.projector_fit_images, cfg.seed, log=log)
+        state["projector_fit"] = {**asdict(fit), "at_samples": state["samples"]}
+        save()
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)
     t_last = time.time()
     last_ckpt = last_eval = time.time()
