@@ -190,6 +190,9 @@ def _add_train(sub) -> None:
                    help="word-code recipe: after the vision stage, fit the projector in closed form (ridge "
                         "regression of the codes on the tower's features) on this many images, once per run "
                         "(default: 0, off; 960 is plenty)")
+    t.add_argument("--background-code", action="store_true",
+                   help="word-code recipe: background patches get a code of their own instead of zero (an LM "
+                        "trained on a zero background is thrown by the tower's small errors there)")
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")

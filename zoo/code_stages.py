@@ -107,7 +107,8 @@ def code_cosine(img: torch.Tensor, codes: torch.Tensor) -> float:
 
 def code_answer_hits(model, processor, codes: WordCodes, samples, blank: bool = False, max_new_tokens: int = 8,
                      layers: int = 0) -> list[bool]:
-    """Greedy short answers with codes (or zeros, ``blank``) in the image positions; exact match per sample."""
+    """Greedy short answers with codes (or a blank image's codes, ``blank``) in the image positions; exact match per
+    sample."""
     from specula.zoo.probe import answer_with_visual  # the probe's greedy loop over given visual tokens
 
     was_training = model.training
@@ -116,7 +117,8 @@ def code_answer_hits(model, processor, codes: WordCodes, samples, blank: bool = 
     with shallow(model.model.language_model, layers):
         for s in samples:
             c = codes.images(s.patch_words).flatten(0, 1)  # [n_img * T, H]
-            pred = answer_with_visual(model, processor, s, torch.zeros_like(c) if blank else c, max_new_tokens)
+            pred = answer_with_visual(model, processor, s, codes.blank(1, len(c)).flatten(0, 1) if blank else c,
+                                       max_new_tokens)
             if s.kind.startswith("reasoning") or "." in pred:
                 pred = pred.split(".")[0]
             hits.append(normalize(pred) == normalize(s.answer or ""))

@@ -69,6 +69,7 @@ class TrainConfig:
     vision_lr: float | None = None  # learning rate of the vision stage (None: ``lr``)
     vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
     projector_fit_images: int = 0  # word-code recipe: fit the projector in closed form on this many images (0: off)
+    background_code: bool = False  # word-code recipe: background patches get a code of their own instead of zero
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
@@ -264,7 +265,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         state["history"] = list(info.get("history", []))
         state["warm_restart_at"] = state["samples"]
         log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts)")
-    codes = WordCodes(model.config.text_config.hidden_size, cfg.seed) if cfg.uses_codes else None
+    codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
+        if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0)
     heads = VisionHeads(model.config.vision_config.hidden_size)
     if cfg.vision_from and not (ckpt / "state.json").exists():

@@ -263,3 +263,23 @@ def test_tower_features_feed_the_projector_as_llava_does(processor):
                                                  return_dict=True)
         torch.testing.assert_close(img[0], ref.pooler_output[0])
         assert feats.shape[-1] == model.config.vision_config.hidden_size
+
+
+def test_background_code_replaces_zero_on_background_patches(processor):
+    from specula.zoo.word_codes import BACKGROUND
+
+    plain, bg = WordCodes(32, 0), WordCodes(32, 0, background=True)
+    s = generate("vqa", "eval", 1, 0)
+    a, b = plain.images(s.patch_words), bg.images(s.patch_words)  # [1, T, 32]
+    empty = torch.tensor([not w for w in s.patch_words[0]])
+    assert empty.any() and (~empty).any()
+    assert torch.equal(a[0, ~empty], b[0, ~empty]) and a[0, empty].abs().sum() == 0
+    assert torch.allclose(b[0, empty], bg.code(BACKGROUND).expand(int(empty.sum()), 32))
+    assert torch.equal(bg.blank(2, 5), bg.code(BACKGROUND).expand(2, 5, 32)) and plain.blank(1, 3).abs().sum() == 0
+    enc = Encoder(processor, codes=bg).encode(s)
+    assert torch.equal(enc.patch_codes, b)
+    args = __import__("specula.cli", fromlist=["build_parser"]).build_parser().parse_args(
+        ["train", "target", "--code-lm-samples", "8", "--background-code"])
+    from specula.zoo.build import train_config_from_args
+
+    assert train_config_from_args(args).background_code
