@@ -193,6 +193,9 @@ def _add_train(sub) -> None:
     t.add_argument("--background-code", action="store_true",
                    help="word-code recipe: background patches get a code of their own instead of zero (an LM "
                         "trained on a zero background is thrown by the tower's small errors there)")
+    t.add_argument("--code-background-noise", type=float, default=0.0,
+                   help="code LM stage: random vectors with norms up to this on background patches instead of "
+                        "exact zeros, so the LM learns to ignore the tower's small errors there (default: 0)")
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")
@@ -214,7 +217,8 @@ def _add_train(sub) -> None:
     t.add_argument("--code-lm-samples", type=int, default=0,
                    help="word-code recipe (zoo/word_codes.py): samples of a first stage in which the LM alone learns "
                         "the world with fixed word codes in place of the image tokens; the vision stage then regresses "
-                        "tower + projector onto the codes (default: 0 = off)")
+                        "tower + projector onto the codes (default: 0 = off). Raising it on a resumed run extends the "
+                        "stage, until the joint stage has begun")
     t.add_argument("--code-lm-layers", type=int, default=0,
                    help="train only the first N decoder layers in the code LM stage, then start the others as "
                         "identities (default: 0 = all layers)")

@@ -70,6 +70,7 @@ class TrainConfig:
     vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
     projector_fit_images: int = 0  # word-code recipe: fit the projector in closed form on this many images (0: off)
     background_code: bool = False  # word-code recipe: background patches get a code of their own instead of zero
+    code_background_noise: float = 0.0  # code LM stage: random vectors up to this norm on background patches
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
@@ -89,6 +90,8 @@ class TrainConfig:
             raise ValueError("code_lm_samples and code_lm_layers must be >= 0 and code_token_budget > 0")
         if self.referent_attention < 0:
             raise ValueError("referent_attention must be >= 0")
+        if self.code_background_noise < 0:
+            raise ValueError("code_background_noise must be >= 0")
         if self.projector_fit_images < 0 or (self.projector_fit_images and not self.uses_codes):
             raise ValueError("projector_fit_images must be >= 0 and needs the word-code recipe (code_lm_samples > 0)")
 
@@ -295,7 +298,9 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             f.replace(ckpt / f.name)
         tmp.rmdir()
 
-    if cfg.uses_codes and not state.get("code_lm_done"):
+    # raising --code-lm-samples on a resumed run extends the code stage (before the joint stage has begun)
+    extend = state.get("code_lm_samples", 0) < cfg.code_lm_samples and state.get("samples", 0) == 0
+    if cfg.uses_codes and (not state.get("code_lm_done") or extend):
         if (ckpt / "code_optimizer.pt").exists():
             state["_code_opt_state"] = torch.load(ckpt / "code_optimizer.pt", weights_only=True)
         eval_samples = [generate("vqa", "eval", 10_000 + i, cfg.seed) for i in range(cfg.eval_n)]

@@ -283,3 +283,31 @@ def test_background_code_replaces_zero_on_background_patches(processor):
     from specula.zoo.build import train_config_from_args
 
     assert train_config_from_args(args).background_code
+
+
+def test_background_noise_touches_only_the_background():
+    from specula.zoo.code_stages import background_noise
+
+    codes = torch.zeros(2, 6, 16)
+    codes[0, 1] = 1.0
+    codes[1, 4] = -2.0
+    out = background_noise(codes, 0.2)
+    bg = codes.norm(dim=-1) == 0
+    assert torch.equal(out[~bg], codes[~bg])
+    norms = out[bg].norm(dim=-1)
+    assert (norms <= 0.2 + 1e-6).all() and (norms > 0).all() and norms.std() > 0
+
+
+def test_raising_code_lm_samples_extends_the_code_stage(tmp_path, processor):
+    base = dict(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=0, pool=2, token_budget=2048,
+                warmup_samples=2, eval_n=1, eval_every_s=1e9, threads=1, vision_images=0, code_lm_samples=8,
+                code_lm_layers=1, code_token_budget=1024)
+    train(TrainConfig(**base), processor, log=lambda m: None)
+    ckpt = tmp_path / "run" / "ckpt"
+    first = json.loads((ckpt / "state.json").read_text())
+    assert first["code_lm_done"] and 8 <= first["code_lm_samples"] < 16
+    logs = []
+    train(TrainConfig(**{**base, "code_lm_samples": 16, "code_background_noise": 0.1}), processor, log=logs.append)
+    second = json.loads((ckpt / "state.json").read_text())
+    assert second["code_lm_samples"] >= 16 and second["code_lm_grown_from"] == 1
+    assert not any("start as identities" in m for m in logs)  # grown once only
