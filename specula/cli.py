@@ -190,6 +190,9 @@ def _add_train(sub) -> None:
                    help="word-code recipe: after the vision stage, fit the projector in closed form (ridge "
                         "regression of the codes on the tower's features) on this many images, once per run "
                         "(default: 0, off; 960 is plenty)")
+    t.add_argument("--projector-fit-gate", action="store_true",
+                   help="with --projector-fit-images: also gate background patches to exact zeros (a closed-form "
+                        "object/background score closes every hidden unit of the projector there)")
     t.add_argument("--background-code", action="store_true",
                    help="word-code recipe: background patches get a code of their own instead of zero (an LM "
                         "trained on a zero background is thrown by the tower's small errors there)")

@@ -70,6 +70,7 @@ def train_config_from_args(args):
                        referent_attention=args.referent_attention, vision_from=args.vision_from,
                        code_lm_mix=args.code_lm_mix, vision_pos_lr_mult=args.vision_pos_lr_mult,
                        projector_fit_images=args.projector_fit_images,
+                       projector_fit_gate=args.projector_fit_gate,
                        background_code=args.background_code,
                        code_background_noise=args.code_background_noise)
 

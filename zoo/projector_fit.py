@@ -17,6 +17,17 @@ GELU(z) = z * Phi(z) is the identity to within z * Phi(-z) when z is well above 
 pre-activation there (the fit checks the worst case on the data it saw; ``shift`` grows until the error is below
 ``tol``). This needs the projector's hidden width to equal the LM width, which LLaVA's projector has. The model
 stays a stock ``LlavaForConditionalGeneration``; training goes on from there.
+
+``gate_background``: background patches should come out as exact zeros (an LM trained on zero backgrounds is thrown
+by small vectors there: RMSNorm blows them up). A closed-form linear score s(x) separates object from background
+patches (ridge onto +1 / -1), and it is added along the all-ones direction of every hidden unit:
+
+    z = W x + b + (shift + k (s(x) - theta)) 1,   linear_2 = P = I - 1 v^T,  bias 0
+
+with v orthogonal to the span of W's columns and b and v^T 1 = 1, so P removes the ones direction and keeps W x + b.
+Object patches (s above theta) stay in GELU's identity range and come out as W x + b; background patches (s well
+below theta) drive every hidden unit far negative, where GELU is 0, and come out as zero. theta is a low quantile of
+the object scores, k makes the high quantile of the background scores close the gate.
 """
 
 from __future__ import annotations
@@ -36,6 +47,9 @@ class ProjectorFit:
     max_gelu_error: float  # worst |gelu(z) - z| over the pre-activations of the reported patches
     loss_before: float  # code regression loss (squared error per patch, summed over the width), first <=256 images
     loss_after: float
+    gate_object_open: float = 1.0  # share of object patches whose gate is open (score above theta), gate_background
+    gate_background_closed: float = 0.0  # share of background patches fully closed
+    background_norm: float = 0.0  # mean output norm on background patches after the fit
 
 
 def _features(model, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -47,8 +61,27 @@ def _features(model, pixel_values: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def write_gated(proj, w: torch.Tensor, b: torch.Tensor, shift: float, ws: torch.Tensor, cs: float, k: float) -> None:
+    """Make ``proj`` compute W x + b where the gate score ws.x + cs is >= 0 and 0 where k (ws.x + cs) is far below
+    -(shift + |W x + b|) (see the module docstring).  w [H, D_in]; b [H]; ws [D_in]"""
+    width = w.shape[0]
+    u_, sv, _ = torch.linalg.svd(torch.cat([w, b[:, None]], 1).double(), full_matrices=False)
+    span = u_[:, sv > sv.max() * 1e-9]  # [H, rank] orthonormal basis of W's columns and b
+    ones = torch.ones(width, dtype=torch.double)
+    u = ones - span @ (span.T @ ones)
+    if float(u @ ones) < 1e-6:
+        raise ValueError("the all-ones direction lies in the map's span: no room for the gate")
+    v = (u / (u @ ones)).float()  # v^T 1 = 1, v orthogonal to the span
+    dtype = proj.linear_1.weight.dtype
+    proj.linear_1.weight.copy_((w + k * torch.outer(torch.ones(width), ws)).to(dtype))
+    proj.linear_1.bias.copy_((b + shift + k * cs).to(dtype))
+    proj.linear_2.weight.copy_((torch.eye(width) - torch.outer(torch.ones(width), v)).to(dtype))
+    proj.linear_2.bias.zero_()
+
+
+@torch.no_grad()
 def fit_projector(model, encoder, n_images: int, seed: int, ridge: float = 1.0, batch_images: int = 32,
-                  tol: float = 1e-3, log=print) -> ProjectorFit:
+                  tol: float = 1e-3, gate_background: bool = False, log=print) -> ProjectorFit:
     """Fit the projector in closed form on ``n_images`` training-mix images (the vision stage's image makers, from
     their own stream) and write it into the model. ``encoder`` must carry word codes."""
     from specula.world.suites import TRAIN_MIX
@@ -66,6 +99,7 @@ def fit_projector(model, encoder, n_images: int, seed: int, ridge: float = 1.0, 
     makers = [m for m in TRAIN_MIX if m[0] in ("vqa", "vqa_single", "caption", "chart", "ocr")]
     xtx = xty = None
     feats, codes = [], []
+    xts = None  # [D_in + 1] a^T t for the object/background score
     done, i = 0, 0
     bar = tqdm(total=n_images, unit="img", desc="projector fit", mininterval=5.0)
     while done < n_images:
@@ -80,6 +114,8 @@ def fit_projector(model, encoder, n_images: int, seed: int, ridge: float = 1.0, 
         a = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)  # [n*T, D_in + 1]
         xtx = a.T @ a if xtx is None else xtx + a.T @ a
         xty = a.T @ y if xty is None else xty + a.T @ y
+        t = (y.norm(dim=-1) > 0).double() * 2 - 1  # [n*T] +1 object, -1 background
+        xts = a.T @ t if xts is None else xts + a.T @ t
         if done < 256:  # a bounded sample to report the loss on
             feats.append(x.float())
             codes.append(y.float())
@@ -101,13 +137,34 @@ def fit_projector(model, encoder, n_images: int, seed: int, ridge: float = 1.0, 
             break
         shift *= 1.5
     dtype = proj.linear_1.weight.dtype
-    proj.linear_1.weight.copy_(w.to(dtype))
-    proj.linear_1.bias.copy_((b + shift).to(dtype))
-    proj.linear_2.weight.copy_(torch.eye(width, dtype=dtype))
-    proj.linear_2.bias.fill_(-shift)
-    after = float((proj(x) - y).pow(2).sum(-1).mean())
+    if not gate_background:
+        proj.linear_1.weight.copy_(w.to(dtype))
+        proj.linear_1.bias.copy_((b + shift).to(dtype))
+        proj.linear_2.weight.copy_(torch.eye(width, dtype=dtype))
+        proj.linear_2.bias.fill_(-shift)
+        gate = (1.0, 0.0)
+    else:
+        score = torch.linalg.solve(xtx + reg, xts).float()  # [D_in + 1]
+        ws, cs = score[:-1], float(score[-1])
+        s_all = x @ ws + cs  # [P]
+        obj = y.norm(dim=-1) > 0  # [P]
+        if not obj.any() or obj.all():
+            raise ValueError("gate_background needs both object and background patches among the fitted images")
+        theta = float(torch.quantile(s_all[obj], 0.02))
+        closed_at = float(torch.quantile(s_all[~obj], 0.98))
+        if closed_at >= theta:
+            raise ValueError(f"object and background patches do not separate (98% of background scores below "
+                             f"{closed_at:.3f}, 98% of object scores above {theta:.3f})")
+        need = 10.0 + shift + float(lin.abs().max())  # pre-activation depth at which GELU is 0 to ~1e-22
+        k = need / (theta - closed_at)
+        write_gated(proj, w, b, shift, ws, cs - theta, k)
+        gate = (float((s_all[obj] >= theta).float().mean()), float((s_all[~obj] <= closed_at).float().mean()))
+    out = proj(x)  # [P, H]
+    after = float((out - y).pow(2).sum(-1).mean())
+    bg_norm = float(out[y.norm(dim=-1) == 0].norm(dim=-1).mean()) if (y.norm(dim=-1) == 0).any() else 0.0
     model.train(was_training)
-    fit = ProjectorFit(n_images, len(x), shift, err, before, after)
+    fit = ProjectorFit(n_images, len(x), shift, err, before, after, gate[0], gate[1], bg_norm)
     log(f"projector fit: {n_images} images, {len(x)} patches, code loss {before:.4f} -> {after:.4f} "
-        f"(shift {shift:g}, max gelu error {err:.2e})")
+        f"(shift {shift:g}, max gelu error {err:.2e}, background norm {bg_norm:.4f}"
+        + (f", gate open on {gate[0]:.3f} of objects, closed on {gate[1]:.3f} of background)" if gate_background else ")"))
     return fit

@@ -69,6 +69,7 @@ class TrainConfig:
     vision_lr: float | None = None  # learning rate of the vision stage (None: ``lr``)
     vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
     projector_fit_images: int = 0  # word-code recipe: fit the projector in closed form on this many images (0: off)
+    projector_fit_gate: bool = False  # the projector fit also zeroes background patches (zoo/projector_fit.py)
     background_code: bool = False  # word-code recipe: background patches get a code of their own instead of zero
     code_background_noise: float = 0.0  # code LM stage: random vectors up to this norm on background patches
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
@@ -324,7 +325,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         save()
         vis_opt.unlink(missing_ok=True)  # a later extension of the stage starts with fresh moments
     if cfg.projector_fit_images and "projector_fit" not in state:  # once, after the vision stage (zoo/projector_fit.py)
-        fit = fit_projector(model, enc, cfg.projector_fit_images, cfg.seed, log=log)
+        fit = fit_projector(model, enc, cfg.projector_fit_images, cfg.seed, gate_background=cfg.projector_fit_gate,
+                            log=log)
         state["projector_fit"] = {**asdict(fit), "at_samples": state["samples"]}
         save()
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)

@@ -64,3 +64,39 @@ def test_train_fits_once_after_the_vision_stage(tmp_path, processor):
     logs.clear()
     train(TrainConfig(**{**cfg.__dict__, "total_samples": 8}), processor, log=logs.append)  # resumed: not again
     assert not any(m.startswith("projector fit:") for m in logs)
+
+
+def test_gated_projector_passes_objects_and_zeroes_the_background(processor):
+    """write_gated: where the gate score is positive the stock MLP computes W x + b; where it is far negative the
+    output is exactly zero."""
+    from specula.zoo.projector_fit import write_gated
+
+    model, _ = _tiny(processor)
+    proj = model.model.multi_modal_projector
+    d_in, h = proj.linear_1.in_features, proj.linear_2.out_features
+    g = torch.Generator().manual_seed(0)
+    # the tiny model's projector is square (64 -> 64); the gate needs the map's span to leave room: rank 16 here
+    w = (torch.randn(h, 16, generator=g) @ torch.randn(16, d_in, generator=g)) * 0.02
+    b = torch.randn(h, generator=g) * 0.05
+    ws = torch.zeros(d_in)
+    ws[0] = 1.0  # the gate reads feature 0: objects have it >= 0.5, background <= -0.5
+    x = torch.randn(64, d_in, generator=g) * 0.3
+    x[:32, 0], x[32:, 0] = 0.5 + torch.rand(32, generator=g), -0.5 - torch.rand(32, generator=g)
+    lin = x @ w.T + b
+    write_gated(proj, w, b, 4.5, ws, 0.0, k=(10 + 4.5 + float(lin.abs().max())) / 0.5)
+    with torch.no_grad():
+        out = proj(x)
+    torch.testing.assert_close(out[:32], lin[:32], atol=1e-3, rtol=0)
+    assert float(out[32:].abs().max()) < 1e-6
+    with pytest.raises(ValueError, match="no room"):  # a full-rank map spans everything
+        write_gated(proj, torch.randn(h, d_in, generator=g), b, 4.5, ws, 0.0, k=10.0)
+
+
+def test_gate_flag_reaches_the_fit(processor):
+    from specula.cli import build_parser
+    from specula.zoo.build import train_config_from_args
+
+    args = build_parser().parse_args(["train", "target", "--code-lm-samples", "8", "--projector-fit-images", "96",
+                                      "--projector-fit-gate"])
+    cfg = train_config_from_args(args)
+    assert cfg.projector_fit_gate and cfg.projector_fit_images == 96
