@@ -54,10 +54,9 @@ class ProjectorFit:
 
 def _features(model, pixel_values: torch.Tensor) -> torch.Tensor:
     """The projector's input exactly as LLaVA builds it  # [N, T, D_in]"""
-    out = model.model.vision_tower(pixel_values, output_hidden_states=True)
-    layers = model.config.vision_feature_layer
-    layers = [layers] if isinstance(layers, int) else list(layers)
-    return torch.cat([out.hidden_states[i][:, 1:] for i in layers], dim=-1)
+    from specula.zoo.vision_heads import projector_input
+
+    return projector_input(model, model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states)
 
 
 @torch.no_grad()

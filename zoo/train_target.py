@@ -38,10 +38,10 @@ from tqdm import tqdm
 from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
+from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.target_config import TargetArch, build_model
-from specula.zoo.projector_fit import fit_projector
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 from specula.zoo.word_codes import WordCodes
 

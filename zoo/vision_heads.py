@@ -40,10 +40,15 @@ def tower_features(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tor
     exactly as LLaVA feeds it: the hidden states at ``vision_feature_layer`` (an index or a list, concatenated),
     CLS dropped (strategy "default")."""
     out = model.model.vision_tower(pixel_values, output_hidden_states=True)
+    return out.hidden_states[-1][:, 1:], model.model.multi_modal_projector(projector_input(model, out.hidden_states))
+
+
+def projector_input(model, hidden_states) -> torch.Tensor:
+    """The tower's hidden states at ``vision_feature_layer`` (an index or a list, concatenated), CLS dropped
+    # [N, T, D_vis * n_layers]"""
     layers = model.config.vision_feature_layer
     layers = [layers] if isinstance(layers, int) else list(layers)
-    picked = torch.cat([out.hidden_states[i][:, 1:] for i in layers], dim=-1)  # [N, T, D_vis * len(layers)]
-    return out.hidden_states[-1][:, 1:], model.model.multi_modal_projector(picked)
+    return torch.cat([hidden_states[i][:, 1:] for i in layers], dim=-1)
 
 
 def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, lr: float = 1e-3,
