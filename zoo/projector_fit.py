@@ -41,8 +41,8 @@ from tqdm import tqdm
 
 @dataclass(frozen=True)
 class ProjectorFit:
-    images: int
-    patches: int
+    images: int  # images the map was fitted on
+    patches: int  # patches of the bounded sample (first <=256 images) that the losses and gate shares are measured on
     shift: float
     max_gelu_error: float  # worst |gelu(z) - z| over the pre-activations of the reported patches
     loss_before: float  # code regression loss (squared error per patch, summed over the width), first <=256 images

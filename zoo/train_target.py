@@ -95,6 +95,9 @@ class TrainConfig:
             raise ValueError("code_background_noise must be >= 0")
         if self.projector_fit_images < 0 or (self.projector_fit_images and not self.uses_codes):
             raise ValueError("projector_fit_images must be >= 0 and needs the word-code recipe (code_lm_samples > 0)")
+        if self.projector_fit_gate and (not self.projector_fit_images or self.background_code):
+            raise ValueError("projector_fit_gate needs projector_fit_images > 0 and a zero background "
+                             "(it gates background patches to zero; background_code gives them a code instead)")
 
     @property
     def uses_codes(self) -> bool:

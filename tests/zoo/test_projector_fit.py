@@ -50,6 +50,10 @@ def test_fit_needs_codes_and_a_square_projector(processor):
         fit_projector(model, Encoder(processor), 8, seed=0)
     with pytest.raises(ValueError, match="word-code recipe"):
         TrainConfig(projector_fit_images=8)
+    with pytest.raises(ValueError, match="projector_fit_gate"):
+        TrainConfig(code_lm_samples=8, projector_fit_gate=True)  # no fit to gate
+    with pytest.raises(ValueError, match="projector_fit_gate"):
+        TrainConfig(code_lm_samples=8, projector_fit_images=8, projector_fit_gate=True, background_code=True)
 
 
 def test_train_fits_once_after_the_vision_stage(tmp_path, processor):
