@@ -186,10 +186,17 @@ def _add_train(sub) -> None:
                    help="learning-rate multiplier of the vision tower's position embeddings in the vision stage "
                         "(default: 1). They start far quieter than the patch content; without a boost the tower "
                         "barely learns where a patch is")
+    t.add_argument("--vision-place-weight", type=float, default=0.0,
+                   help="vision stage: weight of a dense head that reads each patch's 3 x 3 layout cell (default: 0, "
+                        "off). Colour and shape can be read from a bag of patches; this head makes the tower carry "
+                        "where each patch is to its last layer")
+    t.add_argument("--freeze-vision", action="store_true",
+                   help="joint stage: keep the tower and projector as the vision stage and projector fit left them; "
+                        "only the LM trains")
     t.add_argument("--projector-fit-images", type=int, default=0,
                    help="word-code recipe: after the vision stage, fit the projector in closed form (ridge "
-                        "regression of the codes on the tower's features) on this many images, once per run "
-                        "(default: 0, off; 960 is plenty)")
+                        "regression of the codes on the tower's features) on this many images, once per run and "
+                        "again whenever a resumed run extends the vision stage (default: 0, off; 960 is plenty)")
     t.add_argument("--projector-fit-gate", action="store_true",
                    help="with --projector-fit-images: also gate background patches to exact zeros (a closed-form "
                         "object/background score closes every hidden unit of the projector there)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ class Encoded:
     labels: torch.Tensor  # [L] int64, -100 outside the assistant turn
     pixel_values: torch.Tensor | None  # [n_img, 3, S, S] fp32
     patch_targets: torch.Tensor | None  # [n_img, T_img, K] int64 word token ids, -1 = none
-    patch_classes: torch.Tensor | None = None  # [n_img, T_img, 2] int64 (colour, shape) class, -100 = ignore
+    patch_classes: torch.Tensor | None = None  # [n_img, T_img, 3] int64 (colour, shape, cell) class, -100 = ignore
     user_labels: torch.Tensor | None = None  # [L] int64: the user turns' text tokens, -100 elsewhere (``user_labels``)
     patch_codes: torch.Tensor | None = None  # [n_img, T_img, H] fp32 word codes (zoo/word_codes.py), when asked for
     referents: tuple = ()  # zoo/referents.py ReferentTarget per lookup turn, when asked for
@@ -30,7 +31,7 @@ class Batch:
     pixel_values: torch.Tensor | None  # [N_img, 3, S, S]
     patch_targets: torch.Tensor | None  # [N_img, T_img, K]
     n_samples: int
-    patch_classes: torch.Tensor | None = None  # [N_img, T_img, 2]
+    patch_classes: torch.Tensor | None = None  # [N_img, T_img, 3]
     user_labels: torch.Tensor | None = None  # [B, L]
     patch_codes: torch.Tensor | None = None  # [N_img, T_img, H]
     referents: tuple = ()  # per row: that row's ReferentTargets (empty tuple: none asked for)
@@ -145,24 +146,37 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
                  tuple(e.referents for e in items) if any(e.referents for e in items) else ())
 
 
+_PLACE_WORDS = ("top", "bottom", "left", "right", "center")
+
+
 def patch_classes(patch_words) -> torch.Tensor:
-    """Dense labels for the vision heads: colour index (NONE = background) and shape index per patch.
+    """Dense labels for the vision heads per patch: colour index (NONE = background), shape index, and the 3 x 3
+    layout cell (an object patch: its object's cell, named by its "where" words; any other patch: the cell it lies
+    in).
 
-    A patch covered by something without a colour/shape name (chart text, a sign's word) is ignored (-100).
+    A patch covered by something without a colour/shape name (chart text, a sign's word) is ignored (-100) by the
+    colour and shape heads.
     """
-    from specula.world.vocab import COLOUR_NAMES, SHAPES
+    from specula.world.vocab import COLOUR_NAMES, POSITIONS, SHAPES
 
-    out = torch.full((len(patch_words), len(patch_words[0]), 2), -100, dtype=torch.long)  # [n_img, T, 2]
+    cells = list(POSITIONS)  # [(row, col)] in class order
+    where = {name: k for k, name in enumerate(POSITIONS.values())}
+    out = torch.full((len(patch_words), len(patch_words[0]), 3), -100, dtype=torch.long)  # [n_img, T, 3]
     for i, per_patch in enumerate(patch_words):
+        side = math.isqrt(len(per_patch))
         for j, words in enumerate(per_patch):
+            out[i, j, 2] = cells.index((3 * (j // side) // side, 3 * (j % side) // side))
             if not words:
-                out[i, j] = torch.tensor([len(COLOUR_NAMES), len(SHAPES)])
+                out[i, j, :2] = torch.tensor([len(COLOUR_NAMES), len(SHAPES)])
                 continue
             for w in words:
                 if w in COLOUR_NAMES:
                     out[i, j, 0] = COLOUR_NAMES.index(w)
                 if w in SHAPES:
                     out[i, j, 1] = SHAPES.index(w)
+            place = " ".join(w for w in words if w in _PLACE_WORDS)
+            if place in where and any(w in SHAPES for w in words):  # a scene object, not a sign's or chart's word
+                out[i, j, 2] = where[place]
     return out
 
 

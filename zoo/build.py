@@ -69,6 +69,7 @@ def train_config_from_args(args):
                        code_lm_lr=args.code_lm_lr, code_token_budget=args.code_token_budget, vision_lr=args.vision_lr,
                        referent_attention=args.referent_attention, vision_from=args.vision_from,
                        code_lm_mix=args.code_lm_mix, vision_pos_lr_mult=args.vision_pos_lr_mult,
+                       vision_place_weight=args.vision_place_weight, freeze_vision=args.freeze_vision,
                        projector_fit_images=args.projector_fit_images,
                        projector_fit_gate=args.projector_fit_gate,
                        background_code=args.background_code,

@@ -68,6 +68,8 @@ class TrainConfig:
     vision_images: int = 4_000  # stage 0: tower + projector on dense patch labels before joint training
     vision_lr: float | None = None  # learning rate of the vision stage (None: ``lr``)
     vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
+    vision_place_weight: float = 0.0  # weight of the vision heads' 3 x 3 cell loss (VisionHeads.place); 0 = no head
+    freeze_vision: bool = False  # joint stage: tower and projector stay as the vision stage (and fit) left them
     projector_fit_images: int = 0  # word-code recipe: fit the projector in closed form on this many images (0: off)
     projector_fit_gate: bool = False  # the projector fit also zeroes background patches (zoo/projector_fit.py)
     background_code: bool = False  # word-code recipe: background patches get a code of their own instead of zero
@@ -93,6 +95,8 @@ class TrainConfig:
             raise ValueError("referent_attention must be >= 0")
         if self.code_background_noise < 0:
             raise ValueError("code_background_noise must be >= 0")
+        if self.vision_place_weight < 0:
+            raise ValueError("vision_place_weight must be >= 0")
         if self.projector_fit_images < 0 or (self.projector_fit_images and not self.uses_codes):
             raise ValueError("projector_fit_images must be >= 0 and needs the word-code recipe (code_lm_samples > 0)")
         if self.projector_fit_gate and (not self.projector_fit_images or self.background_code):
@@ -155,7 +159,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
     embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
     img = feats = None
     if batch.pixel_values is not None:
-        feats, img = tower_features(model, batch.pixel_values)  # [N_img, T, D_vis], [N_img, T, H]
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not cfg.freeze_vision):
+            feats, img = tower_features(model, batch.pixel_values)  # [N_img, T, D_vis], [N_img, T, H]
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
     refs = cfg.referent_attention > 0 and bool(batch.referents)
@@ -172,6 +177,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
         usel = utgt != -100
         if usel.any():
             losses["lm_user"] = F.cross_entropy(model.lm_head(hidden[:, :-1][usel]).float(), utgt[usel])
+    if cfg.freeze_vision:  # the vision losses could only train the heads
+        return _referent(losses, out, batch, refs)
     if img is not None and batch.patch_codes is not None:  # word-code recipe: the projector keeps producing the codes
         losses["aux_in"] = code_vision_loss(img, batch.patch_codes)
     elif img is not None and batch.patch_targets is not None:
@@ -181,6 +188,10 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
         losses["aux_out"] = patch_loss(model.lm_head(vis).float(), batch.patch_targets)
     if feats is not None and heads is not None and batch.patch_classes is not None:
         losses["vis"] = heads.loss(feats, batch.patch_classes)
+    return _referent(losses, out, batch, refs)
+
+
+def _referent(losses: dict, out, batch, refs: bool) -> dict[str, torch.Tensor]:
     if refs:
         ref = referent_attention_loss(out.attentions, batch.referents)
         if ref is not None:
@@ -232,10 +243,24 @@ def _vision_from(model, heads, src: Path, cfg: TrainConfig, state: dict, log) ->
     if unexpected:
         raise ValueError(f"--vision-from {src}: unexpected keys {unexpected[:3]}")
     if (src / "heads.safetensors").exists():
-        heads.load_state_dict(load_file(src / "heads.safetensors"))
+        load_heads(heads, src / "heads.safetensors", log)
     state["vision_images_done"] = int(info.get("vision_images_done", 0))
     state["vision_from"] = str(src)
     log(f"vision tower, projector and heads from {src} ({state['vision_images_done']} vision images)")
+
+
+def load_heads(heads: VisionHeads, path: Path, log) -> None:
+    """Load saved vision heads; a place head that the file lacks starts fresh, one that ``heads`` lacks is
+    dropped (both said in the log)."""
+    sd = load_file(path)
+    if heads.place is None and any(k.startswith("place.") for k in sd):
+        log("vision heads: the checkpoint's place head is not used (vision_place_weight 0)")
+        sd = {k: v for k, v in sd.items() if not k.startswith("place.")}
+    missing = heads.load_state_dict(sd, strict=False).missing_keys
+    if any(not k.startswith("place.") for k in missing):
+        raise ValueError(f"vision heads {path}: missing {missing}")
+    if missing:
+        log("vision heads: the place head starts fresh")
 
 
 def _print_now(msg: str) -> None:
@@ -275,14 +300,17 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0)
-    heads = VisionHeads(model.config.vision_config.hidden_size)
+    heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.vision_from and not (ckpt / "state.json").exists():
         _vision_from(model, heads, Path(cfg.vision_from), cfg, state, log)
     heads_opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if (ckpt / "heads.safetensors").exists():
-        heads.load_state_dict(load_file(ckpt / "heads.safetensors"))
+        load_heads(heads, ckpt / "heads.safetensors", log)
         if (ckpt / "heads_optimizer.pt").exists():
-            heads_opt.load_state_dict(torch.load(ckpt / "heads_optimizer.pt", weights_only=True))
+            try:
+                heads_opt.load_state_dict(torch.load(ckpt / "heads_optimizer.pt", weights_only=True))
+            except ValueError:  # the place head was added or dropped since: the moments do not map
+                log("vision heads: the saved optimizer has other heads; its moments restart")
     model.train()
 
     def save(extra: dict | None = None) -> None:
@@ -313,7 +341,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         (ckpt / "code_optimizer.pt").unlink(missing_ok=True)
     # the vision stage runs until ``vision_images`` images are done; raising it on a resumed run extends the stage
     vision_done = state.get("vision_images_done", cfg.vision_images if "vision_stage_at" in state else 0)
-    if cfg.vision_images > vision_done:
+    vision_ran = cfg.vision_images > vision_done
+    if vision_ran:
         def vision_checkpoint(done: int, opt_sd: dict) -> None:
             state["vision_images_done"] = done  # mid-stage: a resumed run continues the stage from here
             save({"vision_optimizer": opt_sd})
@@ -322,16 +351,22 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         vision_stage(model, heads, enc, cfg.vision_images - vision_done, cfg.seed, lr=cfg.vision_lr or cfg.lr, log=log,
                      start=vision_done, checkpoint=vision_checkpoint, ckpt_every_s=cfg.ckpt_every_s,
                      opt_state=torch.load(vis_opt, weights_only=True) if vis_opt.exists() else None,
-                     pos_lr_mult=cfg.vision_pos_lr_mult)
+                     pos_lr_mult=cfg.vision_pos_lr_mult,
+                     train_projector=not (cfg.projector_fit_images and "projector_fit" in state))
         state["vision_stage_at"] = state["samples"]  # 0 for a fresh run; later when added to a running recipe
         state["vision_images_done"] = cfg.vision_images
         save()
         vis_opt.unlink(missing_ok=True)  # a later extension of the stage starts with fresh moments
-    if cfg.projector_fit_images and "projector_fit" not in state:  # once, after the vision stage (zoo/projector_fit.py)
+    # the fit follows the vision stage: once, and again whenever a resumed run extended the stage
+    if cfg.projector_fit_images and ("projector_fit" not in state or vision_ran):  # zoo/projector_fit.py
         fit = fit_projector(model, enc, cfg.projector_fit_images, cfg.seed, gate_background=cfg.projector_fit_gate,
                             log=log)
         state["projector_fit"] = {**asdict(fit), "at_samples": state["samples"]}
         save()
+    if cfg.freeze_vision:  # no gradient reaches them, so AdamW leaves them (and their weight decay) alone
+        for n, p in model.named_parameters():
+            if n.startswith(("model.vision_tower.", "model.multi_modal_projector.")):
+                p.requires_grad_(False)
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)
     t_last = time.time()
     last_ckpt = last_eval = time.time()

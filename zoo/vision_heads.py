@@ -1,4 +1,4 @@
-"""Training-only dense heads on the vision tower: per-patch colour and shape classes.
+"""Training-only dense heads on the vision tower: per-patch colour and shape classes, and optionally the 3 x 3 cell.
 
 They give the tower a direct, cheap signal for what each patch shows (the LM's losses reach it only through the
 projector). They are not part of the shipped model. ``vision_stage`` trains tower + projector with these heads
@@ -17,22 +17,32 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from specula.world.vocab import COLOUR_NAMES, SHAPES
+from specula.world.vocab import COLOUR_NAMES, POSITIONS, SHAPES
 
 
 class VisionHeads(nn.Module):
-    def __init__(self, dim: int):
+    """``place_weight`` > 0 adds a head that reads each patch's 3 x 3 layout cell (an object patch: its object's
+    cell, the one "where" answers name). The colour and shape heads can be served by a bag of patches; this one
+    cannot, so the tower must carry position to its last layer, where the projector reads it (README, "The tower
+    cannot see where")."""
+
+    def __init__(self, dim: int, place_weight: float = 0.0):
         super().__init__()
         self.norm = nn.LayerNorm(dim)  # the tower's last hidden state is not normalised (LLaVA reads it raw)
         self.colour = nn.Linear(dim, len(COLOUR_NAMES) + 1)  # + background
         self.shape = nn.Linear(dim, len(SHAPES) + 1)
+        self.place_weight = place_weight
+        self.place = nn.Linear(dim, len(POSITIONS)) if place_weight > 0 else None
 
     def loss(self, feats: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-        """feats [N, T, D] pre-projector tower features; classes [N, T, 2] (-100 = ignore)."""
+        """feats [N, T, D] pre-projector tower features; classes [N, T, 3] (colour, shape, cell; -100 = ignore)."""
         x = self.norm(feats)
         lc = F.cross_entropy(self.colour(x).flatten(0, 1).float(), classes[..., 0].flatten(), ignore_index=-100)
         ls = F.cross_entropy(self.shape(x).flatten(0, 1).float(), classes[..., 1].flatten(), ignore_index=-100)
-        return lc + ls
+        if self.place is None:
+            return lc + ls
+        lp = F.cross_entropy(self.place(x).flatten(0, 1).float(), classes[..., 2].flatten(), ignore_index=-100)
+        return lc + ls + self.place_weight * lp
 
 
 def tower_features(model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +64,8 @@ def projector_input(model, hidden_states) -> torch.Tensor:
 def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, lr: float = 1e-3,
                  batch_images: int = 32, aux_weight: float = 0.5, log=print, start: int = 0,
                  checkpoint: Callable[[int, dict], None] | None = None, ckpt_every_s: float = 240.0,
-                 opt_state: dict | None = None, pos_lr_mult: float = 1.0) -> dict[str, float]:
+                 opt_state: dict | None = None, pos_lr_mult: float = 1.0, train_projector: bool = True
+                 ) -> dict[str, float]:
     """Train tower + projector (+ heads) on world images; the LM (embeddings, norm) stays frozen.
 
     The projector side is pulled towards the patch words through the LM's norm and tied head, or, when the encoder
@@ -69,6 +80,10 @@ def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, l
     per step) position stays ~2% of a token for tens of thousands of images: the tower is a bag of patches that can
     tell neither where an object is nor how its corner patches fit together into a shape (README, "The tower
     cannot see where").
+
+    ``train_projector=False`` keeps the projector fixed (a closed-form fit, zoo/projector_fit.py, that the run refits
+    after the stage): Adam's first steps would wreck the fit's exact structure and send the tower the gradient of
+    a broken map; through the fixed fit the code loss pulls the tower towards features that map onto the codes.
     """
     from specula.world.suites import TRAIN_MIX
     from specula.zoo.code_stages import code_cosine, code_vision_loss
@@ -77,19 +92,22 @@ def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, l
     lm = model.model.language_model
     pos = [p for n, p in model.model.vision_tower.named_parameters() if n.endswith("position_embedding.weight")]
     rest = [p for n, p in model.model.vision_tower.named_parameters() if not n.endswith("position_embedding.weight")]
-    rest += list(model.model.multi_modal_projector.parameters())
-    params = rest + pos  # tower + projector: what the gradient clip covers
+    if train_projector:
+        rest += list(model.model.multi_modal_projector.parameters())
+    params = rest + pos  # tower (+ projector): what the gradient clip covers
     opt = torch.optim.AdamW([{"params": rest + list(heads.parameters()), "lr_mult": 1.0},
                              {"params": pos, "lr_mult": pos_lr_mult}], lr=lr, weight_decay=0.01)
     if opt_state is not None:
-        if len(opt_state["param_groups"]) == len(opt.param_groups):
+        try:
             opt.load_state_dict(opt_state)
-        else:  # a checkpoint from before the position group: its moments do not map onto the groups
-            log("vision stage: the saved optimizer predates the position-embedding group; moments restart")
+        except ValueError:  # saved before the position group, or with other heads or a trained projector
+            log("vision stage: the saved optimizer's parameters do not map onto this stage's; moments restart")
     for g, mult in zip(opt.param_groups, (1.0, pos_lr_mult)):
         g["lr_mult"] = mult
         g["lr"] = lr * mult  # a resumed stage may run at a new rate
     frozen = [p for p in lm.parameters() if p.requires_grad]
+    if not train_projector:
+        frozen += [p for p in model.model.multi_modal_projector.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)
     makers = [m for m in TRAIN_MIX if m[0] in ("vqa", "vqa_single", "caption", "chart", "ocr")]

@@ -30,7 +30,7 @@ def test_labels_cover_only_the_assistant_turn(processor):
     assert processor.tokenizer.decode(labelled, skip_special_tokens=True) == s.response
     assert (e.input_ids == processor.tokenizer.convert_tokens_to_ids("<image>")).sum() == 144
     assert e.patch_targets.shape == (1, 144, 5) and (e.patch_targets >= 0).any()
-    assert e.patch_classes.shape == (1, 144, 2) and (e.patch_classes[..., 1] >= 0).any()
+    assert e.patch_classes.shape == (1, 144, 3) and (e.patch_classes[..., 1] >= 0).any()
 
 
 def test_token_budget_batches_respect_budget(processor):

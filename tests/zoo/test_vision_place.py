@@ -1,0 +1,136 @@
+"""The tower's place signal and the fixed-vision stages: the place head's labels and loss, a vision stage that keeps a
+fitted projector, the refit after an extended vision stage, and a joint stage that trains only the LM."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specula.targets.processor import load_processor
+from specula.world import generate
+from specula.world.vocab import POSITIONS
+from specula.zoo.batching import Encoder, patch_classes
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.train_target import TrainConfig, load_heads, train
+from specula.zoo.vision_heads import VisionHeads, vision_stage
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return load_processor(TOKENIZER_DIR)
+
+
+def _vision_state(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()
+            if n.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
+
+
+def test_patch_classes_give_each_patch_its_cell():
+    cells = list(POSITIONS)
+    names = list(POSITIONS.values())
+    seen = 0
+    for i in range(6):
+        s = generate("vqa", "eval", i, 0)
+        cls = patch_classes(s.patch_words)  # [1, 144, 3]
+        assert cls.shape == (1, 144, 3)
+        for j, words in enumerate(s.patch_words[0]):
+            if words:  # an object patch: its object's cell, the one its "where" answer names
+                assert names[int(cls[0, j, 2])] == " ".join(words[3:])
+                seen += 1
+            else:  # background: the cell the patch lies in (12 x 12 patches, 4 x 4 per cell)
+                assert cells[int(cls[0, j, 2])] == (j // 12 // 4, j % 12 // 4)
+    assert seen > 0
+
+
+def test_place_head_adds_its_loss_and_old_heads_load(tmp_path):
+    torch.manual_seed(0)
+    feats = torch.randn(2, 144, 32)  # [N, T, D]
+    s = generate("vqa", "eval", 1, 0)
+    cls = torch.cat([patch_classes(s.patch_words)] * 2)  # [2, 144, 3]
+    plain = VisionHeads(32)
+    placed = VisionHeads(32, place_weight=2.0)
+    placed.load_state_dict({**plain.state_dict(), **{k: v for k, v in placed.state_dict().items()
+                                                      if k.startswith("place.")}})
+    base, with_place = plain.loss(feats, cls), placed.loss(feats, cls)
+    place_only = torch.nn.functional.cross_entropy(placed.place(placed.norm(feats)).flatten(0, 1), cls[..., 2].flatten())
+    torch.testing.assert_close(with_place, base + 2.0 * place_only)
+    # a checkpoint from before the place head: the head starts fresh; and the other way round it is dropped
+    save_file(plain.state_dict(), tmp_path / "old.safetensors")
+    save_file(placed.state_dict(), tmp_path / "new.safetensors")
+    logs = []
+    fresh = VisionHeads(32, place_weight=1.0)
+    load_heads(fresh, tmp_path / "old.safetensors", logs.append)
+    torch.testing.assert_close(fresh.colour.weight, plain.colour.weight)
+    assert any("starts fresh" in m for m in logs)
+    logs.clear()
+    load_heads(VisionHeads(32), tmp_path / "new.safetensors", logs.append)
+    assert any("not used" in m for m in logs)
+
+
+def test_vision_stage_can_keep_a_fitted_projector(processor):
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    before = _vision_state(model)
+    heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=1.0)
+    place_before = heads.place.weight.detach().clone()
+    vision_stage(model, heads, Encoder(processor), 32, 0, lr=1e-3, log=lambda m: None, train_projector=False,
+                 batch_images=16)
+    after = _vision_state(model)
+    proj = [n for n in before if "multi_modal_projector" in n]
+    tower = [n for n in before if "vision_tower" in n]
+    assert all(torch.equal(before[n], after[n]) for n in proj)
+    assert any(not torch.equal(before[n], after[n]) for n in tower)
+    assert not torch.equal(place_before, heads.place.weight)
+    assert all(p.requires_grad for p in model.parameters())  # the stage restores what it froze
+
+
+def test_extended_vision_stage_keeps_the_fit_then_refits(tmp_path, processor):
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=0, pool=2, token_budget=2048,
+                      warmup_samples=2, eval_n=1, eval_every_s=1e9, threads=1, vision_images=16, code_lm_samples=8,
+                      code_token_budget=1024, projector_fit_images=16)
+    train(cfg, processor, log=lambda m: None)
+    ckpt = tmp_path / "run" / "ckpt"
+    fitted = load_file(ckpt / "model.safetensors")
+    logs = []
+    train(TrainConfig(**{**cfg.__dict__, "vision_images": 32, "vision_place_weight": 1.0}), processor,
+          log=logs.append)
+    assert sum(m.startswith("projector fit:") for m in logs) == 1
+    assert any("place head starts fresh" in m for m in logs)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["vision_images_done"] == 32
+    refitted = load_file(ckpt / "model.safetensors")
+    assert "place.weight" in load_file(ckpt / "heads.safetensors")
+    key = "model.multi_modal_projector.linear_1.weight"
+    assert not torch.equal(fitted[key], refitted[key])  # refitted on the changed tower
+    assert not torch.equal(fitted["model.vision_tower.embeddings.position_embedding.weight"],
+                           refitted["model.vision_tower.embeddings.position_embedding.weight"])
+
+
+def test_freeze_vision_trains_only_the_lm(tmp_path, processor):
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=0, pool=4, token_budget=2048,
+                      warmup_samples=2, eval_n=1, eval_every_s=1e9, threads=1, vision_images=16, code_lm_samples=8,
+                      code_token_budget=1024, freeze_vision=True, referent_attention=1.0, mix="dialogue")
+    train(cfg, processor, log=lambda m: None)
+    ckpt = tmp_path / "run" / "ckpt"
+    before = load_file(ckpt / "model.safetensors")
+    train(TrainConfig(**{**cfg.__dict__, "total_samples": 8}), processor, log=lambda m: None)
+    after = load_file(ckpt / "model.safetensors")
+    assert json.loads((ckpt / "state.json").read_text())["samples"] >= 8
+    vision = [k for k in before if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))]
+    lm = [k for k in before if k.startswith("model.language_model.")]
+    assert vision and all(torch.equal(before[k], after[k]) for k in vision)
+    assert any(not torch.equal(before[k], after[k]) for k in lm)
+
+
+def test_cli_flags_for_place_and_frozen_vision():
+    from specula.cli import build_parser
+    from specula.zoo.build import train_config_from_args
+
+    cfg = train_config_from_args(build_parser().parse_args(["train", "target", "--vision-place-weight", "0.5",
+                                                            "--freeze-vision"]))
+    assert cfg.vision_place_weight == 0.5 and cfg.freeze_vision
+    cfg = train_config_from_args(build_parser().parse_args(["train", "target"]))
+    assert cfg.vision_place_weight == 0.0 and not cfg.freeze_vision
+    with pytest.raises(ValueError, match="vision_place_weight"):
+        TrainConfig(vision_place_weight=-1.0)
