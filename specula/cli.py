@@ -209,11 +209,11 @@ def _add_train(sub) -> None:
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")
-    t.add_argument("--mix", default="base", choices=["base", "dialogue", "lookup", "scenes"],
+    t.add_argument("--mix", default="base", choices=["base", "dialogue", "lookup", "scenes", "describe"],
                    help="training mix (world/suites.py): base (one question per sample), dialogue (12-turn scene "
                         "dialogues per image, ~10x the grounded answers per forward), lookup (mostly scenes "
-                        "described in words, as dialogues: the LM's copy-from-context skill, cheaply) or scenes "
-                        "(almost only scene dialogues)")
+                        "described in words, as dialogues: the LM's copy-from-context skill, cheaply), scenes "
+                        "(almost only scene dialogues) or describe (dialogue with twice the scene captions)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "
@@ -235,7 +235,7 @@ def _add_train(sub) -> None:
     t.add_argument("--code-lm-lr", type=float, default=1e-3, help="peak learning rate of the code LM stage (default: 1e-3)")
     t.add_argument("--code-token-budget", type=int, default=1024,
                    help="tokens per optimizer step in the code LM stage (default: 1024)")
-    t.add_argument("--code-lm-mix", default="dialogue", choices=["base", "dialogue", "lookup", "scenes"],
+    t.add_argument("--code-lm-mix", default="dialogue", choices=["base", "dialogue", "lookup", "scenes", "describe"],
                    help="training mix of the code LM stage (same names as --mix; default: dialogue)")
     t.add_argument("--referent-attention", type=float, default=0.0,
                    help="weight of the referent-attention loss (zoo/referents.py): for each lookup question, head 0 "

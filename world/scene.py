@@ -171,9 +171,12 @@ def caption(rng: random.Random, scene: Scene) -> tuple[str, tuple[str, ...]]:
     objs = list(scene.objects)
     order = objs[:]
     rng.shuffle(order)
+    phrases = {id(o): _describe(rng, o) for o in order}  # drawn in the shuffled order: the random stream is unchanged
+    # ...but listed in reading order (cell by cell, top row first): a small LM that has to name every object once can
+    # then scan the image instead of remembering which objects it has named (README, "Captions in reading order").
     n = len(objs)
     be = "is" if n == 1 else "are"
-    listed = join_list(rng, [_describe(rng, o) for o in order])
+    listed = join_list(rng, [phrases[id(o)] for o in sorted(objs, key=lambda o: o.cell)])
     count = f"{NUMBER_WORDS[n]} object{'s' if n > 1 else ''}"
     text = pick(rng, (
         "The image shows {l}.", "This picture contains {l}.", "In this image there {be} {l}.",

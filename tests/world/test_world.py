@@ -84,3 +84,41 @@ def test_unknown_suite_and_split_rejected():
         generate("nope")
     with pytest.raises(ValueError, match="split"):
         generate("vqa", "test")
+
+
+def test_captions_list_objects_in_reading_order():
+    """Scene captions name their objects cell by cell, top row first (world/scene.py ``caption``)."""
+    from specula.world.vocab import POSITIONS
+
+    cell_of = {where: cell for cell, where in POSITIONS.items()}
+    checked = 0
+    for s in generate_many("caption", 60):
+        visible = {w for w in s.patch_words[0] if w}  # (colour, shape, size, *place words) per visible object
+        objects = {(w[0], w[1]): cell_of[" ".join(w[3:])] for w in visible}
+        pairs = list(zip(s.attributes[::2], s.attributes[1::2]))
+        if len(pairs) < 2 or set(pairs) != set(objects):
+            continue  # a fully hidden object: its cell is not in the patch words
+        text = s.response.lower()
+        first = sorted(pairs, key=lambda p: text.index(f"{p[0]} {p[1]}"))
+        assert first == sorted(pairs, key=lambda p: objects[p]), s.response
+        checked += 1
+    assert checked >= 20
+
+
+def test_caption_order_leaves_the_random_stream_alone():
+    """Listing in reading order draws the same random numbers as the shuffled order did, so every pick after the
+    caption (the prompt's included) is unchanged: the evaluation suite keeps its prompts (digest taken before the
+    change)."""
+    prompts = "\n".join(s.prompt for s in generate_many("caption", 50))
+    assert hashlib.sha256(prompts.encode()).hexdigest() == (
+        "01ec381fb78a9c2b730199089470c0b09a80e946a8ecba55531cdfa131a79f07")
+
+
+def test_describe_mix_is_the_dialogue_mix_with_twice_the_captions():
+    from specula.world.suites import MIXES
+
+    dialogue = {name: w for name, _, _, w in MIXES["dialogue"]}
+    describe = {name: w for name, _, _, w in MIXES["describe"]}
+    assert describe.keys() == dialogue.keys()
+    for name, w in dialogue.items():
+        assert describe[name] == (2 * w if name in ("caption", "caption_short") else w), name
