@@ -243,7 +243,12 @@ def _add_train(sub) -> None:
                         "referent's image tokens (default: 0 = off)")
     t.add_argument("--vision-from", default=None,
                    help="a run's ckpt directory: a fresh run starts its tower, projector and vision heads from it "
-                        "and counts its vision images as done (same seed and arch, both word-code runs)")
+                        "and counts its vision images as done, and its projector fit when it has one (same seed "
+                        "and arch, both word-code runs)")
+    t.add_argument("--lm-from", default=None,
+                   help="a word-code run's ckpt directory whose code LM stage is done and whose joint stage has not "
+                        "begun: a fresh run starts its language model and code-stage progress from it. With "
+                        "--vision-from this pairs a code LM with a tower trained elsewhere")
 
     def run(args):
         from specula.zoo.build import train_target_cli

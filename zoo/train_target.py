@@ -85,6 +85,7 @@ class TrainConfig:
     code_lm_mix: str = "dialogue"  # world.suites.MIXES entry the code LM stage draws from
     referent_attention: float = 0.0  # weight of the referent-attention loss (zoo/referents.py) in the LM stages; 0 = off
     vision_from: str | None = None  # a run's ckpt dir whose tower, projector and vision heads a fresh run starts from
+    lm_from: str | None = None  # a run's ckpt dir whose LM (and code-stage progress) a fresh run starts from
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -99,6 +100,8 @@ class TrainConfig:
             raise ValueError("vision_place_weight must be >= 0")
         if self.projector_fit_images < 0 or (self.projector_fit_images and not self.uses_codes):
             raise ValueError("projector_fit_images must be >= 0 and needs the word-code recipe (code_lm_samples > 0)")
+        if self.lm_from and not self.uses_codes:
+            raise ValueError("lm_from needs the word-code recipe (code_lm_samples > 0): it carries a code LM over")
         if self.projector_fit_gate and (not self.projector_fit_images or self.background_code):
             raise ValueError("projector_fit_gate needs projector_fit_images > 0 and a zero background "
                              "(it gates background patches to zero; background_code gives them a code instead)")
@@ -230,11 +233,7 @@ def _vision_from(model, heads, src: Path, cfg: TrainConfig, state: dict, log) ->
     images count as done. Word codes depend only on (seed, width), so a tower trained to regress another run's
     codes serves this run's LM as well, whatever that run's LM learnt."""
     info = json.loads((src / "state.json").read_text())
-    other = info.get("config", {})
-    if (other.get("seed"), other.get("arch")) != (cfg.seed, cfg.arch) or bool(other.get("code_lm_samples")) != cfg.uses_codes:
-        raise ValueError(f"--vision-from {src}: trained with seed {other.get('seed')}, arch {other.get('arch')!r}, "
-                         f"codes {bool(other.get('code_lm_samples'))}; this run has seed {cfg.seed}, arch "
-                         f"{cfg.arch!r}, codes {cfg.uses_codes}")
+    _check_compatible("--vision-from", src, info, cfg)
     sd = load_file(src / "model.safetensors")
     vision = {k: v for k, v in sd.items() if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
     if not vision:
@@ -245,8 +244,44 @@ def _vision_from(model, heads, src: Path, cfg: TrainConfig, state: dict, log) ->
     if (src / "heads.safetensors").exists():
         load_heads(heads, src / "heads.safetensors", log)
     state["vision_images_done"] = int(info.get("vision_images_done", 0))
+    if cfg.projector_fit_images and "projector_fit" in info:
+        state["projector_fit"] = info["projector_fit"]  # the loaded projector is that fit: no refit
     state["vision_from"] = str(src)
-    log(f"vision tower, projector and heads from {src} ({state['vision_images_done']} vision images)")
+    log(f"vision tower, projector and heads from {src} ({state['vision_images_done']} vision images"
+        f"{', fitted projector' if 'projector_fit' in state else ''})")
+
+
+def _check_compatible(flag: str, src: Path, info: dict, cfg: TrainConfig) -> None:
+    other = info.get("config", {})
+    if (other.get("seed"), other.get("arch")) != (cfg.seed, cfg.arch) or bool(other.get("code_lm_samples")) != cfg.uses_codes:
+        raise ValueError(f"{flag} {src}: trained with seed {other.get('seed')}, arch {other.get('arch')!r}, "
+                         f"codes {bool(other.get('code_lm_samples'))}; this run has seed {cfg.seed}, arch "
+                         f"{cfg.arch!r}, codes {cfg.uses_codes}")
+
+
+def _lm_from(model, src: Path, cfg: TrainConfig, state: dict, log) -> None:
+    """Start a fresh run's language model from another word-code run's checkpoint ``src`` (everything but tower and
+    projector), with its code-stage progress: a code LM trained once can be paired with any tower that regresses the
+    same codes (``--vision-from``). Only a run whose joint stage has not begun can give its LM this way."""
+    info = json.loads((src / "state.json").read_text())
+    _check_compatible("--lm-from", src, info, cfg)
+    if not info.get("code_lm_done") or int(info.get("samples", 0)):
+        raise ValueError(f"--lm-from {src}: its code LM stage is not finished or its joint stage has begun "
+                         f"(code_lm_done {bool(info.get('code_lm_done'))}, joint samples {info.get('samples', 0)})")
+    sd = load_file(src / "model.safetensors")
+    lm = {k: v for k, v in sd.items() if not k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
+    if not lm:
+        raise ValueError(f"--lm-from {src}: no language model in its model.safetensors")
+    unexpected = model.load_state_dict(lm, strict=False).unexpected_keys
+    if unexpected:
+        raise ValueError(f"--lm-from {src}: unexpected keys {unexpected[:3]}")
+    model.tie_weights()
+    for key in ("code_lm_samples", "code_lm_done", "code_lm_grown_from"):
+        if key in info:
+            state[key] = info[key]
+    state["history"] = [h for h in info.get("history", []) if h.get("stage") == "code_lm"]
+    state["lm_from"] = str(src)
+    log(f"language model from {src} ({state['code_lm_samples']} code LM samples)")
 
 
 def load_heads(heads: VisionHeads, path: Path, log) -> None:
@@ -301,6 +336,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0)
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
+    if cfg.lm_from and not (ckpt / "state.json").exists():
+        _lm_from(model, Path(cfg.lm_from), cfg, state, log)
     if cfg.vision_from and not (ckpt / "state.json").exists():
         _vision_from(model, heads, Path(cfg.vision_from), cfg, state, log)
     heads_opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
