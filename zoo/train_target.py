@@ -280,6 +280,7 @@ def _lm_from(model, src: Path, cfg: TrainConfig, state: dict, log) -> None:
         if key in info:
             state[key] = info[key]
     state["history"] = [h for h in info.get("history", []) if h.get("stage") == "code_lm"]
+    state["elapsed_s"] = float(info.get("elapsed_s", 0.0))  # the LM's training time so far (the tower's: its run)
     state["lm_from"] = str(src)
     log(f"language model from {src} ({state['code_lm_samples']} code LM samples)")
 

@@ -41,6 +41,7 @@ def test_a_fresh_run_pairs_one_runs_lm_with_another_runs_tower(tmp_path, process
     state = json.loads((merged / "state.json").read_text())
     src = json.loads((vision_run / "state.json").read_text())
     assert state["lm_from"] == str(lm_run) and state["code_lm_done"] and state["code_lm_samples"] == 8
+    assert state["elapsed_s"] >= json.loads((lm_run / "state.json").read_text())["elapsed_s"] > 0
     assert state["projector_fit"] == src["projector_fit"]  # the loaded projector is the fit: not fitted again
     assert not any(msg.startswith(("vision stage", "projector fit")) for msg in logs), logs
 
