@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+# world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
+MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable"]
+
 
 def _threads(args) -> None:
     import torch
@@ -209,11 +212,12 @@ def _add_train(sub) -> None:
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
                    help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")
-    t.add_argument("--mix", default="base", choices=["base", "dialogue", "lookup", "scenes", "describe"],
+    t.add_argument("--mix", default="base", choices=MIX_NAMES,
                    help="training mix (world/suites.py): base (one question per sample), dialogue (12-turn scene "
                         "dialogues per image, ~10x the grounded answers per forward), lookup (mostly scenes "
                         "described in words, as dialogues: the LM's copy-from-context skill, cheaply), scenes "
-                        "(almost only scene dialogues) or describe (dialogue with twice the scene captions)")
+                        "(almost only scene dialogues), describe (dialogue with twice the scene captions) or confusable "
+                        "(describe plus dialogues about scenes whose objects share colours and shapes)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "
@@ -235,7 +239,7 @@ def _add_train(sub) -> None:
     t.add_argument("--code-lm-lr", type=float, default=1e-3, help="peak learning rate of the code LM stage (default: 1e-3)")
     t.add_argument("--code-token-budget", type=int, default=1024,
                    help="tokens per optimizer step in the code LM stage (default: 1024)")
-    t.add_argument("--code-lm-mix", default="dialogue", choices=["base", "dialogue", "lookup", "scenes", "describe"],
+    t.add_argument("--code-lm-mix", default="dialogue", choices=MIX_NAMES,
                    help="training mix of the code LM stage (same names as --mix; default: dialogue)")
     t.add_argument("--referent-attention", type=float, default=0.0,
                    help="weight of the referent-attention loss (zoo/referents.py): for each lookup question, head 0 "
@@ -371,7 +375,14 @@ def _add_zoo(sub) -> None:
     b.add_argument("--vision-images", type=int, default=4_000, help="target stage 0 images (default: 4000)")
     b.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).build_cli(a))
     e = zsub.add_parser("eval", help="quality gates of the shipped target (image vs blank image, captions, suites)")
-    e.add_argument("--model", default="target")
+    e.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")
+    e.add_argument("--checkpoint", default=None,
+                   help="evaluate a training checkpoint (runs/X/ckpt) instead, its weights rounded to fp16 as "
+                        "`zoo export` would store them")
+    e.add_argument("--suites", default=None, help="comma-separated suites to run (default: all)")
+    e.add_argument("--codes", action="store_true",
+                   help="with --checkpoint of a word-code run: also answer the VQA questions with exact word codes "
+                        "in place of the image tokens (what the LM reads from a perfect tower) and with zero codes")
     e.add_argument("--n", type=int, default=100, help="samples per suite (default: 100)")
     e.add_argument("--json", action="store_true", help="print JSON")
     e.add_argument("--threads", type=int, default=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PIL import Image
@@ -40,8 +41,15 @@ class Scene:
     background: str
 
 
-def sample_scene(rng: random.Random, n_min: int = 1, n_max: int = 5, allow_overlap: bool = True) -> Scene:
-    """Objects with distinct (colour, shape) pairs in distinct cells; sometimes one pair overlaps."""
+def sample_scene(rng: random.Random, n_min: int = 1, n_max: int = 5, allow_overlap: bool = True,
+                 colours: Sequence[str] = COLOUR_NAMES, shapes: Sequence[str] = SHAPES) -> Scene:
+    """Objects with distinct (colour, shape) pairs in distinct cells; sometimes one pair overlaps.
+
+    ``colours`` / ``shapes``: the palette the objects are drawn from (the defaults draw the same random stream as
+    always; a smaller palette makes objects share words, see ``sample_confusable_scene``)."""
+    if n_max > len(colours) * len(shapes):
+        raise ValueError(f"{n_max} objects need {n_max} distinct (colour, shape) pairs; the palette has "
+                         f"{len(colours)} x {len(shapes)}")
     n = rng.randint(n_min, n_max)
     cells = rng.sample(sorted(POSITIONS), n)
     pairs: set[tuple[str, str]] = set()
@@ -49,7 +57,7 @@ def sample_scene(rng: random.Random, n_min: int = 1, n_max: int = 5, allow_overl
     bg = pick(rng, sorted(BACKGROUNDS))
     for cell in cells:
         while True:
-            colour, shape = pick(rng, COLOUR_NAMES), pick(rng, SHAPES)
+            colour, shape = pick(rng, colours), pick(rng, shapes)
             if (colour, shape) not in pairs:
                 break
         pairs.add((colour, shape))
@@ -67,6 +75,16 @@ def sample_scene(rng: random.Random, n_min: int = 1, n_max: int = 5, allow_overl
         objs[-1] = Obj(last.shape, last.colour, "large" if a.size == "small" else last.size, a.cell,
                        a.cx + dx * shift, a.cy + dy * shift, behind=0)
     return Scene(tuple(objs), bg)
+
+
+def sample_confusable_scene(rng: random.Random, n_min: int = 3, n_max: int = 5) -> Scene:
+    """A scene whose objects share words: drawn from 2 colours x 3 shapes (or 3 x 2), so most objects are named
+    by colour *and* shape ("the yellow cross" beside a white cross and a yellow square). These are the lookups a
+    small LM gets wrong in crowded scenes: it answers with the attribute of an object that shares one word with the
+    asked one (README, "Confusable scenes"). Training only: the evaluation suites keep ``sample_scene``."""
+    k = rng.choice(((2, 3), (3, 2)))
+    palette = rng.sample(COLOUR_NAMES, k[0]), rng.sample(SHAPES, k[1])
+    return sample_scene(rng, n_min, n_max, colours=palette[0], shapes=palette[1])
 
 
 def render_scene(scene: Scene, rng: random.Random) -> tuple[Image.Image, tuple]:
@@ -281,13 +299,14 @@ def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int =
 
 
 def make_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 12, n_min: int = 1,
-                  n_max: int = 5) -> Sample:
+                  n_max: int = 5, confusable: bool = False) -> Sample:
     """A training dialogue: one scene, then up to ``n_turns`` distinct short questions about it as successive turns.
 
     The first turn is exactly an evaluation-format VQA prompt; the follow-ups reuse the image's visual tokens, so
     one forward pass trains many grounded answers (a single-question sample spends ~80% of its tokens on the image).
+    ``confusable``: the scene comes from ``sample_confusable_scene``.
     """
-    scene = sample_scene(rng, n_min, n_max)
+    scene = sample_confusable_scene(rng, n_min, n_max) if confusable else sample_scene(rng, n_min, n_max)
     img, pw = render_scene(scene, rng)
     (q0, a0), *rest = dialogue_turns(rng, scene, n_turns)
     return Sample(suite, "vqa_dialogue", (img,), f"<image>{q0}", a0, a0, None, (), (pw,), tuple(rest))

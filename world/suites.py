@@ -84,6 +84,10 @@ def _few_object_dialogue(rng: random.Random, suite: str, task: str) -> Sample:
     return scene.make_dialogue(rng, suite, task, n_turns=8, n_min=1, n_max=2)
 
 
+def _confusable_dialogue(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make_dialogue(rng, suite, task, n_turns=12, n_min=3, n_max=5, confusable=True)
+
+
 # The grounding mix: scene questions come as 12-turn dialogues about one image (first turn in the evaluation
 # format), so the answer signal per image is ~10x that of TRAIN_MIX at ~2x the tokens; scenes described in words get
 # the same dialogues (the LM first has to learn the lookup itself: trained on TRAIN_MIX it answered "where" questions
@@ -130,8 +134,14 @@ SCENES_MIX: tuple[tuple[str, Maker, str, float], ...] = (
 DESCRIBE_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
     (name, maker, task, w * 2 if name in ("caption", "caption_short") else w) for name, maker, task, w in DIALOGUE_MIX)
 
+# The selection mix: the describing mix plus dialogues about confusable scenes (objects drawn from 2 colours x 3
+# shapes), where most questions name an object by colour *and* shape beside objects that share one of the two; the
+# code LM's "where" misses on exact codes were mostly such objects (README, "Confusable scenes").
+CONFUSABLE_MIX: tuple[tuple[str, Maker, str, float], ...] = DESCRIBE_MIX + (
+    ("vqa_dialogue_confusable", _confusable_dialogue, "vqa", 3.0),)
+
 MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX, "lookup": LOOKUP_MIX, "scenes": SCENES_MIX,
-         "describe": DESCRIBE_MIX}
+         "describe": DESCRIBE_MIX, "confusable": CONFUSABLE_MIX}
 
 
 def suite_names() -> list[str]:

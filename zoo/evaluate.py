@@ -7,6 +7,7 @@ caption attribute recall >= 0.85. Chart, OCR, multi-image and video are reported
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -27,6 +28,44 @@ def load_model(model_ref: str):
     path = resolve(model_ref)
     model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
     return model, load_processor(path)
+
+
+def load_checkpoint(ckpt: str):
+    """A training checkpoint (``runs/X/ckpt``: fp32 safetensors + state.json) as ``zoo export`` would store it:
+    every weight rounded to fp16, computed in fp32. Returns (model, processor, state)."""
+    from safetensors.torch import load_file
+
+    from specula.targets.processor import load_processor
+    from specula.zoo.paths import TOKENIZER_DIR
+    from specula.zoo.target_config import TargetArch, build_model
+
+    path = Path(ckpt)
+    if not (path / "state.json").exists() or not (path / "model.safetensors").exists():
+        raise FileNotFoundError(f"{path}: not a training checkpoint (needs state.json and model.safetensors)")
+    state = json.loads((path / "state.json").read_text())
+    processor = load_processor(TOKENIZER_DIR)
+    model = build_model(TargetArch.from_name(state["config"]["arch"]), processor.tokenizer)
+    sd = {k: v.to(torch.float16).to(torch.float32) for k, v in load_file(path / "model.safetensors").items()}
+    model.load_state_dict(sd, strict=False)
+    model.tie_weights()
+    return model.eval(), processor, state
+
+
+def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0) -> dict:
+    """The LM's reading of exact word codes in place of the image tokens (its ceiling: a perfect tower), and of zero
+    codes, on the same held-out VQA questions as ``evaluate``. Only for word-code checkpoints."""
+    from specula.zoo.code_stages import code_answer_hits
+    from specula.zoo.word_codes import WordCodes
+
+    cfg = state["config"]
+    if not cfg.get("code_lm_samples"):
+        raise ValueError("--codes needs a word-code checkpoint (trained with --code-lm-samples)")
+    codes = WordCodes(model.config.text_config.hidden_size, cfg["seed"], background=cfg.get("background_code", False))
+    samples = [generate("vqa", "eval", EVAL_OFFSET + i, seed) for i in range(n)]
+    hits = code_answer_hits(model, processor, codes, samples)
+    blank = code_answer_hits(model, processor, codes, samples, blank=True)
+    return {"exact": sum(hits) / max(1, n), "exact_zero_codes": sum(blank) / max(1, n),
+            "by_type": by_question_type(samples, hits, blank)}
 
 
 def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, seed: int = 0) -> dict:
@@ -73,8 +112,19 @@ def gates(r: dict) -> dict:
 
 
 def eval_cli(args) -> int:
-    model, processor = load_model(args.model)
-    r = evaluate(model, processor, n=args.n)
+    suites = [x for x in (args.suites or "").split(",") if x] or None
+    unknown = sorted(set(suites or []) - set(SUITES))
+    if unknown:
+        raise SystemExit(f"--suites: unknown {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+    if args.checkpoint:
+        model, processor, state = load_checkpoint(args.checkpoint)
+    else:
+        if args.codes:
+            raise SystemExit("--codes needs --checkpoint (a word-code training checkpoint)")
+        model, processor = load_model(args.model)
+    r = evaluate(model, processor, n=args.n, suites=suites)
+    if args.codes:
+        r["suites"]["vqa_codes"] = code_readout(model, processor, state, n=args.n)
     if args.json:
         print(json.dumps(r, indent=1))
     else:

@@ -122,3 +122,37 @@ def test_describe_mix_is_the_dialogue_mix_with_twice_the_captions():
     assert describe.keys() == dialogue.keys()
     for name, w in dialogue.items():
         assert describe[name] == (2 * w if name in ("caption", "caption_short") else w), name
+
+
+def test_confusable_scenes_name_objects_by_colour_and_shape():
+    import random
+
+    from specula.world.scene import _ref, sample_confusable_scene, sample_scene
+
+    both = plain = 0
+    for i in range(200):
+        s = sample_confusable_scene(random.Random(f"confusable/{i}"))
+        pairs = [(o.colour, o.shape) for o in s.objects]
+        assert 3 <= len(pairs) <= 5 and len(set(pairs)) == len(pairs)
+        assert len({c for c, _ in pairs}) <= 3 and len({sh for _, sh in pairs}) <= 3
+        both += sum(_ref(o, s) == o.name for o in s.objects)
+        p = sample_scene(random.Random(f"confusable/{i}"), 3, 5)
+        plain += sum(_ref(o, p) == o.name for o in p.objects)
+    assert both > 4 * plain  # most objects need both words; in ordinary scenes few do
+    with pytest.raises(ValueError, match="distinct"):
+        sample_scene(random.Random(0), 1, 5, colours=("red",), shapes=("square", "circle"))
+
+
+def test_confusable_mix_adds_confusable_dialogues_to_the_describe_mix():
+    import random
+
+    from specula.cli import MIX_NAMES
+    from specula.world.suites import MIXES
+
+    assert sorted(MIX_NAMES) == sorted(MIXES)
+    describe = {name: w for name, _, _, w in MIXES["describe"]}
+    confusable = {name: (maker, task, w) for name, maker, task, w in MIXES["confusable"]}
+    assert {k: v[2] for k, v in confusable.items() if k in describe} == describe
+    maker, task, _ = confusable["vqa_dialogue_confusable"]
+    s = maker(random.Random("confusable-dialogue"), "vqa_dialogue_confusable", task)
+    assert s.kind == "vqa_dialogue" and len(s.images) == 1 and len(s.followups) >= 6

@@ -115,3 +115,40 @@ def test_word_geometry_sees_collapsed_shape_words():
                 w[ids[0]] = 0.5 * base + 0.01 * torch.randn_like(base) * base.norm()
     g2 = word_geometry(model, tok)
     assert g2["shape"]["cosine"] > 0.95 and g2["colour"]["cosine"] == g["colour"]["cosine"]
+
+
+def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_path, capsys):
+    """``specula zoo eval --checkpoint``: a training run's checkpoint is judged as ``zoo export`` would store it
+    (weights rounded to fp16), and ``--codes`` adds the LM's answers on exact word codes."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from specula.cli import main
+    from specula.zoo.evaluate import load_checkpoint
+    from specula.zoo.train_target import TrainConfig, train
+
+    processor = load_processor(TOKENIZER_DIR)
+    ckpt = train(TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=0, pool=4, warmup_samples=4,
+                             eval_n=1, eval_every_s=1e9, ckpt_every_s=1e9, threads=1, vision_images=4,
+                             code_lm_samples=4, code_token_budget=2048), processor, log=lambda m: None)
+    model, _, state = load_checkpoint(str(ckpt))
+    raw = load_file(ckpt / "model.safetensors")
+    got = dict(model.named_parameters())
+    name = "model.multi_modal_projector.linear_1.weight"
+    assert torch.equal(got[name].detach(), raw[name].half().float()) and not torch.equal(raw[name].half().float(), raw[name])
+    assert state["config"]["code_lm_samples"] == 4
+
+    assert main(["zoo", "eval", "--checkpoint", str(ckpt), "--suites", "vqa", "--n", "3", "--codes", "--json",
+                 "--threads", "1"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert set(r["suites"]) == {"vqa", "vqa_codes"}
+    codes = r["suites"]["vqa_codes"]
+    assert 0 <= codes["exact"] <= 1 and 0 <= codes["exact_zero_codes"] <= 1
+    assert sum(t["n"] for t in codes["by_type"].values()) == 3
+    with pytest.raises(SystemExit, match="unknown"):
+        main(["zoo", "eval", "--checkpoint", str(ckpt), "--suites", "vqa,nope"])
+    with pytest.raises(SystemExit, match="--checkpoint"):
+        main(["zoo", "eval", "--codes"])
+    with pytest.raises(FileNotFoundError, match="not a training checkpoint"):
+        load_checkpoint(str(tmp_path))
