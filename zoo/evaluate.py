@@ -53,7 +53,8 @@ def load_checkpoint(ckpt: str):
 
 def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0) -> dict:
     """The LM's reading of exact word codes in place of the image tokens (its ceiling: a perfect tower), and of zero
-    codes, on the same held-out VQA questions as ``evaluate``. Only for word-code checkpoints."""
+    codes, on the same held-out VQA questions as ``evaluate``; beside it ``tower_readout`` on the first 40 of their
+    images (``tower_<attribute>``). Only for word-code checkpoints."""
     from specula.zoo.code_stages import code_answer_hits
     from specula.zoo.word_codes import WordCodes
 
@@ -65,7 +66,42 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0) -> 
     hits = code_answer_hits(model, processor, codes, samples)
     blank = code_answer_hits(model, processor, codes, samples, blank=True)
     return {"exact": sum(hits) / max(1, n), "exact_zero_codes": sum(blank) / max(1, n),
+            **{f"tower_{k}": v for k, v in tower_readout(model, processor, codes, n=min(n, 40), seed=seed).items()},
             "by_type": by_question_type(samples, hits, blank)}
+
+
+def tower_readout(model, processor, codes, n: int = 40, seed: int = 0) -> dict[str, float]:
+    """How well the tower + projector say each attribute of an object: every object patch of ``n`` held-out VQA
+    images is decoded against the word codes: the (colour, shape, size, place) whose summed codes are nearest to
+    the patch's token (all 864 combinations; exact on exact codes). Returns the fraction decoded right per
+    attribute over the object patches."""
+    import itertools
+
+    from specula.world.vocab import COLOUR_NAMES, POSITIONS, SHAPES, SIZES
+    from specula.zoo.batching import Encoder
+    from specula.zoo.vision_heads import tower_features
+
+    combos = [(c, s, z, tuple(p.split())) for c, s, z, p in
+              itertools.product(COLOUR_NAMES, SHAPES, SIZES, POSITIONS.values())]
+    cands = torch.stack([codes.patch((c, s, z, *p)) for c, s, z, p in combos])  # [864, H]
+    enc = Encoder(processor)
+    names = ("colour", "shape", "size", "place")
+    hits: dict[str, list[bool]] = {k: [] for k in names}
+    with torch.no_grad():
+        for i in range(n):
+            s = generate("vqa", "eval", EVAL_OFFSET + i, seed)
+            _, img = tower_features(model, enc.encode(s).pixel_values)  # [1, T, H]
+            obj = [t for t, words in enumerate(s.patch_words[0]) if len(words) >= 4]  # background patches: no words
+            if not obj:
+                continue
+            x = img[0, obj].float()  # [P, H]
+            best = torch.cdist(x, cands).argmin(-1).tolist()  # [P]
+            for t, b in zip(obj, best):
+                words = s.patch_words[0][t]
+                truth = (words[0], words[1], words[2], tuple(words[3:]))
+                for k, got, want in zip(names, combos[b], truth):
+                    hits[k].append(got == want)
+    return {k: sum(v) / max(1, len(v)) for k, v in hits.items()}
 
 
 def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, seed: int = 0) -> dict:

@@ -145,6 +145,7 @@ def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_pa
     assert set(r["suites"]) == {"vqa", "vqa_codes"}
     codes = r["suites"]["vqa_codes"]
     assert 0 <= codes["exact"] <= 1 and 0 <= codes["exact_zero_codes"] <= 1
+    assert all(0 <= codes[f"tower_{k}"] <= 1 for k in ("colour", "shape", "size", "place"))
     assert sum(t["n"] for t in codes["by_type"].values()) == 3
     with pytest.raises(SystemExit, match="unknown"):
         main(["zoo", "eval", "--checkpoint", str(ckpt), "--suites", "vqa,nope"])
@@ -152,3 +153,30 @@ def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_pa
         main(["zoo", "eval", "--codes"])
     with pytest.raises(FileNotFoundError, match="not a training checkpoint"):
         load_checkpoint(str(tmp_path))
+
+
+def test_tower_readout_decodes_exact_codes_perfectly(monkeypatch):
+    """The decoder of ``tower_readout`` reads every attribute back out of a token that is exactly its patch's code
+    (a tower that outputs those codes scores 1.0 everywhere); a random tower does not."""
+    import specula.zoo.evaluate as ev
+    from specula.zoo.evaluate import tower_readout
+    from specula.zoo.word_codes import WordCodes
+
+    processor = load_processor(TOKENIZER_DIR)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer).eval()
+    codes = WordCodes(model.config.text_config.hidden_size, 0)
+    random_tower = tower_readout(model, processor, codes, n=5)
+    current = {}
+
+    def generate_and_remember(*a, **k):
+        current["s"] = s = generate(*a, **k)
+        return s
+
+    class ExactCodes(torch.nn.Module):  # in the projector's place: the codes of the image being decoded
+        def forward(self, x):
+            return codes.images(current["s"].patch_words)  # [1, T, H]
+
+    monkeypatch.setattr(ev, "generate", generate_and_remember)
+    monkeypatch.setattr(model.model, "multi_modal_projector", ExactCodes())
+    assert tower_readout(model, processor, codes, n=5) == {"colour": 1.0, "shape": 1.0, "size": 1.0, "place": 1.0}
+    assert min(random_tower.values()) < 1.0
