@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from specula.drafters import lean_llama
 from specula.drafters.eagle_head import EagleConfig, _load_head
 
 
@@ -149,8 +150,10 @@ class AasdHead(nn.Module):
         attention_mask [B, 1, T, S + T] (bool for sdpa, additive for eager). Returns h^ [B, T, H]."""
         x = self.embed(ids)  # [B, T, H]
         pos = position_ids.to(x.device)
-        o = self.layer(x, attention_mask=attention_mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                       position_embeddings=self.rotary(x, pos))
+        o = lean_llama.layer_step(self.layer, self.rotary, x, attention_mask, pos, cache)  # drafting: lean path
+        if o is None:
+            o = self.layer(x, attention_mask=attention_mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                           position_embeddings=self.rotary(x, pos))
         return self.norm(o)  # [B, T, H]
 
     @classmethod

@@ -31,6 +31,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from specula.drafters import lean_llama
+
 WEIGHTS = "eagle.safetensors"
 CONFIG = "eagle_config.json"
 
@@ -190,6 +192,9 @@ class EagleHead(nn.Module):
                cache=None) -> torch.Tensor:
         """The decoder layer over inputs x [B, T, H] (``forward``'s other arguments) -> [B, T, H]."""
         pos = position_ids.to(x.device)
+        lean = lean_llama.layer_step(self.layer, self.rotary, x, attention_mask, pos, cache)
+        if lean is not None:  # drafting: the same math without HF's per-call overhead
+            return lean  # [B, T, H]
         cos_sin = self.rotary(x, pos)
         return self.layer(x, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
                           use_cache=cache is not None, position_embeddings=cos_sin)  # [B, T, H]

@@ -53,6 +53,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from specula.drafters import lean_llama
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
 from specula.drafters.seeding import request_generator
@@ -125,13 +126,14 @@ class TextLMDrafter:
     instance); ``structure`` "chain" | "tree"; for trees ``branching`` children per node for ``depth`` levels, or
     a list of widths per level (then ``depth`` is unused);
     ``seed``; ``image_token_id`` (default: the target's, else the model dir's specula.json); ``kv_policy``;
-    ``device`` / ``dtype``. Resources: ``target`` (checks the vocabulary, gives the image token), ``tokenizer``."""
+    ``device`` / ``dtype``; ``lean`` (default true: draft steps run ``drafters/lean_llama.py``, the same math as
+    the stock forward without its per-call overhead; false forces the stock forward, e.g. to measure the gain). Resources: ``target`` (checks the vocabulary, gives the image token), ``tokenizer``."""
 
     def __init__(self, path: str | Path = "text_lm", model: nn.Module | None = None, structure: str = "chain",
                  branching: int | Sequence[int] = 2, depth: int = 3, seed: int = 0,
                  image_token_id: int | None = None, kv_policy: KVPolicy | None = None, device: str | None = None,
-                 dtype: str | None = None, attn_implementation: str = "sdpa", target=None, tokenizer=None,
-                 **unknown):
+                 dtype: str | None = None, attn_implementation: str = "sdpa", lean: bool = True, target=None,
+                 tokenizer=None, **unknown):
         if unknown:
             raise ValueError(f"text_lm: unknown options {sorted(unknown)}")
         self.spec = DrafterSpec(kind="text_lm", structure=structure)
@@ -172,6 +174,9 @@ class TextLMDrafter:
             raise ValueError(f"text_lm: drafter vocabulary {self.vocab_size} != target's {target.info.vocab_size}")
         cfg = model.config
         self._attn = cfg._attn_implementation
+        if not isinstance(lean, bool):
+            raise ValueError(f"text_lm: lean must be true or false, got {lean!r}")
+        self._lean = lean and lean_llama.supported(cfg)
         if self._attn not in ("sdpa", "eager"):
             raise ValueError(f"text_lm: attention {self._attn!r} cannot take custom masks; use 'sdpa' or 'eager'")
         p = next(model.parameters())
@@ -441,6 +446,9 @@ class TextLMDrafter:
 
     def _forward(self, tokens, allowed, pos, cache) -> torch.Tensor:
         """tokens [B, T], allowed [B, 1, T, S + T] bool, pos [B, T] -> final hidden [B, T, H]."""
+        if self._lean:  # the same math without HF's per-call overhead (drafters/lean_llama.py)
+            return lean_llama.model_forward(self._body, allowed.to(self.device), pos.to(self.device), cache,
+                                            input_ids=tokens.to(self.device))
         out = self._body(
             input_ids=tokens.to(self.device),
             attention_mask=attention_mask(allowed.to(self.device), self._attn, self.dtype),

@@ -15,7 +15,7 @@ import argparse
 import sys
 
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
-MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable"]
+MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable"]
 
 
 def _threads(args) -> None:

@@ -51,6 +51,16 @@ def load_checkpoint(ckpt: str):
     return model.eval(), processor, state
 
 
+def shallow_layers(state: dict) -> int:
+    """The decoder layers a checkpoint's LM computes with: a shallow code LM stage that has not finished has trained
+    only its first ``code_lm_layers`` (the others become identities at the stage's end), so a mid-stage checkpoint
+    is read through those alone; 0 = all layers."""
+    cfg = state.get("config", {})
+    if cfg.get("code_lm_layers") and "code_lm_grown_from" not in state:
+        return int(cfg["code_lm_layers"])
+    return 0
+
+
 def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0) -> dict:
     """The LM's reading of exact word codes in place of the image tokens (its ceiling: a perfect tower), and of zero
     codes, on the same held-out VQA questions as ``evaluate``; beside it ``tower_readout`` on the first 40 of their
@@ -63,8 +73,9 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0) -> 
         raise ValueError("--codes needs a word-code checkpoint (trained with --code-lm-samples)")
     codes = WordCodes(model.config.text_config.hidden_size, cfg["seed"], background=cfg.get("background_code", False))
     samples = [generate("vqa", "eval", EVAL_OFFSET + i, seed) for i in range(n)]
-    hits = code_answer_hits(model, processor, codes, samples)
-    blank = code_answer_hits(model, processor, codes, samples, blank=True)
+    layers = shallow_layers(state)
+    hits = code_answer_hits(model, processor, codes, samples, layers=layers)
+    blank = code_answer_hits(model, processor, codes, samples, blank=True, layers=layers)
     return {"exact": sum(hits) / max(1, n), "exact_zero_codes": sum(blank) / max(1, n),
             **{f"tower_{k}": v for k, v in tower_readout(model, processor, codes, n=min(n, 40), seed=seed).items()},
             "by_type": by_question_type(samples, hits, blank)}

@@ -7,6 +7,7 @@ conftest.py pytest loaded last, which depends on collection order)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +26,24 @@ TREE = {"top_k": 3, "depth": 4, "total_tokens": 10}
 
 
 # ---------------------------------------------------------------------------------------------- targets and heads
+
+
+@contextmanager
+def layer_inputs(head):
+    """Record the decoder layer's input x [B, T, H] at every ``head.decode`` call (drafting runs the layer through
+    ``drafters/lean_llama.py``, not the module's ``__call__``, so a forward hook on the layer would miss it)."""
+    seen: list[torch.Tensor] = []
+    decode = head.decode
+
+    def recording(x, *args, **kwargs):
+        seen.append(x.detach().clone())
+        return decode(x, *args, **kwargs)
+
+    head.decode = recording
+    try:
+        yield seen
+    finally:
+        del head.decode
 
 
 def lively_target(processor, bigram: bool = False, generator: torch.Generator | None = None):

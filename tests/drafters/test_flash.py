@@ -16,7 +16,7 @@ from dataclasses import asdict
 import pytest
 import torch
 from drafter_kit import (Checked, assert_equals_plain, assert_same_law, churn, copy_head, eos, head_drafter,
-                         lively_target, mixed_requests, plain, random_head, requests, sample_many)
+                         layer_inputs, lively_target, mixed_requests, plain, random_head, requests, sample_many)
 
 from specula.drafters import DraftContext, Drafter, create, kinds
 from specula.drafters.flash import FlashDrafter
@@ -164,18 +164,14 @@ def test_images_are_compressed_to_m_latent_tokens(kit):
     out = target.prefill([PrefillRequest(r.request_id, r.input_ids, r.pixel_values) for r in reqs])
     image = kit["ctx"].config.image_token_id
     head = kit["random"]
-    seen: list[torch.Tensor] = []
-    hook = head.layer.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach().clone()))
     ctx = []
     for b, r in enumerate(reqs):
         vis = None if r.pixel_values is None else target.encode_images(r.pixel_values, "projected").features
         ctx.append(DraftContext(r.request_id, r.input_ids, 7, hidden=out.features.hidden[b, : len(r.input_ids)],
                                 visual=vis))
-    try:
+    with layer_inputs(head) as seen:
         d = drafter(kit, "random", target)
         d.begin(ctx)
-    finally:
-        hook.remove()
     x = seen[0]  # [B, L', H]
     for b, c in enumerate(ctx):
         n_img = int((c.prompt_ids == image).sum()) // 144

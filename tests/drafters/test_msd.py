@@ -17,7 +17,8 @@ from dataclasses import asdict
 import pytest
 import torch
 from drafter_kit import (TREE, FeatureChecked, assert_equals_plain, assert_same_law, churn, copy_head, eos,
-                         head_drafter, lively_target, mixed_requests, plain, random_head, requests, sample_many)
+                         head_drafter, layer_inputs, lively_target, mixed_requests, plain, random_head, requests,
+                         sample_many)
 
 from specula.drafters import DraftContext, Drafter, create, kinds
 from specula.drafters.eagle_head import EagleHead
@@ -165,9 +166,7 @@ def test_decoupling_changes_the_inputs_at_visual_positions(kit):
     reqs, ctx = _contexts(kit, target, [0, 2])  # r0: vqa (one image), r2: text only
     assert reqs[0].pixel_values is not None and reqs[1].pixel_values is None
     H = kit["random"].config.hidden_size
-    seen: list[torch.Tensor] = []
-    hook = kit["random"].layer.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach().clone()))
-    try:
+    with layer_inputs(kit["random"]) as seen:
         roots = {}
         for decoupled in (True, False):
             seen.clear()
@@ -186,8 +185,6 @@ def test_decoupling_changes_the_inputs_at_visual_positions(kit):
                 else:
                     torch.testing.assert_close(x[b, :n], fc)
             roots[decoupled] = d.root_logits(["r0", "r2"])
-    finally:
-        hook.remove()
     eagle = create({"kind": "eagle", "head": kit["eagle_random"]}, target=target)
     eagle.begin([DraftContext(c.request_id, c.prompt_ids, c.first_token, hidden=c.hidden) for c in ctx])
     ref = eagle.root_logits(["r0", "r2"])

@@ -156,3 +156,7 @@ def test_confusable_mix_adds_confusable_dialogues_to_the_describe_mix():
     maker, task, _ = confusable["vqa_dialogue_confusable"]
     s = maker(random.Random("confusable-dialogue"), "vqa_dialogue_confusable", task)
     assert s.kind == "vqa_dialogue" and len(s.images) == 1 and len(s.followups) >= 6
+    scenes = {name: w for name, _, _, w in MIXES["scenes"]}
+    hard = {name: (maker, w) for name, maker, _, w in MIXES["scenes_confusable"]}
+    assert {k: v[1] for k, v in hard.items() if k in scenes} == scenes
+    assert hard["vqa_dialogue_confusable"][0] is maker

@@ -180,3 +180,14 @@ def test_tower_readout_decodes_exact_codes_perfectly(monkeypatch):
     monkeypatch.setattr(model.model, "multi_modal_projector", ExactCodes())
     assert tower_readout(model, processor, codes, n=5) == {"colour": 1.0, "shape": 1.0, "size": 1.0, "place": 1.0}
     assert min(random_tower.values()) < 1.0
+
+
+def test_a_mid_stage_shallow_checkpoint_is_read_through_its_trained_layers_only():
+    """A shallow code LM stage trains its first K layers; until it ends the others are untrained (not yet identities),
+    so ``--codes`` on a mid-stage checkpoint must answer through the K layers, and through all after the growth."""
+    from specula.zoo.evaluate import shallow_layers
+
+    assert shallow_layers({"config": {"code_lm_layers": 2}}) == 2
+    assert shallow_layers({"config": {"code_lm_layers": 2}, "code_lm_grown_from": 2}) == 0
+    assert shallow_layers({"config": {"code_lm_layers": 0}}) == 0
+    assert shallow_layers({"config": {}}) == 0
