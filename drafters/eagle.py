@@ -99,7 +99,9 @@ def _int(kind: str, name: str, v, lo: int) -> int:
 class EagleDrafter:
     """Options: ``path`` (zoo name or directory of an exported head, default "eagle") or ``head`` (an
     ``EagleHead``); ``structure`` "chain" | "tree"; tree: ``top_k``, ``depth``, ``total_tokens``; ``seed``;
-    ``device`` / ``dtype`` of the head (default: the target's device, float32); ``kv_policy``.
+    ``device`` / ``dtype`` of the head (default: the target's device, float32); ``kv_policy``; ``stop_token_ids``
+    (default: the target's EOS ids; ``[]`` = never stop): a drafted stop token gets no children, since a generation
+    that accepts it is over (a chain ends there; a tree expands other nodes instead).
     Resources: ``target`` (its embedding and lm_head are shared with the head; needed unless ``head`` is already
     attached), ``tokenizer`` (unused).
 
@@ -112,7 +114,7 @@ class EagleDrafter:
     def __init__(self, path: str | Path | None = None, head: EagleHead | None = None, structure: str = "chain",
                  top_k: int = 4, depth: int = 5, total_tokens: int = 24, seed: int = 0,
                  device: str | None = None, dtype: str | None = None, kv_policy: KVPolicy | None = None,
-                 target=None, tokenizer=None, **unknown):
+                 stop_token_ids: Sequence[int] | None = None, target=None, tokenizer=None, **unknown):
         kind = self.KIND
         if unknown:
             raise ValueError(f"{kind}: unknown options {sorted(unknown)}")
@@ -145,6 +147,13 @@ class EagleDrafter:
         else:
             image = cfg.image_token_id
         self.image_token_id = None if image is None else int(image)
+        if stop_token_ids is None:
+            stop_token_ids = list(target.info.eos_token_ids) if target is not None else []
+        if isinstance(stop_token_ids, (str, bytes)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_token_ids):
+            raise ValueError(f"{kind}: stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
+        self.stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long)  # [n_stop]
+        self._stop_set = frozenset(int(t) for t in stop_token_ids)
         self.spec = DrafterSpec(kind=kind, structure=structure, needs=self._needs())
         self.lookahead = structure == "chain"
         p = head.fc.weight
@@ -229,7 +238,7 @@ class EagleDrafter:
             r.draft = (t[:n], p[:n])
             # a chain drawn to full length: node i (i < n - 1) was fed at column draft_start + i
             r.ahead = _Ahead(list(range(draft_start, draft_start + n - 1)), last_out[b, 0]) \
-                if self.lookahead and chain and n == depth else None
+                if self.lookahead and chain and n == depth and t[n - 1] not in self._stop_set else None
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
@@ -313,6 +322,9 @@ class EagleDrafter:
                 parents.append(len(toks) - 2)
                 new[i].append(int(t))
                 qs[i].append(probs[j] if r.temperature > 0 else None)
+                if int(t) in self._stop_set:  # a stop token ends the chain: nothing after it can be used
+                    r.ahead = None
+                    continue
                 still.append(i)
             grow = still
         counts = tuple(len(t) for t in new)
@@ -498,7 +510,9 @@ class EagleDrafter:
                 break
             # the next frontier: the best k nodes of this level by cumulative confidence (invalid ones sort last)
             lvl_score, lvl_ok = scores[-1], oks[-1]
-            order = lvl_score.sort(dim=1, descending=True, stable=True).indices[:, :k]  # [Bc, k]
+            lvl_ok = lvl_ok & ~torch.isin(toks[-1], self.stop_ids.to(dev))  # a stop token gets no children
+            ranked = torch.where(lvl_ok, lvl_score, float("-inf"))  # [Bc, W*k]
+            order = ranked.sort(dim=1, descending=True, stable=True).indices[:, :k]  # [Bc, k]
             slot = torch.arange(k, device=dev)
             left = (budget - count).clamp_min(0)  # [Bc] sampled rows: the budget decides before drawing
             n_slots = torch.where(greedy, k, (left + k - 1) // k)  # [Bc]

@@ -98,7 +98,8 @@ def model_forward(body, mask: torch.Tensor, pos: torch.Tensor, cache, input_ids:
     return rms_norm(body.norm, x)
 
 
-def layer_step(layer, rotary, x: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor, cache) -> torch.Tensor | None:
+def layer_step(layer, rotary, x: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor,
+               cache) -> torch.Tensor | None:
     """One decoder layer with its own rotary embedding (the feature heads: eagle, msd, flash, aasd) through the lean
     path when it applies: no grad, a cache to append to (layer 0), a boolean mask and a ``supported`` config.
     Returns [B, T, H], or None when the caller must run the stock layer (training, eager attention, no mask)."""

@@ -127,13 +127,16 @@ class TextLMDrafter:
     a list of widths per level (then ``depth`` is unused);
     ``seed``; ``image_token_id`` (default: the target's, else the model dir's specula.json); ``kv_policy``;
     ``device`` / ``dtype``; ``lean`` (default true: draft steps run ``drafters/lean_llama.py``, the same math as
-    the stock forward without its per-call overhead; false forces the stock forward, e.g. to measure the gain). Resources: ``target`` (checks the vocabulary, gives the image token), ``tokenizer``."""
+    the stock forward without its per-call overhead; false forces the stock forward, e.g. to measure the gain);
+    ``stop_token_ids`` (default: the target's EOS ids, else the model's ``eos_token_id``; ``[]`` = never stop):
+    a drafted stop token ends its branch, since a generation that accepts it is over and anything drafted after
+    it could never be used (short answers then cost two or three draft steps instead of gamma). Resources: ``target`` (checks the vocabulary, gives the image token), ``tokenizer``."""
 
     def __init__(self, path: str | Path = "text_lm", model: nn.Module | None = None, structure: str = "chain",
                  branching: int | Sequence[int] = 2, depth: int = 3, seed: int = 0,
                  image_token_id: int | None = None, kv_policy: KVPolicy | None = None, device: str | None = None,
-                 dtype: str | None = None, attn_implementation: str = "sdpa", lean: bool = True, target=None,
-                 tokenizer=None, **unknown):
+                 dtype: str | None = None, attn_implementation: str = "sdpa", lean: bool = True,
+                 stop_token_ids: Sequence[int] | None = None, target=None, tokenizer=None, **unknown):
         if unknown:
             raise ValueError(f"text_lm: unknown options {sorted(unknown)}")
         self.spec = DrafterSpec(kind="text_lm", structure=structure)
@@ -168,6 +171,14 @@ class TextLMDrafter:
         if image_token_id is None:
             raise ValueError("text_lm: give image_token_id (or a target) so image tokens can be dropped")
         self.image_token_id = int(image_token_id)
+        if stop_token_ids is None:
+            eos = target.info.eos_token_ids if target is not None else model.config.eos_token_id
+            stop_token_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if isinstance(stop_token_ids, (str, bytes)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_token_ids):
+            raise ValueError(f"text_lm: stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
+        self.stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long)  # [n_stop]
+        self._stop_set = frozenset(int(t) for t in stop_token_ids)
         self._body, self._head = model.model, model.get_output_embeddings()
         self.vocab_size = self._head.out_features
         if target is not None and target.info.vocab_size != self.vocab_size:
@@ -251,7 +262,11 @@ class TextLMDrafter:
             toks.append(kids.clamp_min(0))
             qs.append(probs.repeat_interleave(k, dim=1) if probs is not None else None)  # [Bc, W, V]
             oks.append(ok)
-            parent_ok = ok
+            parent_ok = ok & ~torch.isin(kids, self.stop_ids)  # a stop token has no children
+            if level + 1 < len(widths) and not parent_ok.any():  # every branch ended: no level left to feed
+                widths = widths[: level + 1]
+                tree = _Tree.build(widths)
+                break
             if level + 1 < len(widths):  # the last level is never fed
                 off = tree.offsets[level]
                 logits = self._feed_level(rows, sel, toks[-1], ok, level + 1, tree.ancestors[off:off + w, :off],
@@ -269,6 +284,7 @@ class TextLMDrafter:
             r.draft = _Draft(t[:n], p[:n], c[:n])
             if chain:  # a chain's invalid nodes are a suffix: node i is level i
                 r.draft.main, r.draft.tip = n, n - 1
+                r.draft.closed = n > 0 and t[n - 1] in self._stop_set  # extend draws nothing after a stop token
                 r.draft.logits = [level_logits[i][b] for i in range(n)]
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
@@ -338,6 +354,9 @@ class TextLMDrafter:
                 d.tip = len(d.tokens) - 1
                 new[i].append(int(t))
                 qs[i].append(None if probs is None or r.temperature == 0 else probs[j, 0])
+                if int(t) in self._stop_set:  # a stop token ends the chain: nothing after it can be used
+                    d.closed = True
+                    continue
                 still.append(i)
             grow = still
         return _chain_proposal(ids, new, qs, self.vocab_size, self.device)
@@ -371,7 +390,8 @@ class TextLMDrafter:
             row.next_pos += k + 1
             row.context += d.tokens[:k] + [d.tokens[c]]
             row.draft = _Draft([d.tokens[i] for i in rest], list(range(-1, len(rest) - 1)), [d.cols[i] for i in rest],
-                               closed=d.cols[rest[-1]] >= 0, main=len(rest), tip=len(rest) - 1,
+                               closed=d.cols[rest[-1]] >= 0 or d.tokens[rest[-1]] in self._stop_set,
+                               main=len(rest), tip=len(rest) - 1,
                                logits=[d.logits[i] for i in rest])
         self._reclaim()
 
@@ -405,7 +425,7 @@ class TextLMDrafter:
             d.parents.append(k - 1)
             d.cols.append(-1)
             d.logits.append(None)
-            d.tip, d.closed = len(d.tokens) - 1, False
+            d.tip, d.closed = len(d.tokens) - 1, t in self._stop_set  # a stop token has no successor to draft
             out.append((k, t))
         return out
 

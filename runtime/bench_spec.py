@@ -117,6 +117,11 @@ def load(model: str):
 
 def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
     """Measure ``cfg``; ``loaded`` is ``load(cfg.model)`` when the caller already holds the models."""
+    labels = [config_label(d) for d in cfg.drafters]
+    clash = sorted({x for x in labels if labels.count(x) > 1})
+    if clash:  # their rows would overwrite each other in every table
+        raise ValueError(f"bench spec: drafter configs {clash} appear more than once under the same name; give each a "
+                         f"\"label\" (e.g. {{\"kind\": \"text_lm\", \"lean\": false, \"label\": \"text_lm-stock\"}})")
     path, processor, target, hf_model = loaded if loaded is not None else load(cfg.model)
     tok = processor.tokenizer
     drafters = [(d, make_drafter(d, target, tok)) for d in cfg.drafters]

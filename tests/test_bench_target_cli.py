@@ -45,3 +45,14 @@ def test_bench_spec_writes_report_and_checks_exactness(tmp_path):
     assert "no text_lm drafter" in r["hf_assisted_note"]
     for f in ("bench_spec.md", "tau_per_suite.png", "alpha_n.png", "speedup_vs_gamma.png"):
         assert (out / f).stat().st_size > 0
+
+
+def test_bench_spec_refuses_two_drafter_configs_under_one_name(tmp_path, capsys):
+    """Two configs of one kind would share a row name and overwrite each other's figures: refused before any model
+    loads, with the way out (a label) in the message."""
+    rc = main(["bench", "spec", "--model", str(tmp_path / "never-loaded"), "--out", str(tmp_path / "spec"),
+               "--drafter", "ngram", "--drafter", '{"kind": "ngram", "max_n": 3}', "--threads", "1"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "['ngram']" in err and "label" in err
+    assert not (tmp_path / "spec").exists()

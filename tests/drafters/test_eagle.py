@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 from drafter_kit import (TREE, FeatureChecked, assert_equals_plain, assert_same_law, churn, copy_head, eos,
-                         head_drafter, lively_target, mixed_requests, plain, random_head, requests, sample_many)
+                         head_drafter, lively_target, mixed_requests, node_paths, plain, random_head, requests,
+                         sample_many)
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.eagle import EagleDrafter
@@ -132,6 +133,40 @@ def _depth(parents: list[int]) -> int:
     return max(d)
 
 
+def test_a_stop_token_gets_no_children(kit):
+    """A drafted stop token (EOS by default) ends its chain, gets no children in a tree (the frontier expands other
+    nodes) and is not drafted past ahead of a verdict; greedy output still equals plain decoding."""
+    target = load_target(kit["ctx"])
+    assert drafter(kit, "random", target).stop_ids.tolist() == list(target.info.eos_token_ids)
+    reqs, hidden = _prefilled(kit, target, 2)
+    ctx = [DraftContext(r.request_id, r.input_ids, first_token=7, hidden=hidden[r.request_id]) for r in reqs]
+    free = drafter(kit, "random", target, stop_token_ids=[])
+    free.begin(ctx)
+    chain = free.propose(["r0", "r1"], gamma=5)
+    assert chain.counts == (5, 5)
+    stop = int(chain.tokens[0, 1])
+    cut = drafter(kit, "random", target, stop_token_ids=[stop])
+    cut.begin(ctx)
+    got = cut.propose(["r0", "r1"], gamma=5)
+    row1 = chain.tokens[1, :5].tolist()
+    n1 = row1.index(stop) + 1 if stop in row1 else 5
+    assert got.counts == (2, n1) and got.tokens[0, :2].tolist() == chain.tokens[0, :2].tolist()
+    assert cut._rows["r0"].ahead is None  # extend will not draft past the stop token
+    tree = drafter(kit, "random", target, structure="tree", top_k=3, depth=4, total_tokens=10, stop_token_ids=[stop])
+    tree.begin(ctx)
+    prop = tree.propose(["r0", "r1"], gamma=8)
+    for b in range(2):
+        toks, parents, _ = node_paths(prop, b)
+        assert all(p < 0 or toks[p] != stop for p in parents)
+    bigram = load_target(kit["bigram"])
+    reqs = requests(kit, 4, SamplingParams(max_tokens=16))
+    ref = plain(kit, "bigram", reqs, 2)
+    stop = ref["r0"].tokens[3]
+    for structure in ("chain", "tree"):
+        d = drafter(kit, "partial", bigram, structure=structure, stop_token_ids=[stop], **TREE)
+        assert_equals_plain(SpecEngine(bigram, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, 2)
+
+
 def test_tree_shapes_for_greedy_and_sampled_rows(kit):
     target = load_target(kit["ctx"])
     d = drafter(kit, "random", target, structure="tree", top_k=3, depth=4, total_tokens=10)
@@ -193,7 +228,7 @@ def test_bad_config_is_refused(kit, tmp_path):
     target = load_target(kit["ctx"])
     for opts, match in [({"structure": "graph"}, "structure"), ({"top_k": 0}, "top_k"), ({"depth": 0}, "depth"),
                         ({"total_tokens": 0}, "total_tokens"), ({"seed": -1}, "seed"), ({"branching": 3}, "unknown"),
-                        ({"dtype": "float33"}, "dtype")]:
+                        ({"dtype": "float33"}, "dtype"), ({"stop_token_ids": [1.5]}, "stop_token_ids")]:
         with pytest.raises(ValueError, match=match):
             drafter(kit, "random", target, **opts)
     with pytest.raises(ValueError, match="target"):

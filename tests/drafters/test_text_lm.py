@@ -197,6 +197,44 @@ def test_siblings_without_mass_are_dropped(kit):
     assert {k: v.tokens for k, v in got.items()} == {k: v.tokens for k, v in ref.items()}
 
 
+def test_a_stop_token_ends_its_branch(kit):
+    """A drafted stop token (EOS by default) has no successors: a chain ends there, a tree drops the stop node's
+    subtree, ``extend`` does not grow past it, and drafting stops early once every branch has ended; greedy output
+    still equals plain decoding."""
+    target = load_target(kit["target"])
+    assert drafter(kit).stop_ids.tolist() == list(target.info.eos_token_ids)
+    reqs = requests(kit, 2, SamplingParams(max_tokens=12))
+    ctx = [DraftContext(r.request_id, r.input_ids, 5) for r in reqs]
+    free = drafter(kit, stop_token_ids=[])
+    free.begin(ctx)
+    chain = free.propose(["r0", "r1"], gamma=5)
+    assert chain.counts == (5, 5)
+    stop = int(chain.tokens[0, 1])  # row 0's second draft becomes a stop token
+    cut = drafter(kit, stop_token_ids=[stop])
+    cut.begin(ctx)
+    forwards = []
+    feed = cut._feed_level
+    cut._feed_level = lambda *a: forwards.append(1) or feed(*a)
+    got = cut.propose(["r0", "r1"], gamma=5)
+    row1 = chain.tokens[1, :5].tolist()
+    n1 = row1.index(stop) + 1 if stop in row1 else 5
+    assert got.counts == (2, n1)
+    assert got.tokens[0, :2].tolist() == chain.tokens[0, :2].tolist()
+    assert got.tokens[1, :n1].tolist() == row1[:n1]
+    assert len(forwards) == (1 if n1 == 2 else 4)  # no level is fed once every branch has ended
+    assert cut.extend(["r0"], 3).counts == (0,)  # nothing grows past the stop token
+    # a tree: no node below a stop token
+    tree = drafter(kit, structure="tree", branching=[2, 2, 1], stop_token_ids=[stop])
+    tree.begin(ctx)
+    prop = tree.propose(["r0", "r1"], gamma=3)
+    for b in range(2):
+        toks, parents, _ = node_paths(prop, b)
+        assert all(p < 0 or toks[p] != stop for p in parents)
+    ref = plain(kit, "target", reqs, 2)
+    eng = SpecEngine(target, drafter(kit, stop_token_ids=[stop]), gamma=4, eos_token_ids=eos(kit))
+    assert_equals_plain(eng, reqs, ref, 2)
+
+
 def test_a_seed_reproduces_the_drafts_whatever_the_batch(kit):
     reqs = requests(kit, 3, SamplingParams())
 
@@ -215,7 +253,8 @@ def test_bad_config_is_refused(kit, tmp_path):
     for opts, match in [({"structure": "graph"}, "structure"), ({"branching": 0}, "branching"),
                         ({"branching": []}, "branching"), ({"depth": 0}, "depth"), ({"seed": -1}, "seed"),
                         ({"gamma_max": 3}, "unknown options"),
-                        ({"dtype": "float33"}, "dtype")]:
+                        ({"dtype": "float33"}, "dtype"), ({"stop_token_ids": "2"}, "stop_token_ids"),
+                        ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"lean": 1}, "lean")]:
         with pytest.raises(ValueError, match=match):
             create({"kind": "text_lm", "model": lm, "image_token_id": 3, **opts})
     with pytest.raises(ValueError, match="image_token_id"):
