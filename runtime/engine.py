@@ -211,8 +211,10 @@ class SpecEngine:
             m.time["verify"] += (t2 - t1) * share
             m.time["sample"] += (t3 - t2) * share
             m.time["commit"] += (t4 - t3) * share
-            m.record_block(n_draft, len(path), depth)
-            events.append(self._emit(row, list(toks) + [nxt]))
+            event = self._emit(row, list(toks) + [nxt])
+            # drafts accepted past EOS / max_tokens / a stop are never emitted: they do not count as accepted
+            m.record_block(n_draft, min(len(path), len(event.tokens)), depth)
+            events.append(event)
         self._retire([e for e in events if e.finished])
         return events
 

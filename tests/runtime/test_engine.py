@@ -203,6 +203,63 @@ def _chi2_same(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.double), stat / 2))
 
 
+class ScriptDrafter:
+    """Greedy chains read from a script of each request's continuation (deterministic: q None)."""
+
+    def __init__(self, script: dict[str, list[int]]):
+        from specula.drafters.protocol import DrafterSpec
+
+        self.spec = DrafterSpec(kind="script", structure="chain")
+        self.script, self.done = script, {}
+
+    def begin(self, contexts):
+        for c in contexts:
+            self.done[c.request_id] = 1  # the first token came from prefill
+
+    def propose(self, request_ids, gamma):
+        from specula.drafters.protocol import Proposal
+
+        rows = [self.script[r][self.done[r]: self.done[r] + gamma] for r in request_ids]
+        tokens = torch.zeros(len(rows), gamma, dtype=torch.long)  # [B, gamma]
+        for b, t in enumerate(rows):
+            tokens[b, : len(t)] = torch.tensor(t, dtype=torch.long)
+        return Proposal(tuple(request_ids), tokens, tuple(len(t) for t in rows))
+
+    def observe(self, verdicts):
+        for v in verdicts:
+            self.done[v.request_id] += len(v.tokens) + 1
+
+    def release(self, ids):
+        for r in ids:
+            self.done.pop(r, None)
+
+
+def test_drafts_accepted_past_eos_do_not_count(kit):
+    """A drafter that drafts on past EOS (the target's own continuation, so every draft is accepted) gets credit
+    only for the tokens the block emits: tau counts what the user receives, not drafts the engine cuts away."""
+    _, processor = kit
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # larger LM weights than the init: greedy continuations vary instead of repeating a token
+        for p in model.model.language_model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3, generator=g)
+    reqs = requests(kit, 16, SamplingParams(max_tokens=20))
+    free = SpecEngine(load_target(model), None, eos_token_ids=[-1]).generate(reqs)  # no EOS: 20 tokens each
+    script = {r: res.tokens for r, res in free.items()}
+    # a request whose continuation has a token first seen at block position 1-3: made EOS, it ends the output there
+    rid, first = next((r, i) for r in script for i in range(1, 4) if script[r][i] not in script[r][:i])
+    seq = script[rid]
+    req = next(r for r in reqs if r.request_id == rid)
+    got = SpecEngine(load_target(model), ScriptDrafter(script), gamma=4, eos_token_ids=[seq[first]]).generate([req])
+    res = got[rid]
+    assert res.tokens == seq[: first + 1] and res.finish_reason == "eos"
+    m = res.metrics
+    assert m.blocks == 1 and m.draft_tokens == 4  # one block drafted 4 tokens, all matching the target
+    assert m.accepted_tokens == first  # ... of which only the ones up to EOS were emitted (tau = first + 1)
+    assert m.tau == first + 1 and m.alpha[first:] == [0.0] * (4 - first)
+
+
 class SelfDrafter:
     """A drafter that samples from the target model itself at another temperature and top-k, so q overlaps p a
     lot without equalling it: a wrong q in the engine's wiring then shows up in the output distribution."""
