@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from specula.drafters import stopping
 from specula.drafters.aasd_head import AasdHead, context_kv
 from specula.drafters.eagle import _int
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
@@ -60,13 +61,15 @@ class _Row:
 class AasdDrafter:
     """Options: ``path`` (zoo name or directory, default "aasd") or ``head`` (an ``AasdHead``); ``structure``
     "chain" only; ``seed``; ``device`` / ``dtype`` of the head (default: the target's device, float32);
-    ``kv_policy``. Resources: ``target`` (its embedding and lm_head are shared), ``tokenizer`` (unused)."""
+    ``kv_policy``; ``stop_token_ids`` (default: the target's EOS ids; ``[]`` = never stop: ``drafters/stopping.py``).
+    Resources: ``target`` (its embedding and lm_head are shared), ``tokenizer`` (unused)."""
 
     KIND = "aasd"
 
     def __init__(self, path: str | Path | None = None, head: AasdHead | None = None, structure: str = "chain",
                  seed: int = 0, device: str | None = None, dtype: str | None = None,
-                 kv_policy: KVPolicy | None = None, target=None, tokenizer=None, **unknown):
+                 kv_policy: KVPolicy | None = None, stop_token_ids: Sequence[int] | None = None, target=None,
+                 tokenizer=None, **unknown):
         if unknown:
             raise ValueError(f"aasd: unknown options {sorted(unknown)}")
         if structure != "chain":
@@ -99,6 +102,7 @@ class AasdDrafter:
                                  f"H={info.hidden_size}, H_kv={info.num_kv_heads}, D={info.head_dim})")
         self.vocab_size = cfg.vocab_size
         self.image_token_id = cfg.image_token_id
+        self.stop_ids = stopping.stop_ids("aasd", stop_token_ids, target)  # [n_stop]
         self.spec = DrafterSpec(kind="aasd", structure="chain", needs=frozenset({"last_kv"}))
         p = head.norm.weight
         self.device, self.dtype = p.device, p.dtype
@@ -190,10 +194,13 @@ class AasdDrafter:
                 one_hot = torch.nn.functional.one_hot(tok, self.vocab_size).to(probs.dtype)
                 qs.append(torch.where(greedy[:, None], one_hot, probs))
             toks.append(tok)
-        tokens = torch.stack(toks, 1).cpu()  # [Bc, gamma]
-        for r, t in zip(rows, tokens.tolist()):
-            r.draft = t
-        return Proposal(ids, tokens, (gamma,) * bc, None, torch.stack(qs, 1) if qs else None)
+            if stopping.all_stopped(torch.stack(toks, 1), self.stop_ids):
+                break  # every chain has drafted a stop token: nothing after it could be used
+        tokens = torch.stack(toks, 1).cpu()  # [Bc, N], N <= gamma
+        counts = stopping.chain_counts(tokens, self.stop_ids)  # a chain ends at its first stop token
+        for r, t, n in zip(rows, tokens.tolist(), counts):
+            r.draft = t[:n]
+        return Proposal(ids, tokens, counts, None, torch.stack(qs, 1) if qs else None)
 
     @torch.no_grad()
     def observe(self, verdicts: Sequence[Verdict]) -> None:

@@ -63,6 +63,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from specula.drafters import stopping
 from specula.drafters.eagle_head import EagleHead
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
@@ -147,13 +148,8 @@ class EagleDrafter:
         else:
             image = cfg.image_token_id
         self.image_token_id = None if image is None else int(image)
-        if stop_token_ids is None:
-            stop_token_ids = list(target.info.eos_token_ids) if target is not None else []
-        if isinstance(stop_token_ids, (str, bytes)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_token_ids):
-            raise ValueError(f"{kind}: stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
-        self.stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long)  # [n_stop]
-        self._stop_set = frozenset(int(t) for t in stop_token_ids)
+        self.stop_ids = stopping.stop_ids(kind, stop_token_ids, target)  # [n_stop]
+        self._stop_set = frozenset(self.stop_ids.tolist())
         self.spec = DrafterSpec(kind=kind, structure=structure, needs=self._needs())
         self.lookahead = structure == "chain"
         p = head.fc.weight

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from specula.drafters import stopping
 from specula.drafters.eagle import EagleDrafter, _int, _Row
 from specula.drafters.flash_head import FlashHead, draft_inputs, layout
 from specula.drafters.protocol import DraftContext
@@ -155,12 +156,16 @@ class FlashDrafter(EagleDrafter):
                 one_hot = torch.nn.functional.one_hot(tok, self.vocab_size).to(probs.dtype)
                 qs.append(torch.where(greedy[:, None, None], one_hot, probs))
             toks.append(tok)
+            if stopping.all_stopped(torch.cat(toks, 1), self.stop_ids):
+                break  # every chain has drafted a stop token: nothing after it could be used
             if sum(t.shape[1] for t in toks) < gamma:  # feed the pass's pairs; its last output is the next root
                 o = self._feed_chain(sel, tok, feats, pos, draft_start)[:, -1]  # [Bc, H]
                 pos = pos + n
-        tokens = torch.cat(toks, 1).cpu()  # [Bc, gamma]
-        parents = (torch.arange(gamma) - 1).expand(bc, gamma).clone()
-        return tokens, parents, (torch.cat(qs, 1) if qs else None), [gamma] * bc, o[:, None]
+        tokens = torch.cat(toks, 1).cpu()  # [Bc, N], N <= gamma
+        width = tokens.shape[1]
+        counts = list(stopping.chain_counts(tokens, self.stop_ids))  # a chain ends at its first stop token
+        parents = (torch.arange(width) - 1).expand(bc, width).clone()
+        return tokens, parents, (torch.cat(qs, 1) if qs else None), counts, o[:, None]
 
     def _feed_chain(self, sel, tok, hid, pos, draft_start: int) -> torch.Tensor:
         """Feed n chain pairs per call row ``sel`` [Bc]: tok [Bc, n], hid [Bc, n, H], at positions pos [Bc] + 0..n-1;

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specula.drafters import lean_llama
+from specula.drafters import lean_llama, stopping
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
 from specula.drafters.seeding import request_generator
@@ -171,14 +171,8 @@ class TextLMDrafter:
         if image_token_id is None:
             raise ValueError("text_lm: give image_token_id (or a target) so image tokens can be dropped")
         self.image_token_id = int(image_token_id)
-        if stop_token_ids is None:
-            eos = target.info.eos_token_ids if target is not None else model.config.eos_token_id
-            stop_token_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        if isinstance(stop_token_ids, (str, bytes)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_token_ids):
-            raise ValueError(f"text_lm: stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
-        self.stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long)  # [n_stop]
-        self._stop_set = frozenset(int(t) for t in stop_token_ids)
+        self.stop_ids = stopping.stop_ids("text_lm", stop_token_ids, target, model.config.eos_token_id)  # [n_stop]
+        self._stop_set = frozenset(self.stop_ids.tolist())
         self._body, self._head = model.model, model.get_output_embeddings()
         self.vocab_size = self._head.out_features
         if target is not None and target.info.vocab_size != self.vocab_size:

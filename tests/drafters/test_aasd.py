@@ -162,6 +162,26 @@ def _contexts(kit, target, idx: list[int]):
     return reqs, ctx
 
 
+def test_a_stop_token_ends_the_chain(kit):
+    """A drafted stop token (EOS by default) ends its chain; drafting stops once every chain has ended."""
+    target = load_target(kit["ctx"])
+    assert drafter(kit, "random", target).stop_ids.tolist() == list(target.info.eos_token_ids)
+    _, ctx = _contexts(kit, target, [0, 1])
+    free = drafter(kit, "random", target, stop_token_ids=[])
+    free.begin(ctx)
+    chain = free.propose(["r0", "r1"], gamma=5)
+    assert chain.counts == (5, 5)
+    stop = int(chain.tokens[0, 1])
+    rows = [chain.tokens[b].tolist() for b in range(2)]
+    n = [row.index(stop) + 1 if stop in row else 5 for row in rows]  # up to the first stop token
+    cut = drafter(kit, "random", target, stop_token_ids=[stop])
+    cut.begin(ctx)
+    got = cut.propose(["r0", "r1"], gamma=5)
+    assert list(got.counts) == n and got.tokens.shape[1] == max(n)  # no step after every chain ended
+    assert all(got.tokens[b, : n[b]].tolist() == rows[b][: n[b]] for b in range(2))
+    assert cut._rows["r0"].draft == rows[0][: n[0]]
+
+
 def test_image_kv_is_compressed_by_the_projector(kit):
     """Each image's 144 cached entries become KV entries W_K K_I / W_V V_I; text entries are the target's own."""
     target = load_target(kit["ctx"])
@@ -192,7 +212,7 @@ def test_image_kv_is_compressed_by_the_projector(kit):
 def test_bad_input_is_refused(kit, tmp_path):
     target = load_target(kit["ctx"])
     for opts, match in [({"structure": "tree"}, "chain"), ({"seed": -1}, "seed"), ({"top_k": 3}, "unknown"),
-                        ({"dtype": "float33"}, "dtype")]:
+                        ({"dtype": "float33"}, "dtype"), ({"stop_token_ids": "2"}, "stop_token_ids")]:
         with pytest.raises(ValueError, match=match):
             drafter(kit, "random", target, **opts)
     with pytest.raises(ValueError, match="no aasd.safetensors"):

@@ -187,6 +187,33 @@ def test_images_are_compressed_to_m_latent_tokens(kit):
     target.release([r.request_id for r in reqs])
 
 
+def test_a_stop_token_ends_the_chain(kit):
+    """A drafted stop token (EOS by default) ends its chain, and no further pass runs once every chain has ended;
+    greedy output still equals plain decoding."""
+    target = load_target(kit["ctx"])
+    reqs = [requests(kit, 1, SamplingParams(), start=i)[0] for i in (0, 2)]
+    out = target.prefill([PrefillRequest(r.request_id, r.input_ids, r.pixel_values) for r in reqs])
+    ctx = [DraftContext(r.request_id, r.input_ids, 7, hidden=out.features.hidden[b, : len(r.input_ids)],
+                        visual=None if r.pixel_values is None else
+                        target.encode_images(r.pixel_values, "projected").features) for b, r in enumerate(reqs)]
+    free = drafter(kit, "random", target, stop_token_ids=[])
+    free.begin(ctx)
+    chain = free.propose([r.request_id for r in reqs], gamma=6)  # two passes of 3
+    stop = int(chain.tokens[0, 1])
+    rows = [chain.tokens[b].tolist() for b in range(2)]
+    n = [row.index(stop) + 1 if stop in row else 6 for row in rows]  # up to the first stop token
+    cut = drafter(kit, "random", target, stop_token_ids=[stop])
+    cut.begin(ctx)
+    got = cut.propose([r.request_id for r in reqs], gamma=6)
+    assert list(got.counts) == n and got.tokens.shape[1] == (3 if max(n) <= 3 else 6)  # a pass drafts k = 3
+    assert all(got.tokens[b, : n[b]].tolist() == rows[b][: n[b]] for b in range(2))
+    bigram = load_target(kit["bigram"])
+    reqs = requests(kit, 4, SamplingParams(max_tokens=16))
+    ref = plain(kit, "bigram", reqs, 2)
+    d = drafter(kit, "copy", bigram, stop_token_ids=[ref["r0"].tokens[3]])
+    assert_equals_plain(SpecEngine(bigram, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, 2)
+
+
 def test_layout_places_whole_images():
     ids = torch.tensor([5, 9, 9, 9, 9, 9, 9, 6, 9, 9, 9, 7])  # images of 3 tokens: two adjacent, one later
     lay = layout(ids, 9, 3, 2)
