@@ -88,7 +88,10 @@ class EnsembleDrafter(TextLMDrafter):
             if own is not None:
                 options["image_token_id"] = own
         super().__init__(model=lm, dtype=dtype, **options)
-        self.lookahead = False  # text_lm's extend works on cache rows, not on a request's member rows (not yet)
+        # drafting ahead (chains): ``extend`` / ``observe_ahead`` run text_lm's on every member row of a request,
+        # the next node drawn once from the request's mixture; rejection branches (``branch``) are not offered:
+        # their ranking would need the mixture of every node's member rows, which text_lm's rows do not keep
+        self.predraft = False
         if self.massv is not None:
             self.massv.to(self.device, self.dtype)
             if self.massv.config.image_token_id != self.image_token_id:
@@ -187,6 +190,45 @@ class EnsembleDrafter(TextLMDrafter):
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
         super().observe([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
+
+    def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
+        """Draft ``n`` more nodes of each request's outstanding chain (``Lookahead``), every member row in lockstep."""
+        ids = tuple(request_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{self.KIND}.extend: duplicate request ids {list(ids)}")
+        first, keys = [], []
+        for rid in ids:
+            first.append(len(keys))
+            keys += self._keys(rid)
+        prop = super().extend(keys, n)
+        sel = torch.tensor(first, dtype=torch.long)  # [B] each request's first member row
+        q = prop.q[sel.to(prop.q.device)] if prop.q is not None else None  # [B, N, V] the mixtures
+        return Proposal(ids, prop.tokens[sel], tuple(prop.counts[i] for i in first), None, q)
+
+    def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
+        super().observe_ahead([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
+
+    def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
+        for rid, _ in rows:
+            self._keys(rid)
+        return [None] * len(rows)  # no rejection branches (``__init__``)
+
+    def _grouping(self, row_ids: Sequence[str]) -> None:
+        """``extend``'s rows -> ``_call_groups``: a request's member rows are contiguous and grow together (they
+        draw the same tokens, so they close together)."""
+        groups: list[tuple[int, int, list[float]]] = []
+        for i, key in enumerate(row_ids):
+            rid = key.split("\x00")[0]
+            if groups and row_ids[groups[-1][0]].split("\x00")[0] == rid:
+                s, n, w = groups[-1]
+                groups[-1] = (s, n + 1, w)
+            else:
+                groups.append((i, 1, self._weights_of[rid]))
+        for s, n, w in groups:
+            if n != len(w):
+                raise RuntimeError(f"{self.KIND}: request {row_ids[s]!r} drafts ahead with {n} of its {len(w)} "
+                                   f"member rows")
+        self._call_groups = groups
 
     def release(self, request_ids: Sequence[str]) -> None:
         keys = [k for r in request_ids if r in self._groups_of for k in self._groups_of[r]]

@@ -330,6 +330,7 @@ class TextLMDrafter:
             logits = self._feed_tips(sub, sel)  # [Bc, V]
             greedy = torch.tensor([r.temperature == 0 for r in sub])
             temps = torch.tensor([r.temperature or 1.0 for r in sub], device=self.device)
+            self._grouping([ids[i] for i in grow])
             kids, probs = self._children(logits[:, None], 1, temps, greedy, [r.generator for r in sub])
             kids = kids[:, 0, 0].tolist()  # [Bc], -1 = no mass left
             still = []
@@ -540,6 +541,10 @@ class TextLMDrafter:
         hidden = self._forward(tok, mask, pos, self._kv.cache)  # [B, W, H]
         self._kv.extend_valid(block_valid.to(self.device))
         return self._head(hidden[sel.to(self.device)]).float()  # [Bc, W, V]
+
+    def _grouping(self, row_ids: Sequence[str]) -> None:
+        """Called before ``extend`` draws the next node of the cache rows ``row_ids`` (in call order); a subclass
+        whose ``_children`` draws for groups of rows (the ensemble's member rows) learns the groups here."""
 
     def _children(self, logits, k: int, temps, greedy, gens):
         """k children per node, drawn without replacement in draw order (greedy rows: top-k).

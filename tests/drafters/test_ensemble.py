@@ -22,6 +22,7 @@ from transformers import LlamaForCausalLM
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.ensemble import EnsembleDrafter
 from specula.drafters.massv_model import MassvConfig, MassvModel, pool_features
+from specula.drafters.protocol import supports_lookahead, supports_predraft
 from specula.runtime.engine import SpecEngine
 from specula.runtime.mixture import mix_distributions
 from specula.runtime.sampling import SamplingParams
@@ -178,6 +179,44 @@ def test_member_rows_run_as_one_batched_forward(kit):
     for r in ("r0", "r2"):
         drafts = [d._rows[k].draft.tokens for k in d._groups_of[r]]
         assert all(x == drafts[0] for x in drafts)
+
+
+def test_drafting_ahead_equals_drafting_in_one_go(kit):
+    """``extend`` grows every request's chain from its mixture with all member rows in lockstep: gamma + n nodes
+    drafted as propose(gamma) then extend(n) are the nodes (and the q) of one propose(gamma + n); after
+    ``observe_ahead`` (a prefix accepted, the target's token = the next node) the rest stays the outstanding chain,
+    and drafting on from it equals a drafter that observed the same verdict and proposed afresh."""
+    target = load_target(kit["target"])
+    feats = lambda r: target.encode_images(r.pixel_values, "pre_projector").features  # noqa: E731
+    reqs = requests(kit, 3, SamplingParams(), suites=["vqa", "text", "multi_image"])
+    ahead, once = drafter(kit, grid=3), drafter(kit, grid=3)
+    assert supports_lookahead(ahead) and not supports_predraft(ahead)
+    ids = [r.request_id for r in reqs]
+    for temperature in (0.0, 1.0):
+        for d in (ahead, once):
+            d.begin(_contexts(kit, reqs, temperature, feats))
+        a = ahead.propose(ids, gamma=2)
+        b = ahead.extend(ids, 3)
+        c = once.propose(ids, gamma=5)
+        assert a.counts == (2, 2, 2) and b.counts == (3, 3, 3) and c.counts == (5, 5, 5)
+        assert torch.equal(torch.cat([a.tokens, b.tokens], 1), c.tokens)
+        if temperature > 0:
+            torch.testing.assert_close(torch.cat([a.q, b.q], 1), c.q, atol=1e-5, rtol=1e-4)
+        chain = c.tokens.tolist()
+        ahead.observe_ahead([Verdict(rid, (0, 1), tuple(chain[i][:2]), chain[i][2]) for i, rid in enumerate(ids)])
+        once.observe([Verdict(rid, (0, 1), tuple(chain[i][:2]), chain[i][2]) for i, rid in enumerate(ids)])
+        more = ahead.extend(ids, 2)  # the outstanding chain was nodes 3, 4: two more after them
+        fresh = once.propose(ids, gamma=4)  # (sampled rows draw anew: only greedy drafts must coincide)
+        assert more.counts == (2, 2, 2)
+        if temperature == 0:
+            assert torch.equal(torch.cat([c.tokens[:, 3:], more.tokens], 1), fresh.tokens)
+        assert all(ahead.context(rid, j) == once.context(rid, j) for rid in ids
+                   for j in range(len(ahead._groups_of[rid])))
+        with pytest.raises(ValueError, match="unknown request"):
+            ahead.branch([("nobody", 0)])
+        assert ahead.branch([(rid, 1) for rid in ids]) == [None] * 3
+        for d in (ahead, once):
+            d.release(ids)
 
 
 def test_captions_are_made_once_and_booked_as_caption_time(kit):

@@ -3,7 +3,7 @@
 Real gRPC on 127.0.0.1, tiny random LLaVA targets with the world's tokenizer. Two targets: ``model_dir`` (init
 weights: every answer repeats one token, so blocks are accepted whole and pre-drafted blocks are used) and
 ``lively`` (large weights: answers vary, drafts are mostly rejected, pre-drafted blocks are dropped). Greedy output
-must equal plain decoding for every drafter that drafts ahead (ngram, text_lm, eagle), batched; with a seed, ngram
+must equal plain decoding for every drafter that drafts ahead (ngram, text_lm, eagle, the IbED ensemble), batched; with a seed, ngram
 gives the same sampled tokens with overlap on and off (its drafts are a function of the committed tokens, so the
 verifier's generator is consumed identically); for text_lm every sampled block's q, pre-drafted ones included,
 must be the drafter's true law given the committed sequence.
@@ -83,7 +83,25 @@ def _eagle(model_dir):
     return create({"kind": "eagle", "head": head.eval()}, target=load_target(model_dir))
 
 
-DRAFTERS = {"ngram": lambda d: create({"kind": "ngram", "max_n": 3}), "text_lm": _text_lm, "eagle": _eagle}
+def _ensemble(model_dir):
+    """IbED over the target's own LM and projector (a MassvModel over its pre-projector features): a multimodal
+    member (the target itself) and a text-only member, mixed; two rows per image request, one per text request."""
+    from specula.drafters.massv_model import MassvConfig, MassvModel
+
+    hf = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
+    lm = LlamaForCausalLM(hf.config.text_config)
+    lm.model.load_state_dict(hf.model.language_model.state_dict())
+    lm.lm_head.weight.data.copy_(hf.lm_head.weight.data)
+    m = MassvModel(lm, MassvConfig(feature_dim=hf.config.vision_config.hidden_size,
+                                   image_token_id=hf.config.image_token_id))
+    m.projector[0].load_state_dict(hf.model.multi_modal_projector.linear_1.state_dict())
+    m.projector[2].load_state_dict(hf.model.multi_modal_projector.linear_2.state_dict())
+    return create({"kind": "ensemble", "model": m.eval(), "members": ["multimodal", "text"]},
+                  target=load_target(model_dir))
+
+
+DRAFTERS = {"ngram": lambda d: create({"kind": "ngram", "max_n": 3}), "text_lm": _text_lm, "eagle": _eagle,
+            "ensemble": _ensemble}
 
 
 def _verifier(model_dir, gamma=4, **remote) -> VerifierEngine:
@@ -107,7 +125,7 @@ def _run_batch(verifier, reqs, address) -> dict:
     return got
 
 
-@pytest.mark.parametrize("kind", ["ngram", "text_lm", "eagle"])
+@pytest.mark.parametrize("kind", ["ngram", "text_lm", "eagle", "ensemble"])
 def test_greedy_overlap_equals_plain_decoding_batched(model_dir, lively, processor, kind):
     settled = 0
     for d in (model_dir, lively):
