@@ -106,6 +106,7 @@ class AasdDrafter:
         self.spec = DrafterSpec(kind="aasd", structure="chain", needs=frozenset({"last_kv"}))
         p = head.norm.weight
         self.device, self.dtype = p.device, p.dtype
+        self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
         self._attn = head.llama_config._attn_implementation
         lc = head.llama_config
         self._kv = BatchedKV(lambda: DynamicCache(config=lc), kv_policy or KVPolicy())

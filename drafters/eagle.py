@@ -154,6 +154,7 @@ class EagleDrafter:
         self.lookahead = structure == "chain"
         p = head.fc.weight
         self.device, self.dtype = p.device, p.dtype
+        self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
         self._attn = head.llama_config._attn_implementation
         lc = head.llama_config
         self._kv = BatchedKV(lambda: DynamicCache(config=lc), kv_policy or KVPolicy())
@@ -506,7 +507,7 @@ class EagleDrafter:
                 break
             # the next frontier: the best k nodes of this level by cumulative confidence (invalid ones sort last)
             lvl_score, lvl_ok = scores[-1], oks[-1]
-            lvl_ok = lvl_ok & ~torch.isin(toks[-1], self.stop_ids.to(dev))  # a stop token gets no children
+            lvl_ok = lvl_ok & ~torch.isin(toks[-1], self.stop_ids)  # a stop token gets no children
             ranked = torch.where(lvl_ok, lvl_score, float("-inf"))  # [Bc, W*k]
             order = ranked.sort(dim=1, descending=True, stable=True).indices[:, :k]  # [Bc, k]
             slot = torch.arange(k, device=dev)
