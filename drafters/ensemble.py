@@ -200,7 +200,10 @@ class EnsembleDrafter(TextLMDrafter):
         for rid in ids:
             first.append(len(keys))
             keys += self._keys(rid)
-        prop = super().extend(keys, n)
+        try:
+            prop = super().extend(keys, n)
+        finally:
+            self._call_groups = None
         sel = torch.tensor(first, dtype=torch.long)  # [B] each request's first member row
         q = prop.q[sel.to(prop.q.device)] if prop.q is not None else None  # [B, N, V] the mixtures
         return Proposal(ids, prop.tokens[sel], tuple(prop.counts[i] for i in first), None, q)

@@ -130,7 +130,8 @@ class TextLMDrafter:
     the stock forward without its per-call overhead; false forces the stock forward, e.g. to measure the gain);
     ``stop_token_ids`` (default: the target's EOS ids, else the model's ``eos_token_id``; ``[]`` = never stop):
     a drafted stop token ends its branch, since a generation that accepts it is over and anything drafted after
-    it could never be used (short answers then cost two or three draft steps instead of gamma). Resources: ``target`` (checks the vocabulary, gives the image token), ``tokenizer``."""
+    it could never be used (short answers then cost two or three draft steps instead of gamma).
+    Resources: ``target`` (checks the vocabulary, gives the image token), ``tokenizer``."""
 
     def __init__(self, path: str | Path = "text_lm", model: nn.Module | None = None, structure: str = "chain",
                  branching: int | Sequence[int] = 2, depth: int = 3, seed: int = 0,
