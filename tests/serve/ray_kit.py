@@ -120,3 +120,20 @@ def init_ray(attempts: int = 3, **kwargs):
                 raise
             ray.shutdown()
             time.sleep(2.0)
+
+
+def start_cluster(attempts: int = 3, **head_node_args):
+    """A ``ray.cluster_utils.Cluster`` with its head node started, retrying a head that did not register in time
+    (the same 30 s wait as ``init_ray``; a partly started head is shut down before the next try)."""
+    from ray.cluster_utils import Cluster
+
+    for attempt in range(attempts):
+        cluster = Cluster(initialize_head=False)
+        try:
+            cluster.add_node(**head_node_args)  # the first node is the head
+            return cluster
+        except Exception as e:  # Ray raises a bare Exception for this
+            cluster.shutdown()
+            if "timed out during startup" not in str(e) or attempt == attempts - 1:
+                raise
+            time.sleep(2.0)

@@ -16,7 +16,7 @@ from specula.runtime.engine import SpecEngine
 from specula.runtime.serve import IngressEngine
 from specula.targets import load_target
 
-from ray_kit import free_port, post, ray_env, run_app
+from ray_kit import free_port, post, ray_env, run_app, start_cluster
 from serve_kit import make_config, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -38,16 +38,13 @@ def _gpu_config(model_dir, port: int):
 def cluster_app(model_dir):
     ray = pytest.importorskip("ray")
     from ray import serve
-    from ray.cluster_utils import Cluster
-
     from specula.runtime.serve.builder import build_app
 
     port = free_port()
     cfg = _gpu_config(model_dir, port)
     with ray_env() as tmp:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "num_gpus": 1, "temp_dir": tmp, "include_dashboard": False,
-            "object_store_memory": 80 * 1024 * 1024})
+        cluster = start_cluster(num_cpus=1, num_gpus=1, temp_dir=tmp, include_dashboard=False,
+                                object_store_memory=80 * 1024 * 1024)
         try:
             for _ in range(2):
                 cluster.add_node(num_cpus=1, num_gpus=1, object_store_memory=80 * 1024 * 1024)
