@@ -170,17 +170,22 @@ class EnsembleDrafter(TextLMDrafter):
                                    float(c.temperature), gen)
 
     def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
+        return self._per_request(request_ids, "propose", lambda keys: super(EnsembleDrafter, self).propose(keys, gamma))
+
+    def _per_request(self, request_ids: Sequence[str], op: str, run) -> Proposal:
+        """Run text_lm's ``op`` (``run(keys)``) on the member rows of ``request_ids`` and keep one row per request:
+        every member row of a request holds the same drafts, drawn from the request's mixture (``_children``)."""
         ids = tuple(request_ids)
         if len(set(ids)) != len(ids):
-            raise ValueError(f"{self.KIND}.propose: duplicate request ids {list(ids)}")
+            raise ValueError(f"{self.KIND}.{op}: duplicate request ids {list(ids)}")
         keys, groups = [], []
         for rid in ids:
             ks = self._keys(rid)
             groups.append((len(keys), len(ks), self._weights_of[rid]))
             keys += ks
-        self._call_groups = groups
+        self._call_groups = groups  # extend regroups the rows it grows (``_grouping``)
         try:
-            prop = super().propose(keys, gamma)
+            prop = run(keys)
         finally:
             self._call_groups = None
         first = torch.tensor([g[0] for g in groups], dtype=torch.long)  # [B] the first row of each request
@@ -193,20 +198,7 @@ class EnsembleDrafter(TextLMDrafter):
 
     def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
         """Draft ``n`` more nodes of each request's outstanding chain (``Lookahead``), every member row in lockstep."""
-        ids = tuple(request_ids)
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"{self.KIND}.extend: duplicate request ids {list(ids)}")
-        first, keys = [], []
-        for rid in ids:
-            first.append(len(keys))
-            keys += self._keys(rid)
-        try:
-            prop = super().extend(keys, n)
-        finally:
-            self._call_groups = None
-        sel = torch.tensor(first, dtype=torch.long)  # [B] each request's first member row
-        q = prop.q[sel.to(prop.q.device)] if prop.q is not None else None  # [B, N, V] the mixtures
-        return Proposal(ids, prop.tokens[sel], tuple(prop.counts[i] for i in first), None, q)
+        return self._per_request(request_ids, "extend", lambda keys: super(EnsembleDrafter, self).extend(keys, n))
 
     def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
         super().observe_ahead([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
