@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, supports_lookahead, supports_predraft
+from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, supports_lookahead, supports_lockstep, supports_predraft
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # what a drafter name may be (config keys, API fields)
 RESERVED = ("none",)  # the API's word for "no drafting"; never a drafter's name
@@ -80,6 +80,8 @@ class MultiDrafter:
                                 needs=frozenset().union(*(d.spec.needs for d in subs)))
         self.lookahead = all(supports_lookahead(d) for d in subs)
         self.predraft = self.lookahead and all(supports_predraft(d) for d in subs)
+        if not all(supports_lockstep(d) for d in subs):
+            self.grow = None  # instance attribute: ``supports_lockstep`` reads the MultiDrafter as not growing
         self._route: dict[str, str] = {}  # request id -> the name it drafts with (begin .. release)
 
     @property
@@ -166,6 +168,17 @@ class MultiDrafter:
             if supports_predraft(d):
                 for b, opened in zip(idx, d.branch([rows[b] for b in idx])):
                     out[b] = opened
+        return out
+
+    def grow(self, request_ids: Sequence[str]) -> list[list]:
+        """``supports_lockstep`` by request: rows whose drafter cannot grow its branches together get []."""
+        ids = list(request_ids)
+        out: list[list] = [[] for _ in ids]
+        for name, idx in _groups(self._names(ids)):
+            d = self.drafters[name]
+            if supports_lockstep(d):
+                for b, nodes in zip(idx, d.grow([ids[b] for b in idx])):
+                    out[b] = nodes
         return out
 
     def _names(self, request_ids) -> list[str]:

@@ -157,6 +157,13 @@ class Predraft(Protocol):
         ...
 
 
+def supports_lockstep(drafter) -> bool:
+    """True when a ``Predraft`` drafter can also grow every open chain of a row at once: ``grow(request_ids)`` ->
+    per row [(outcome, token, q)], outcome None for the main chain or the (k, t) of the branch the node extends
+    (text_lm: ``TextLMDrafter.grow``). The overlap then opens its branches first and drafts them side by side."""
+    return supports_predraft(drafter) and callable(getattr(drafter, "grow", None))
+
+
 def supports_predraft(drafter) -> bool:
     """True when ``drafter`` can draft ahead for rejection outcomes as well (``Predraft`` on a ``Lookahead``)."""
     return supports_lookahead(drafter) and bool(getattr(drafter, "predraft", False)) \

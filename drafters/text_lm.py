@@ -80,6 +80,7 @@ class _Draft:
     logits: list[torch.Tensor | None] = field(default_factory=list)  # chains: per node [V] fp32, None = a branch's first
     ranked: dict[int, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)  # node -> (own, alts)
     opened: set[tuple[int, int]] = field(default_factory=set)  # branch outcomes (k, t) opened so far
+    lanes: list[int] | None = None  # chains: the tips ``grow`` feeds (the main chain's, each open branch's)
 
 
 @dataclass
@@ -416,13 +417,72 @@ class TextLMDrafter:
                 out.append(None)
                 continue
             _, k, t = best
+            lanes = _lanes(d)  # before ``closed`` below stops meaning the main chain's
             d.opened.add((k, t))
             d.tokens.append(t)
             d.parents.append(k - 1)
             d.cols.append(-1)
             d.logits.append(None)
             d.tip, d.closed = len(d.tokens) - 1, t in self._stop_set  # a stop token has no successor to draft
+            if not d.closed:
+                lanes.append(d.tip)
             out.append((k, t))
+        return out
+
+    @torch.no_grad()
+    def grow(self, request_ids: Sequence[str]) -> list[list[tuple[tuple[int, int] | None, int, torch.Tensor | None]]]:
+        """``Predraft`` in lockstep: one more node on every open chain of each row (the main chain past its
+        outstanding proposal and each branch opened since), all of a row's tips fed in one forward as one small
+        tree level. A drafter step here is bound by per-call overhead, not by width, so a pipeline that opens its
+        branches first and then grows them together covers several outcomes in about the time of the main chain
+        alone. Per row, one (outcome, token, q) per new node: outcome None for the main chain, else the branch's
+        (k, t); q [V] fp32, None for greedy rows. A row with nothing left to grow answers []. A row drafts ahead
+        either with ``extend`` or with ``grow`` between two proposals, not both."""
+        ids = tuple(request_ids)
+        if not self.predraft:
+            raise ValueError("text_lm.grow: only chains draft ahead")
+        rows = [self._row(r) for r in ids]
+        out: list[list] = [[] for _ in ids]
+        lanes = [list(_lanes(r.draft)) if r.draft is not None and r.draft.tokens else [] for r in rows]
+        grow = [i for i, tips in enumerate(lanes) if tips]
+        if not grow:
+            return out
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        sub = [rows[i] for i in grow]
+        sel = torch.tensor([index[ids[i]] for i in grow], dtype=torch.long)  # [Bc] cache rows
+        logits = self._feed_lanes(sub, sel, [lanes[i] for i in grow])  # [Bc, W, V]
+        greedy = torch.tensor([r.temperature == 0 for r in sub])
+        temps = torch.tensor([r.temperature or 1.0 for r in sub], device=self.device)
+        self._grouping([ids[i] for i in grow])
+        kids, probs = self._children(logits, 1, temps, greedy, [r.generator for r in sub])  # [Bc, W, 1]
+        kids = kids[:, :, 0].tolist()  # [Bc][W], -1 = no mass left
+        for j, i in enumerate(grow):
+            d, row = sub[j].draft, sub[j]
+            main_tip = d.main - 1
+            new = []  # (lane tip, token, q): the main chain's last, since inserting it renumbers the branches
+            for w, tip in enumerate(lanes[i]):
+                t = kids[j][w]
+                q = None if probs is None or row.temperature == 0 else probs[j, w]
+                new.append((tip, t, q, logits[j, w]))
+            new.sort(key=lambda x: x[0] == main_tip)
+            d.lanes = []
+            for tip, t, q, lg in new:
+                if t < 0:
+                    continue
+                if tip == main_tip:
+                    node = _insert_main(d, int(t), lg)
+                    out[i].append((None, int(t), q))
+                else:
+                    d.tokens.append(int(t))
+                    d.parents.append(tip)
+                    d.cols.append(-1)
+                    d.logits.append(lg)
+                    node = len(d.tokens) - 1
+                    first = _branch_first(d, node)
+                    out[i].append(((d.parents[first] + 1, d.tokens[first]), int(t), q))
+                if int(t) not in self._stop_set:  # a stop token ends its lane
+                    d.lanes.append(node)
+            d.tip = d.main - 1
         return out
 
     def release(self, request_ids: Sequence[str]) -> None:
@@ -525,6 +585,34 @@ class TextLMDrafter:
             r.draft.cols[_tip(r.draft)] = col
         return self._head(hidden[sel.to(self.device), 0]).float()  # [Bc, V]
 
+    def _feed_lanes(self, rows: list[_Row], sel: torch.Tensor, lanes: list[list[int]]) -> torch.Tensor:
+        """``_feed_tips`` for several tips per row (``grow``): lanes[j] are call row j's unfed tips, fed side by side
+        (each sees the committed slots and its own fed ancestors, not the other tips) -> logits [Bc, W, V] fp32."""
+        b, w = self._kv.batch_size, max(len(t) for t in lanes)
+        tok = torch.zeros(b, w, dtype=torch.long)  # [B, W]
+        pos = torch.zeros(b, w, dtype=torch.long)  # [B, W]
+        real = torch.zeros(b, w, dtype=torch.bool)  # [B, W]
+        valid = self._kv.valid  # [B, S] bool
+        cached = valid[:, None, :].expand(b, w, valid.shape[1]).clone()  # [B, W, S]
+        for i, r, tips in zip(sel.tolist(), rows, lanes):
+            d = r.draft
+            fed = [(j, c) for j, c in enumerate(d.cols) if c >= 0]
+            for x, tip in enumerate(tips):
+                anc = _ancestors(d, tip)
+                tok[i, x], pos[i, x], real[i, x] = d.tokens[tip], r.next_pos + len(anc), True
+                hide = [c for j, c in fed if j not in anc]
+                if hide:
+                    cached[i, x, torch.tensor(hide, device=self.device)] = False
+        eye = torch.eye(w, dtype=torch.bool, device=self.device).expand(b, w, w)
+        mask = torch.cat([cached, eye], dim=2)[:, None]  # [B, 1, W, S + W]
+        col = self._kv.seq_len
+        hidden = self._forward(tok, mask, pos, self._kv.cache)  # [B, W, H]
+        self._kv.extend_valid(real.to(self.device))
+        for r, tips in zip(rows, lanes):
+            for x, tip in enumerate(tips):
+                r.draft.cols[tip] = col + x
+        return self._head(hidden[sel.to(self.device)]).float()  # [Bc, W, V]
+
     def _feed_level(self, rows, sel, tokens, ok, depth: int, anc: torch.Tensor, draft_start: int) -> torch.Tensor:
         """Feed one tree level: tokens/ok [Bc, W], anc [W, S - draft_start] bool -> logits [Bc, W, V] fp32."""
         b, w = self._kv.batch_size, tokens.shape[1]
@@ -584,6 +672,37 @@ def _node_rank(d: _Draft, node: int, temperature: float, image_token_id: int
             alts = [(i, p) for i, p in zip(top.indices.tolist(), top.values.tolist()) if i != drawn and p > 0]
             d.ranked[node] = (float(probs[drawn]), alts[:ALTS])
     return d.ranked[node]
+
+
+def _lanes(d: _Draft) -> list[int]:
+    """The tips ``grow`` feeds, set up on first use: the main chain's tip unless it ended (its stop token, or no
+    mass left), then each branch as ``branch`` opens it."""
+    if d.lanes is None:
+        d.lanes = [] if d.closed or d.main < len(d.tokens) else [d.main - 1]
+    return d.lanes
+
+
+def _insert_main(d: _Draft, token: int, logits: torch.Tensor) -> int:
+    """Append a node to the main chain, which stays nodes 0 .. main-1: the branches' nodes move up by one."""
+    m = d.main
+    for i in range(m, len(d.parents)):
+        if d.parents[i] >= m:
+            d.parents[i] += 1
+    d.tokens.insert(m, token)
+    d.parents.insert(m, m - 1)
+    d.cols.insert(m, -1)
+    d.logits.insert(m, logits)
+    if d.lanes is not None:
+        d.lanes = [x + 1 if x >= m else x for x in d.lanes]
+    d.main += 1
+    return m
+
+
+def _branch_first(d: _Draft, node: int) -> int:
+    """The first node of the branch ``node`` (a node past the main chain) belongs to."""
+    while d.parents[node] >= d.main:
+        node = d.parents[node]
+    return node
 
 
 def _tip(d: _Draft) -> int:

@@ -10,7 +10,7 @@ waits for the answer; the worker takes whatever is pending, groups it, and calls
 
 Groups, in this order per pass: release (frees memory first), begin, observe, observe_ahead, propose (by n),
 branch (the overlap's rejection outcomes, ``Predraft``), extend (by n; the overlap's drafting ahead, so several
-sessions drafting ahead share one forward too). Each
+sessions drafting ahead share one forward too), grow (the same for every open chain of a row at once). Each
 session has at most one call in flight (it waits for the answer), so the order between groups never reorders one
 request's calls, and rows of one call are different requests, whose drafter state is independent: a session's
 calls mean what they meant alone. Proposals are put first on the critical path: a pass runs proposes before the
@@ -50,11 +50,11 @@ from dataclasses import replace
 
 import torch
 
-from specula.drafters.protocol import Proposal, supports_lookahead, supports_predraft
+from specula.drafters.protocol import Proposal, supports_lockstep, supports_lookahead, supports_predraft
 
 log = logging.getLogger(__name__)
 
-OPS = ("release", "begin", "observe", "observe_ahead", "propose", "branch", "extend")  # the order of a pass
+OPS = ("release", "begin", "observe", "observe_ahead", "propose", "branch", "extend", "grow")  # the order of a pass
 _ROWS = ("propose", "extend")  # answered with Proposal rows
 _STOP = object()
 
@@ -154,6 +154,9 @@ class DraftBatcher:
     def branch(self, rows: Sequence[tuple[str, int]]) -> list:
         return self._submit("branch", rows)
 
+    def grow(self, request_ids: Sequence[str]) -> list:
+        return self._submit("grow", request_ids)
+
     # ------------------------------------------------------------------------------------------- internals
 
     def _submit(self, op: str, rows: Sequence, n: int = 0):
@@ -227,9 +230,9 @@ class DraftBatcher:
             for c in calls:
                 c.finish(error=e)
             return
-        if op == "branch":  # one answer per row
+        if op in ("branch", "grow"):  # one answer per row
             if not isinstance(out, list) or len(out) != len(rows):
-                err = RuntimeError(f"drafter branch answered {out!r} for {len(rows)} rows")
+                err = RuntimeError(f"drafter {op} answered {out!r} for {len(rows)} rows")
                 for c in calls:
                     c.finish(error=err)
                 return
@@ -298,6 +301,8 @@ class BatchedView:
         self._b, self.spec = batcher, drafter.spec
         self.lookahead = supports_lookahead(drafter)
         self.predraft = supports_predraft(drafter)
+        if not supports_lockstep(drafter):
+            self.grow = None  # the session's drafter grows its branches one at a time
 
     def begin(self, contexts: Sequence) -> None:
         self._b.begin(contexts)
@@ -319,3 +324,6 @@ class BatchedView:
 
     def branch(self, rows: Sequence[tuple[str, int]]) -> list:
         return self._b.branch(rows)
+
+    def grow(self, request_ids: Sequence[str]) -> list:
+        return self._b.grow(request_ids)

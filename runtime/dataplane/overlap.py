@@ -32,6 +32,11 @@ each as a hidden branch. A verdict with that outcome makes the branch the next b
 no longer has to wait for a fresh proposal when the drafter foresaw it. Each branch is lossless for the same
 reason as the block past the guess: its tokens are drawn after (k, t) is fixed, from the drafter's randomness.
 
+Lockstep (``drafters/protocol.py`` ``supports_lockstep``: text_lm chains). A drafter that can feed several tips of
+a row in one forward gets its branches opened first and grown beside the block past the guess, one node of each
+per call: a 1-2 layer drafter step costs about the same for one tip as for three, so with the verdict ~gamma + 1
+drafter steps away every outcome opened gets its block, instead of the first branch getting part of one.
+
 Speculation is cut short as soon as the next message makes it pointless (a Verdict that already disagrees, a
 Release), one node at a time, so a miss costs at most one node's drafting on top of the sequential path.
 
@@ -53,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specula.drafters.protocol import Verdict, supports_lookahead, supports_predraft
+from specula.drafters.protocol import Verdict, supports_lockstep, supports_lookahead, supports_predraft
 
 
 @dataclass
@@ -84,8 +89,10 @@ class Pipeline:
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self.overlap = bool(overlap) and supports_lookahead(drafter)
         self.predraft = max(int(predraft), 0) if self.overlap and supports_predraft(drafter) else 0
+        self.lockstep = bool(self.predraft) and supports_lockstep(drafter)  # branches grown side by side
         self._branches: dict[tuple[int, int], tuple[list[int], list[torch.Tensor | None]]] = {}  # (k, t) -> nodes
         self._growing: tuple[int, int] | None = None  # the branch being drafted (None: the block past the guess)
+        self._live: set = set()  # lockstep: the chains still growing (None: the block past the guess; else (k, t))
         self._sent = 0  # nodes of the outstanding chain the verifier saw
         self._gamma = 0  # the gamma they answered
         self._guess: int | None = None  # the chain's node after them (overlap only)
@@ -132,6 +139,10 @@ class Pipeline:
     def would_hit(self, accepted: list[int], next_token: int) -> bool:
         """Would a verdict with this path and next token keep the block being drafted ahead right now (the block
         past the guess, or the branch being drafted)? If not, drafting on is pointless."""
+        if self.lockstep:  # the verdict's chain (the block past the guess, or a branch) still growing
+            if self._matches_guess(accepted, next_token):
+                return None in self._live
+            return accepted == list(range(len(accepted))) and (len(accepted), next_token) in self._live
         if self._growing is None:
             return self._matches_guess(accepted, next_token)
         return accepted == list(range(self._growing[0])) and next_token == self._growing[1]
@@ -151,6 +162,10 @@ class Pipeline:
         if not self.wants_ahead:
             return
         t0 = time.perf_counter_ns()
+        if self.lockstep:
+            self._lockstep(should_stop)
+            self._ahead_ns += time.perf_counter_ns() - t0
+            return
         self._grow(self._ahead, self._ahead_q, should_stop)
         for _ in range(self.predraft):
             if should_stop():
@@ -176,6 +191,36 @@ class Pipeline:
                 break
             tokens.append(int(p.tokens[0, 0]))
             qs.append(p.q[0, 0].float().cpu() if p.q is not None else None)
+
+    def _lockstep(self, should_stop: Callable[[], bool]) -> None:
+        """Open the ``predraft`` likeliest rejection outcomes first (nothing drafted), then grow the block past the
+        guess and every branch together, one node each per ``grow`` call, gamma + 1 times at most. A drafter step
+        costs about the same for one tip as for a few, so the branches ride along with the main block instead of
+        queueing behind it, and a verdict that arrives early finds them all part-drafted."""
+        with self.lock:
+            opened = self.drafter.branch([(self.key, self._sent)] * self.predraft)
+        for o in opened:
+            if o is not None:
+                self._branches[(int(o[0]), int(o[1]))] = ([], [])
+        chains = {None: (self._ahead, self._ahead_q), **self._branches}
+        self._live = set(chains)
+        for _ in range(self._gamma + 1):
+            if should_stop():
+                break
+            with self.lock:
+                nodes = self.drafter.grow([self.key])[0]
+            grew = set()
+            for outcome, tok, q in nodes:
+                key = None if outcome is None else (int(outcome[0]), int(outcome[1]))
+                tokens, qs = chains[key]
+                tokens.append(int(tok))
+                qs.append(q.float().cpu() if q is not None else None)
+                grew.add(key)
+            # a chain that got no node has ended; one with gamma + 1 nodes is a whole block
+            self._live = {k for k in grew if len(chains[k][0]) < self._gamma + 1}
+            if not self._live:
+                break
+        self._live = set()
 
     # ------------------------------------------------------------------------------------------- internals
 

@@ -159,3 +159,59 @@ def _check_or_argmax(lm, d: TextLMDrafter, prefix: list[int], p, temperature: fl
     assert p.q is None
     for i, t in enumerate(tokens):
         assert int(_ref_logp(lm, d.context("r") + prefix + tokens[:i]).argmax()) == t
+
+
+def test_grow_drafts_every_open_chain_side_by_side_exactly():
+    """Lockstep predraft: branches opened right after the proposal, then ``grow`` adds one node to the main chain
+    past the guess and to every branch per call (one forward). Each chain's nodes have q = a full recompute over
+    context + its own prefix (the other chains' nodes, fed in the same forwards, stay invisible to it), inserting
+    main nodes keeps the branches' bookkeeping, and a verdict landing on any chain adopts exactly its nodes."""
+    lm = _lm()
+    rng = random.Random(7)
+    gamma = 3
+    for temperature in (1.0, 0.0):
+        d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE,
+                          kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+        g = torch.Generator().manual_seed(9)
+        d.begin([DraftContext("r", torch.randint(0, IMAGE, (6,), generator=g), first_token=5,
+                              temperature=temperature, seed=2)])
+        landed = {"main": 0, "branch": 0}
+        for _ in range(6):
+            p = d.propose(["r"], gamma + 1)
+            chain = p.tokens[0, : p.counts[0]].tolist()
+            opened = d.branch([("r", gamma)] * 3)
+            assert len(set(opened)) == 3 and None not in opened
+            chains: dict = {None: ([], []), **{o: ([], []) for o in opened}}
+            for _ in range(gamma + 1):
+                nodes = d.grow(["r"])[0]
+                assert len(nodes) <= 4
+                for outcome, tok, q in nodes:
+                    chains[outcome][0].append(tok)
+                    chains[outcome][1].append(q)
+                _invariant(d)
+            assert d._rows["r"].draft.tokens[: len(chain) + len(chains[None][0])] == chain + chains[None][0]  # noqa: SLF001
+            for outcome, (toks, qs) in chains.items():
+                prefix = chain if outcome is None else chain[: outcome[0]] + [outcome[1]]
+                if temperature > 0:
+                    q = torch.stack(qs)[None] if toks else None
+                    _check(lm, d, "r", prefix, toks, q)
+                else:
+                    assert all(q is None for q in qs)
+                    for i, t in enumerate(toks):
+                        assert int(_ref_logp(lm, d.context("r") + prefix + toks[:i]).argmax()) == t
+            outcome = rng.choice(list(chains))
+            if outcome is None:  # every node accepted, the bonus token is the guess
+                k, t = gamma, chain[gamma]
+            else:
+                k, t = outcome
+            context = d.context("r") + chain[:k] + [t]
+            d.observe_ahead([Verdict("r", tuple(range(k)), tuple(chain[:k]), t)])
+            landed["main" if outcome is None else "branch"] += 1
+            assert d.context("r") == context
+            assert d._rows["r"].draft.tokens == chains[outcome][0]  # noqa: SLF001 - its nodes are the proposal
+            _invariant(d)
+            d.observe([Verdict("r", (), (), rng.randrange(IMAGE))])
+            _invariant(d)
+        assert landed["branch"] > 0
+        d.release(["r"])
+        assert d._kv.cache is None  # noqa: SLF001

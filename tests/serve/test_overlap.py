@@ -353,10 +353,12 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
     assert (out / "bench_distributed.md").read_text().startswith("# ")
 
 
-def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would():
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would(lockstep):
     """The Pipeline on text_lm with predraft, message by message: branches open at the drafter's likeliest
-    rejection outcomes; a verdict with one of them gets that branch as its next block at once, exactly the block a
-    sequential drafter proposes after the same committed tokens; an unforeseen verdict drops every branch."""
+    rejection outcomes (lockstep: all at once, grown beside the block past the guess; else one after another);
+    a verdict with one of them gets that branch as its next block at once, exactly the block a sequential drafter
+    proposes after the same committed tokens; an unforeseen verdict drops every branch."""
     torch.manual_seed(0)
     from transformers import LlamaConfig
 
@@ -372,14 +374,19 @@ def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would():
     prompt = torch.tensor([5, 9, 11, 2, 40, 7])
     ahead.begin([DraftContext("a", prompt, 3)])
     seq.begin([DraftContext("s", prompt, 3)])
+    if not lockstep:
+        ahead.grow = None  # a Predraft drafter without ``grow``: branches one after another
     p = Pipeline(ahead, "a", threading.Lock(), overlap=True, predraft=3)
-    assert p.predraft == 3
+    assert p.predraft == 3 and p.lockstep == lockstep
     b = p.propose(4)
-    p.speculate(lambda: False)
+    steps = []
+    p.speculate(lambda: steps.append(1) and False)
+    assert len(steps) == (5 if lockstep else 5 + 3 * 6)  # lockstep: gamma + 1 drafter steps cover every chain
     assert len(p._branches) == 3 and all(len(n[0]) == 5 for n in p._branches.values())  # noqa: SLF001
+    assert len(p._ahead) == 5  # noqa: SLF001
     (k, t), (nodes, _) = sorted(p._branches.items())[-1]  # noqa: SLF001
     assert t != b.tokens[k] if k < len(b.tokens) else t != p._guess  # noqa: SLF001
-    assert p.would_hit(list(range(k)), t) is False  # nothing is growing now: only the guess would be kept
+    assert p.would_hit(list(range(k)), t) is False  # nothing is growing now
     p.verdict(Verdict("a", tuple(range(k)), tuple(b.tokens[:k]), t))
     nb = p.propose(4)
     assert nb.speculative and nb.branch and p.branch_hits == 1 and nb.tokens == nodes[:4]
