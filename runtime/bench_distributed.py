@@ -76,7 +76,7 @@ def _make_drafter(spec: dict, model: str, target=None):
 
 # ------------------------------------------------------------------------------------------- the drafter process
 
-def serve_drafter(spec: dict, model: str, predraft: int = 2) -> None:
+def serve_drafter(spec: dict, model: str, predraft: int = 3) -> None:
     """Child process: serve ``spec`` on 127.0.0.1 (overlap allowed), print the address, stop when stdin closes."""
     import torch
 
@@ -91,7 +91,7 @@ def serve_drafter(spec: dict, model: str, predraft: int = 2) -> None:
 
 
 class _DrafterProcess:
-    def __init__(self, spec: dict, model: str, timeout_s: float = 300.0, predraft: int = 2) -> None:
+    def __init__(self, spec: dict, model: str, timeout_s: float = 300.0, predraft: int = 3) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "specula.runtime.bench_distributed", "--serve-drafter",
                                       json.dumps(spec), "--model", str(model), "--predraft", str(predraft)],
@@ -122,7 +122,7 @@ class _DrafterProcess:
 # ------------------------------------------------------------------------------------------- the run
 
 def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, temperature: float = 0.0,
-        seed: int = 0, log=print, predraft: int = 2) -> dict:
+        seed: int = 0, log=print, predraft: int = 3) -> dict:
     from specula.runtime.bench_spec import _prompts
     from specula.runtime.dataplane import RemoteDrafter
     from specula.runtime.engine import GenerationRequest, SpecEngine
@@ -369,8 +369,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt (default: 64; --quick: 24)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--quick", action="store_true", help="few prompts, few tokens: a few minutes")
-    p.add_argument("--predraft", type=int, default=2,
-                   help="blocks drafted per block for the likeliest rejections in the predraft config (default: 2)")
+    p.add_argument("--predraft", type=int, default=3,
+                   help="blocks drafted per block for the likeliest rejections in the predraft config (default: 3)")
     p.add_argument("--out", default="reports/bench-distributed", help="output directory for JSON + markdown")
 
 
@@ -397,6 +397,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="the drafter process of `specula bench distributed`")
     ap.add_argument("--serve-drafter", required=True, help="drafter config as JSON")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--predraft", type=int, default=2)
+    ap.add_argument("--predraft", type=int, default=3)
     a = ap.parse_args()
     serve_drafter(json.loads(a.serve_drafter), a.model, a.predraft)
