@@ -92,6 +92,18 @@ class _Counting:
         self._enter("observe_ahead", [v.request_id for v in verdicts])
         self.inner.observe_ahead(verdicts)
 
+    @property
+    def predraft(self) -> bool:
+        return bool(getattr(self.inner, "predraft", False))
+
+    def branch(self, rows):
+        self._enter("branch", [r for r, _ in rows])
+        return self.inner.branch(rows)
+
+    def grow(self, request_ids):
+        self._enter("grow", request_ids)
+        return self.inner.grow(request_ids)
+
 
 def _text_lm(model_dir):
     """The target's own language model as a text_lm drafter (drafts ahead: overlap)."""
@@ -291,9 +303,11 @@ def _concurrently(verifier, reqs, address) -> dict:
     return got
 
 
-def test_concurrent_requests_batched_with_overlap_equal_plain_decoding(lively, processor):
+@pytest.mark.parametrize("predraft", [0, 3])
+def test_concurrent_requests_batched_with_overlap_equal_plain_decoding(lively, processor, predraft):
     """Five greedy requests at once through the VerifierEngine, text_lm drafting ahead (proposes and the drafting
-    ahead's extends batched as they come): every output equals plain decoding, every request really drafted."""
+    ahead's extends batched as they come; with predraft, branches opened and grown in lockstep, ``grow`` calls
+    batched the same way): every output equals plain decoding, every request really drafted."""
     reqs = world_requests(processor, 5, SamplingParams(max_tokens=16), start=1)
     plain = SpecEngine(load_target(lively), None)
     want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
@@ -301,14 +315,17 @@ def test_concurrent_requests_batched_with_overlap_equal_plain_decoding(lively, p
     assert wrapper.lookahead
     verifier = _verifier(lively)
     try:
-        with DrafterServer(wrapper, overlap=True, **WINDOW) as server:
+        with DrafterServer(wrapper, overlap=True, predraft=predraft, **WINDOW) as server:
             got = _concurrently(verifier, reqs, server.address)
             assert _wait(lambda: server.live_sessions == 0)
     finally:
         verifier.close()
     assert {r: g["tokens"] for r, g in got.items()} == want
     assert all(g["drafter"] == "ok" for g in got.values()), {r: g["drafter"] for r, g in got.items()}
-    assert wrapper.sizes("propose") and wrapper.sizes("extend")  # drafted, and drafted ahead, through the batcher
+    ahead = "grow" if predraft else "extend"  # drafted, and drafted ahead, through the batcher
+    assert wrapper.sizes("propose") and wrapper.sizes(ahead) and not wrapper.sizes("extend" if predraft else "grow")
+    if predraft:
+        assert all(n % predraft == 0 for n in wrapper.sizes("branch"))  # every session opens its branches at once
     assert wrapper.live == set() and wrapper.inner._rows == {}  # every session released
 
 

@@ -379,8 +379,20 @@ def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would(lockstep):
     p = Pipeline(ahead, "a", threading.Lock(), overlap=True, predraft=3)
     assert p.predraft == 3 and p.lockstep == lockstep
     b = p.propose(4)
-    steps = []
-    p.speculate(lambda: steps.append(1) and False)
+    steps, mid = [], {}
+
+    def stop() -> bool:  # at the third step, ask what a verdict arriving now would keep
+        steps.append(1)
+        if len(steps) == 3:
+            mid.update({o: p.would_hit(list(range(o[0])), o[1]) for o in p._branches})  # noqa: SLF001
+            mid["guess"] = p.would_hit(list(range(len(b.tokens))), p._guess)  # noqa: SLF001
+            mid["other"] = p.would_hit([], next(x for x in range(63) if (0, x) not in p._branches  # noqa: SLF001
+                                            and x != b.tokens[0]))
+        return False
+
+    p.speculate(stop)
+    if lockstep:  # mid-way every chain is still growing: a verdict for any of them keeps drafting, others stop it
+        assert mid.pop("other") is False and all(mid.values()) and len(mid) == 4
     assert len(steps) == (5 if lockstep else 5 + 3 * 6)  # lockstep: gamma + 1 drafter steps cover every chain
     assert len(p._branches) == 3 and all(len(n[0]) == 5 for n in p._branches.values())  # noqa: SLF001
     assert len(p._ahead) == 5  # noqa: SLF001
