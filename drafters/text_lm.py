@@ -451,18 +451,16 @@ class TextLMDrafter:
         sub = [rows[i] for i in grow]
         sel = torch.tensor([index[ids[i]] for i in grow], dtype=torch.long)  # [Bc] cache rows
         logits = self._feed_lanes(sub, sel, [lanes[i] for i in grow])  # [Bc, W, V]
-        greedy = torch.tensor([r.temperature == 0 for r in sub])
-        temps = torch.tensor([r.temperature or 1.0 for r in sub], device=self.device)
-        self._grouping([ids[i] for i in grow])
-        kids, probs = self._children(logits, 1, temps, greedy, [r.generator for r in sub])  # [Bc, W, 1]
-        kids = kids[:, :, 0].tolist()  # [Bc][W], -1 = no mass left
         for j, i in enumerate(grow):
-            d, row = sub[j].draft, sub[j]
+            d, row, n = sub[j].draft, sub[j], len(lanes[i])
+            # per row, over its own lanes only: a seeded row consumes the same draws alone or batched
+            kids, probs = self._children(logits[j:j + 1, :n], 1, torch.tensor([row.temperature or 1.0],
+                                         device=self.device), torch.tensor([row.temperature == 0]), [row.generator])
             main_tip = d.main - 1
             new = []  # (lane tip, token, q): the main chain's last, since inserting it renumbers the branches
             for w, tip in enumerate(lanes[i]):
-                t = kids[j][w]
-                q = None if probs is None or row.temperature == 0 else probs[j, w]
+                t = int(kids[0, w, 0])  # -1 = no mass left
+                q = None if probs is None or row.temperature == 0 else probs[0, w]
                 new.append((tip, t, q, logits[j, w]))
             new.sort(key=lambda x: x[0] == main_tip)
             d.lanes = []

@@ -215,3 +215,29 @@ def test_grow_drafts_every_open_chain_side_by_side_exactly():
         assert landed["branch"] > 0
         d.release(["r"])
         assert d._kv.cache is None  # noqa: SLF001
+
+
+def test_grow_draws_the_same_nodes_alone_or_batched_with_a_row_of_more_lanes():
+    """A seeded sampled row consumes draws for its own lanes only, so batching it with a row that opened more
+    branches does not change what it drafts."""
+    lm = _lm()
+    g = torch.Generator().manual_seed(4)
+    prompts = {"a": torch.randint(0, IMAGE, (6,), generator=g), "b": torch.randint(0, IMAGE, (9,), generator=g)}
+    branches = {"a": 1, "b": 3}
+
+    def run(rows: list[str]) -> dict:
+        d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE)
+        d.begin([DraftContext(r, prompts[r], first_token=4, temperature=1.0, seed=21 + i) for i, r in
+                 enumerate(sorted(prompts)) if r in rows])
+        for r in rows:
+            d.propose([r], 4)
+            d.branch([(r, 3)] * branches[r])
+        out = {r: [] for r in rows}
+        for _ in range(4):
+            for r, nodes in zip(rows, d.grow(rows)):
+                out[r] += [(o, t) for o, t, _ in nodes]
+        return out
+
+    together = run(["a", "b"])
+    assert together["a"] == run(["a"])["a"] and together["b"] == run(["b"])["b"]
+    assert len({o for o, _ in together["b"]}) == 4  # b really grew its main chain and three branches
