@@ -70,6 +70,7 @@ class TrainConfig:
     vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
     vision_place_weight: float = 0.0  # weight of the vision heads' 3 x 3 cell loss (VisionHeads.place); 0 = no head
     freeze_vision: bool = False  # joint stage: tower and projector stay as the vision stage (and fit) left them
+    freeze_projector: bool = False  # joint stage: the projector (and its fitted gate) stays; the tower trains on
     projector_fit_images: int = 0  # word-code recipe: fit the projector in closed form on this many images (0: off)
     projector_fit_gate: bool = False  # the projector fit also zeroes background patches (zoo/projector_fit.py)
     background_code: bool = False  # word-code recipe: background patches get a code of their own instead of zero
@@ -404,6 +405,10 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     if cfg.freeze_vision:  # no gradient reaches them, so AdamW leaves them (and their weight decay) alone
         for n, p in model.named_parameters():
             if n.startswith(("model.vision_tower.", "model.multi_modal_projector.")):
+                p.requires_grad_(False)
+    elif cfg.freeze_projector:  # the LM's gradient still reaches the tower, through the fixed projector
+        for n, p in model.named_parameters():
+            if n.startswith("model.multi_modal_projector."):
                 p.requires_grad_(False)
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)
     t_last = time.time()

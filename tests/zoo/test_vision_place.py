@@ -107,19 +107,24 @@ def test_extended_vision_stage_keeps_the_fit_then_refits(tmp_path, processor):
                            refitted["model.vision_tower.embeddings.position_embedding.weight"])
 
 
-def test_freeze_vision_trains_only_the_lm(tmp_path, processor):
+@pytest.mark.parametrize("frozen", ["vision", "projector"])
+def test_freeze_vision_trains_only_the_lm_and_freeze_projector_the_tower_too(tmp_path, processor, frozen):
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=0, pool=4, token_budget=2048,
                       warmup_samples=2, eval_n=1, eval_every_s=1e9, threads=1, vision_images=16, code_lm_samples=8,
-                      code_token_budget=1024, freeze_vision=True, referent_attention=1.0, mix="dialogue")
+                      code_token_budget=1024, freeze_vision=frozen == "vision",
+                      freeze_projector=frozen == "projector", referent_attention=1.0, mix="dialogue")
     train(cfg, processor, log=lambda m: None)
     ckpt = tmp_path / "run" / "ckpt"
     before = load_file(ckpt / "model.safetensors")
     train(TrainConfig(**{**cfg.__dict__, "total_samples": 8}), processor, log=lambda m: None)
     after = load_file(ckpt / "model.safetensors")
     assert json.loads((ckpt / "state.json").read_text())["samples"] >= 8
-    vision = [k for k in before if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))]
+    tower = [k for k in before if k.startswith("model.vision_tower.")]
+    projector = [k for k in before if k.startswith("model.multi_modal_projector.")]
     lm = [k for k in before if k.startswith("model.language_model.")]
-    assert vision and all(torch.equal(before[k], after[k]) for k in vision)
+    assert projector and all(torch.equal(before[k], after[k]) for k in projector)  # a fit (and its gate) stays
+    moved = [k for k in tower if not torch.equal(before[k], after[k])]
+    assert tower and (not moved if frozen == "vision" else moved)
     assert any(not torch.equal(before[k], after[k]) for k in lm)
 
 
@@ -129,7 +134,8 @@ def test_cli_flags_for_place_and_frozen_vision():
 
     cfg = train_config_from_args(build_parser().parse_args(["train", "target", "--vision-place-weight", "0.5",
                                                             "--freeze-vision"]))
-    assert cfg.vision_place_weight == 0.5 and cfg.freeze_vision
+    assert cfg.vision_place_weight == 0.5 and cfg.freeze_vision and not cfg.freeze_projector
+    assert train_config_from_args(build_parser().parse_args(["train", "target", "--freeze-projector"])).freeze_projector
     cfg = train_config_from_args(build_parser().parse_args(["train", "target"]))
     assert cfg.vision_place_weight == 0.0 and not cfg.freeze_vision
     with pytest.raises(ValueError, match="vision_place_weight"):
