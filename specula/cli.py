@@ -199,6 +199,9 @@ def _add_train(sub) -> None:
     t.add_argument("--freeze-projector", action="store_true",
                    help="joint stage: keep the projector (and the background gate of --projector-fit-gate) as the "
                         "fit left it; the tower and the LM train, the LM's gradient reaching the tower through it")
+    t.add_argument("--tower-lr-mult", type=float, default=1.0,
+                   help="joint stage: the vision tower's learning rate as a multiple of --lr (default: 1). A tower "
+                        "aligned to the word codes drifts off them at the LM's rate")
     t.add_argument("--projector-fit-images", type=int, default=0,
                    help="word-code recipe: after the vision stage, fit the projector in closed form (ridge "
                         "regression of the codes on the tower's features) on this many images, once per run and "

@@ -70,7 +70,7 @@ def train_config_from_args(args):
                        referent_attention=args.referent_attention, vision_from=args.vision_from, lm_from=args.lm_from,
                        code_lm_mix=args.code_lm_mix, vision_pos_lr_mult=args.vision_pos_lr_mult,
                        vision_place_weight=args.vision_place_weight, freeze_vision=args.freeze_vision,
-                       freeze_projector=args.freeze_projector,
+                       freeze_projector=args.freeze_projector, tower_lr_mult=args.tower_lr_mult,
                        projector_fit_images=args.projector_fit_images,
                        projector_fit_gate=args.projector_fit_gate,
                        background_code=args.background_code,

@@ -70,6 +70,7 @@ class TrainConfig:
     vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
     vision_place_weight: float = 0.0  # weight of the vision heads' 3 x 3 cell loss (VisionHeads.place); 0 = no head
     freeze_vision: bool = False  # joint stage: tower and projector stay as the vision stage (and fit) left them
+    tower_lr_mult: float = 1.0  # joint stage: the tower's learning rate as a multiple of --lr
     freeze_projector: bool = False  # joint stage: the projector (and its fitted gate) stays; the tower trains on
     projector_fit_images: int = 0  # word-code recipe: fit the projector in closed form on this many images (0: off)
     projector_fit_gate: bool = False  # the projector fit also zeroes background patches (zoo/projector_fit.py)
@@ -205,12 +206,16 @@ def _referent(losses: dict, out, batch, refs: bool) -> dict[str, torch.Tensor]:
 
 def _param_groups(model, cfg: TrainConfig):
     proj = [p for n, p in model.named_parameters() if "multi_modal_projector" in n]
-    proj_ids = {id(p) for p in proj}
-    rest = [p for p in model.parameters() if id(p) not in proj_ids]
-    return [
+    tower = [p for n, p in model.named_parameters() if "vision_tower" in n] if cfg.tower_lr_mult != 1.0 else []
+    own = {id(p) for p in proj + tower}
+    rest = [p for p in model.parameters() if id(p) not in own]
+    groups = [
         {"params": rest, "lr_mult": 1.0},
         {"params": proj, "lr_mult": cfg.projector_lr_mult},
     ]
+    if tower:  # a group of its own only when its rate differs (older checkpoints have two groups)
+        groups.append({"params": tower, "lr_mult": cfg.tower_lr_mult})
+    return groups
 
 
 def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
@@ -316,8 +321,13 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     if (ckpt / "state.json").exists():
         model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
         model.tie_weights()
-        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+        saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
         state = json.loads((ckpt / "state.json").read_text())
+        if len(saved["param_groups"]) == len(opt.param_groups):
+            opt.load_state_dict(saved)
+        elif state.get("samples", 0):  # moments of a joint stage under way belong to its groups
+            raise ValueError(f"{ckpt}: its joint stage ran with {len(saved['param_groups'])} parameter groups, this "
+                             f"config has {len(opt.param_groups)} (--tower-lr-mult changed mid-stage?)")
         log(f"resumed from {ckpt}: {state['samples']} samples, {state['elapsed_s'] / 60:.1f} min")
     elif cfg.init_from:
         # continue from exported (fp16) weights when the run directory is gone: optimizer moments restart

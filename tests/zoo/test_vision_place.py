@@ -140,3 +140,23 @@ def test_cli_flags_for_place_and_frozen_vision():
     assert cfg.vision_place_weight == 0.0 and not cfg.freeze_vision
     with pytest.raises(ValueError, match="vision_place_weight"):
         TrainConfig(vision_place_weight=-1.0)
+
+
+def test_tower_lr_mult_gives_the_tower_its_own_rate_and_a_started_stage_keeps_its_groups(tmp_path, processor):
+    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.train_target import _param_groups
+
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer)
+    base = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny")
+    assert len(_param_groups(model, base)) == 2  # the layout of every earlier checkpoint
+    groups = _param_groups(model, TrainConfig(**{**base.__dict__, "tower_lr_mult": 0.05}))
+    tower = {id(p) for n, p in model.named_parameters() if n.startswith("model.vision_tower.")}
+    assert groups[2]["lr_mult"] == 0.05 and {id(p) for p in groups[2]["params"]} == tower
+    assert not tower & {id(p) for g in groups[:2] for p in g["params"]}
+
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=4, pool=4, token_budget=2048,
+                      warmup_samples=2, eval_n=1, eval_every_s=1e9, threads=1, vision_images=8, mix="dialogue")
+    train(cfg, processor, log=lambda m: None)
+    with pytest.raises(ValueError, match="parameter groups"):
+        train(TrainConfig(**{**cfg.__dict__, "total_samples": 8, "tower_lr_mult": 0.1}), processor,
+              log=lambda m: None)
