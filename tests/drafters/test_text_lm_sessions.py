@@ -30,6 +30,12 @@ def _lm() -> LlamaForCausalLM:
     return lm
 
 
+def _compacting_chain(lm) -> TextLMDrafter:
+    """A chain text_lm that compacts its cache as soon as any column is reclaimable (so every test exercises it)."""
+    return TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE, kv_policy=KVPolicy(min_waste=4,
+                                                                                               waste_ratio=0.0))
+
+
 def _ref_logp(lm, ids: list[int]) -> torch.Tensor:
     """log q at temperature 1 by a full forward over ``ids`` (the text-only context): [V]."""
     with torch.no_grad():
@@ -50,8 +56,7 @@ def _check(lm, d: TextLMDrafter, rid: str, prefix: list[int], tokens: list[int],
 
 def test_compaction_with_drafts_outstanding_keeps_every_q_exact():
     lm = _lm()
-    d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE, kv_policy=KVPolicy(min_waste=4,
-                                                                                             waste_ratio=0.0))
+    d = _compacting_chain(lm)
     rng = random.Random(0)
     g = torch.Generator().manual_seed(1)
     rows = [f"r{i}" for i in range(3)]
@@ -108,8 +113,7 @@ def test_branches_for_rejection_outcomes_draft_exactly_and_a_matching_verdict_ad
     rng = random.Random(3)
     gamma = 3
     for temperature in (1.0, 0.0):
-        d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE,
-                          kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+        d = _compacting_chain(lm)
         assert d.predraft
         g = torch.Generator().manual_seed(5)
         d.begin([DraftContext("r", torch.randint(0, IMAGE, (7,), generator=g), first_token=3,
@@ -170,8 +174,7 @@ def test_grow_drafts_every_open_chain_side_by_side_exactly():
     rng = random.Random(7)
     gamma = 3
     for temperature in (1.0, 0.0):
-        d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE,
-                          kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+        d = _compacting_chain(lm)
         g = torch.Generator().manual_seed(9)
         d.begin([DraftContext("r", torch.randint(0, IMAGE, (6,), generator=g), first_token=5,
                               temperature=temperature, seed=2)])
