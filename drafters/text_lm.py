@@ -480,7 +480,6 @@ class TextLMDrafter:
                     out[i].append(((d.parents[first] + 1, d.tokens[first]), int(t), q))
                 if int(t) not in self._stop_set:  # a stop token ends its lane
                     d.lanes.append(node)
-            d.tip = d.main - 1
         return out
 
     def release(self, request_ids: Sequence[str]) -> None:
