@@ -55,6 +55,8 @@ class Encoder:
     def word_id(self, word: str) -> int:
         if word not in self._word_ids:
             ids = self.tok(word, add_special_tokens=False).input_ids
+            if len(ids) == 2 and self.tok.convert_ids_to_tokens(ids[0]) == "▁":
+                ids = ids[1:]  # punctuation: a lone word marker, then the mark itself (the token used inside text)
             self._word_ids[word] = ids[0] if len(ids) == 1 else -1  # only single-token words are targets
         return self._word_ids[word]
 

@@ -13,6 +13,12 @@ mass on the referent's image tokens (-log of the mass, averaged). In a 2-layer d
 dialogues, 614 steps of 4) this took colour and shape questions from 0.22 / 0.43 to 0.89 / 0.93
 (``runs/exp/oracle_lm.py``, ``ATTN=1 ATTN1=1``). The targets come from the question text and the image's patch
 words, so they need nothing the world does not already say.
+
+Captions get the same supervision (``caption_referents``): a scene caption lists its objects in reading order,
+and a small LM's captions fail by naming one object twice and skipping another ("a large purple cross in the top
+left, a large purple cross in the top left, ..."), i.e. by attending to the wrong object. So at every position
+that predicts a word of object k's phrase (after its article, through its last place word), head 0 of
+``PATCH_LAYER`` is asked to attend to object k's patches. No word hop: a caption has no question to fetch from.
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ def referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, i
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns); ``word_id(w)`` a word's single token
     id or -1.
     """
+    if s.kind == "caption":
+        return caption_referents(s, input_ids, labels, image_id, word_id)
     if not s.kind.startswith("vqa") or len(s.images) != 1 or not s.patch_words:
         return ()
     questions = [s.prompt.replace("<image>", "")] + [u for u, _ in s.followups]
@@ -88,6 +96,55 @@ def referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, i
             want = {word_id(w) for w in _words(q) if w in SHAPES or w in COLOUR_NAMES} - {-1}
             words = tuple(j for j in range(prev, a) if ids[j] in want)
             out.append(ReferentTarget(a - 1, tuple(image_pos[t] for t in patches), words))
+    return tuple(out)
+
+
+def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
+                      word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+    """Attention targets for a one-image scene caption: one per position that predicts a word of an object's phrase
+    in the listing, pointing at that object's patches; () for anything else (charts, signs, several images).
+
+    An object's phrase is found by its "colour shape" token pair inside the first assistant turn; it runs from its
+    article ("a" / "an", up to 3 tokens before the colour) to the token before the next "," / "and" / ".". The
+    listing ends at the first object named twice (the relation sentences after it name objects again). Objects
+    whose (colour, shape) has no visible patch (fully covered) get no target.
+
+    input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
+    """
+    if len(s.images) != 1 or not s.patch_words:
+        return ()
+    patches: dict[tuple[int, int], list[int]] = {}  # (colour id, shape id) -> patch indices
+    for t, w in enumerate(s.patch_words[0]):
+        if len(w) >= 2 and w[0] in COLOUR_NAMES and w[1] in SHAPES:
+            patches.setdefault((word_id(w[0]), word_id(w[1])), []).append(t)
+    if not patches:
+        return ()
+    image_pos = (input_ids == image_id).nonzero()[:, 0].tolist()
+    if len(image_pos) != len(s.patch_words[0]):
+        return ()
+    ids, lab = input_ids.tolist(), labels.tolist()
+    inside = [j for j in range(len(lab)) if lab[j] != -100]
+    if not inside:
+        return ()
+    start = inside[0]
+    end = next((j for j in range(start, len(lab)) if lab[j] == -100), len(lab))  # first turn only
+    articles = {word_id("a"), word_id("an")} - {-1}
+    stops = {word_id(","), word_id("and"), word_id(".")} - {-1}
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for c in range(start, end - 1):
+        key = (ids[c], ids[c + 1])
+        if key not in patches:
+            continue
+        if key in seen:
+            break  # the listing is over
+        seen.add(key)
+        first = next((j for j in range(c - 1, max(start, c - 4) - 1, -1) if ids[j] in articles), None)
+        last = next((j - 1 for j in range(c + 2, end) if ids[j] in stops), end - 1)
+        if first is None:
+            continue
+        pos = tuple(image_pos[t] for t in patches[key])
+        out.extend(ReferentTarget(q, pos, ()) for q in range(first, last))  # q predicts token q + 1 of the phrase
     return tuple(out)
 
 

@@ -71,6 +71,42 @@ def test_dialogue_targets_point_at_the_answer_the_referent_and_its_words(process
     assert enc.encode(generate("chart", "eval", 0)).referents == ()  # not a scene
 
 
+def test_caption_targets_follow_the_listing_object_by_object(processor):
+    from specula.world.scene import make
+
+    enc = Encoder(processor, referents=True)
+    tok = processor.tokenizer
+    groups_seen = 0
+    for seed in range(12):
+        s = make(random.Random(f"caption-referents/{seed}"), "caption", "caption", n_min=2, n_max=5)
+        e = enc.encode(s)
+        img = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
+        objects: dict[tuple[str, str], list[int]] = {}
+        for t, w in enumerate(s.patch_words[0]):
+            if w:
+                objects.setdefault(w[:2], []).append(img[t])
+        assert e.referents and all(not t.words for t in e.referents)  # no word hop in a caption
+        groups: list[tuple[tuple[int, ...], list[int]]] = []  # consecutive queries that share one object
+        for t in e.referents:
+            if groups and groups[-1][0] == t.patches:
+                groups[-1][1].append(t.query)
+            else:
+                groups.append((t.patches, [t.query]))
+        assert len(groups) == len(objects)  # every visible object once: the listing names each object once
+        for patches, queries in groups:
+            assert queries == list(range(queries[0], queries[-1] + 1))  # one contiguous phrase
+            said = [tok.decode([int(e.input_ids[q + 1])]).strip() for q in queries]  # the words the queries predict
+            (colour, shape), = [k for k, v in objects.items() if tuple(v) == patches]
+            assert colour in said and shape in said
+            assert tok.decode([int(e.input_ids[queries[0]])]).strip() in ("a", "an")  # starts at the article
+            assert not {",", ".", "and"} & set(said)  # ends before the separator
+            assert all(e.labels[q + 1] != -100 for q in queries)  # inside the answer
+        groups_seen += len(groups)
+        order = [min(p) for p, _ in groups]
+        assert len(set(order)) == len(order)
+    assert groups_seen >= 30
+
+
 def test_loss_is_zero_when_the_heads_look_at_the_targets_and_large_when_uniform():
     B, H, L = 2, 2, 10
     t = [[ReferentTarget(8, (2, 3), (6,))], []]
