@@ -106,6 +106,11 @@ class SpecEngine:
                 raise ValueError(f"request id {r.request_id!r} is already live")
             if r.params.stop and self.decode is None:
                 raise ValueError("stop strings need a decode function (SpecEngine(decode=...))")
+        tp = time.perf_counter()
+        if self.drafter is not None and self.gamma > 0 and hasattr(self.drafter, "prepare"):
+            early = [c for r in requests if (c := self._early_context(r)) is not None]
+            if early:  # a drafter that can start before the prefill (RemoteDrafter: an early Begin)
+                self.drafter.prepare(early, self.gamma)
         t0 = time.perf_counter()
         out = self.target.prefill([PrefillRequest(r.request_id, r.input_ids,
                                                   r.pixel_values if r.visual is None else None,
@@ -121,6 +126,7 @@ class SpecEngine:
             m = RequestMetrics()
             m.time["prefill"] += (t1 - t0) / len(requests)
             m.time["sample"] += (t2 - t1) / len(requests)
+            m.time["draft"] += (t0 - tp) / len(requests)  # early Begins (prepare), if any
             self.rows[r.request_id] = _Row(r, g, [], m)
         if self.drafter is not None:
             t3 = time.perf_counter()
@@ -161,6 +167,21 @@ class SpecEngine:
         return DraftContext(r.request_id, r.input_ids, first, r.params.temperature, r.params.seed,
                             pixel_values=r.pixel_values if "pixels" in needs else None, visual=visual,
                             hidden=hidden, extra=extra, drafter=r.drafter)
+
+    def _early_context(self, r: GenerationRequest) -> DraftContext | None:
+        """The request's DraftContext before the prefill (first_token -1), when its drafter needs nothing the
+        prefill makes: no hidden states or KV, and visual features only if the request brings them."""
+        needs = self.drafter.spec.needs
+        if set(needs) - {"pixels", "visual"}:
+            return None
+        visual = None
+        if "visual" in needs:
+            if r.visual is None:
+                return None
+            visual = r.visual.features if isinstance(r.visual, VisualFeatures) else r.visual
+        return DraftContext(r.request_id, r.input_ids, -1, r.params.temperature, r.params.seed,
+                            pixel_values=r.pixel_values if "pixels" in needs else None, visual=visual,
+                            drafter=r.drafter)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Drop rows after a failure (no result, no event): free their target and drafter state if held.

@@ -9,6 +9,10 @@ To the speculative loop (``SpecEngine``) it is just another drafter; underneath,
     engine.generate([...])                       # begin -> Begin, propose -> ProposeRequest/Proposal,
                                                  # observe -> Verdict, release -> Release (stream ends)
 
+With a replica that offers it (``DrafterInfo.early_begin``), the engine's ``prepare`` (before the target's
+prefill) sends an early Begin without the first token, and ``begin`` sends the first token as a Verdict: the
+drafter's prompt prefill and its first block then run during the target's prefill (``overlap.py``, ``prime``).
+
 Failure is never an exception here: a replica that cannot be reached, a session that breaks, answers with an Error,
 sends something invalid or misses the proposal deadline is dropped, and its request goes on with no drafts (the
 engine's plain step: gamma = 0), so the output does not change. ``fallbacks`` says which requests fell back and why.
@@ -17,7 +21,8 @@ Time split (``stats``, per request; the caller pops it): every Proposal says how
 (``idle``: it was still drafting ahead, or busy with other sessions) and drafted it (``draft``); the rest of the
 round trip is ``transfer`` (encode, gRPC, decode, both ways). ``ahead`` is drafting that overlapped verification;
 ``spec_used`` / ``spec_dropped`` count pre-drafted blocks (``spec_branch``: used ones drafted for a rejection); ``bytes_out`` / ``bytes_in`` are serialized frame bytes;
-``drafter`` names the drafter that drafted the request's blocks, as the replica reported it ("" before any).
+``drafter`` names the drafter that drafted the request's blocks, as the replica reported it ("" before any);
+``early``: the session began before the target's prefill; ``first_ahead``: its first block was ready when asked for.
 
 A request's drafter choice (``DraftContext.drafter``, from ``GenerationRequest.drafter``) goes in its Begin; a
 replica that does not serve that name (``DrafterInfo.drafters``) is not asked, and the request decodes alone.
@@ -175,6 +180,7 @@ class RemoteDrafter:
         self._replicas: dict[str, _Replica] = {}
         self._assigned: dict[str, str] = {}  # request id -> address, from attach() until begin()
         self._streams: dict[str, SessionStream] = {}
+        self._early: set[str] = set()  # request ids begun early (prepare) whose first token is still to send
         self._spec: DrafterSpec | None = None
         self.fallbacks: dict[str, str] = {}  # request id -> why it decodes alone (the caller pops it)
         self.stats: dict[str, dict] = {}  # request id -> time split and counters (module docstring; caller pops)
@@ -240,8 +246,37 @@ class RemoteDrafter:
 
     # ------------------------------------------------------------------------------------------- Drafter protocol
 
+    def prepare(self, contexts: Sequence[DraftContext], gamma: int) -> None:
+        """Before the target's prefill: an early Begin (no first token) for each context whose replica offers it
+        (``DrafterInfo.early_begin``; overlap not turned off here), so the drafter's prompt prefill and its first
+        block overlap the target's prefill; ``begin`` then sends the first token as a Verdict. Contexts carry
+        ``first_token`` -1 and only what the prefill does not make (pixels, visual)."""
+        if self.overlap is False or gamma <= 0:
+            return
+        for c in contexts:
+            with self._lock:
+                address = self._assigned.get(c.request_id)
+                rep = self._replicas.get(address) if address is not None else None
+            if rep is None or rep.error is not None or not rep.info.early_begin:
+                continue
+            if c.drafter and rep.info.drafters and c.drafter not in rep.info.drafters:
+                continue  # begin() reports it
+            with self._lock:
+                self._assigned.pop(c.request_id, None)
+            if self._open(c, rep, early=True, gamma=gamma):
+                self._early.add(c.request_id)
+
     def begin(self, contexts: Sequence[DraftContext]) -> None:
         for c in contexts:
+            if c.request_id in self._early:  # begun before the prefill: the first token is a verdict now
+                self._early.discard(c.request_id)
+                s = self._streams.get(c.request_id)
+                if s is not None:
+                    try:
+                        s.send(pb.Verdict(accepted=[], tokens=[], next_token=int(c.first_token)))
+                    except WireError as e:
+                        self._drop(c.request_id, f"Verdict failed: {e}")
+                continue
             with self._lock:
                 address = self._assigned.pop(c.request_id, None)
                 rep = self._replicas.get(address) if address is not None else None
@@ -251,24 +286,31 @@ class RemoteDrafter:
                 self._drop(c.request_id, f"drafter {c.drafter!r} is not served by {address} (it serves "
                                          f"{list(rep.info.drafters)})")
                 continue
-            tensors = {name: t for name, t in (("pixel_values", c.pixel_values), ("visual", c.visual),
-                                               ("hidden", c.hidden), *c.extra.items()) if t is not None}
-            sampling = pb.SamplingParams(temperature=c.temperature)
-            if c.seed is not None:
-                sampling.seed = c.seed
-            begin = pb.Begin(prompt_ids=c.prompt_ids.tolist(), first_token=int(c.first_token), sampling=sampling,
-                             codec=rep.codec, drafter=c.drafter or "")
-            if self.overlap is not None:
-                begin.overlap = bool(self.overlap)
-            if self.predraft is not None:
-                begin.predraft = bool(self.predraft)
-            self.stats[c.request_id] = _new_stats(rep.codec, bool(rep.info.overlap) and self.overlap is not False)
-            try:
-                s = SessionStream(rep.stub, c.request_id, rep.codec, rep.limits, self.limits)
-                self._streams[c.request_id] = s
-                s.send(begin, tensors)
-            except (WireError, grpc.RpcError, ValueError) as e:
-                self._drop(c.request_id, f"Begin failed: {e}")
+            self._open(c, rep)
+
+    def _open(self, c: DraftContext, rep: _Replica, early: bool = False, gamma: int = 0) -> bool:
+        """Open the request's session with its Begin; False (and the request decodes alone) if that fails."""
+        tensors = {name: t for name, t in (("pixel_values", c.pixel_values), ("visual", c.visual),
+                                           ("hidden", c.hidden), *c.extra.items()) if t is not None}
+        sampling = pb.SamplingParams(temperature=c.temperature)
+        if c.seed is not None:
+            sampling.seed = c.seed
+        begin = pb.Begin(prompt_ids=c.prompt_ids.tolist(), first_token=max(int(c.first_token), 0), sampling=sampling,
+                         codec=rep.codec, drafter=c.drafter or "", early=early, gamma=gamma if early else 0)
+        if self.overlap is not None:
+            begin.overlap = bool(self.overlap)
+        if self.predraft is not None:
+            begin.predraft = bool(self.predraft)
+        self.stats[c.request_id] = _new_stats(rep.codec, bool(rep.info.overlap) and self.overlap is not False)
+        self.stats[c.request_id]["early"] = early
+        try:
+            s = SessionStream(rep.stub, c.request_id, rep.codec, rep.limits, self.limits)
+            self._streams[c.request_id] = s
+            s.send(begin, tensors)
+        except (WireError, grpc.RpcError, ValueError) as e:
+            self._drop(c.request_id, f"Begin failed: {e}")
+            return False
+        return True
 
     def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
         live = [(b, rid, s) for b, rid in enumerate(request_ids) if (s := self._streams.get(rid)) is not None]
@@ -306,6 +348,7 @@ class RemoteDrafter:
 
     def release(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
+            self._early.discard(rid)
             with self._lock:
                 self._assigned.pop(rid, None)
             s = self._streams.pop(rid, None)
@@ -338,6 +381,8 @@ class RemoteDrafter:
             return
         idle, draft = ps.queued_ns / 1e9, ps.draft_ns / 1e9
         st["proposals"] += 1
+        if st["proposals"] == 1:
+            st["first_ahead"] = bool(ps.speculative)  # the first block was drafted before it was asked for
         st["idle_s"] += idle
         st["draft_s"] += draft
         st["transfer_s"] += max(round_trip_ns / 1e9 - idle - draft, 0.0)
@@ -355,6 +400,7 @@ class RemoteDrafter:
             st["bytes_out"], st["bytes_in"] = s.bytes_out, s.bytes_in
 
     def _drop(self, rid: str, reason: str) -> None:
+        self._early.discard(rid)
         s = self._streams.pop(rid, None)
         if s is not None:
             self._bytes(rid, s)
@@ -388,7 +434,7 @@ class RemoteDrafter:
 
 
 def _new_stats(codec: str, overlap: bool) -> dict:
-    return {"codec": codec, "overlap": overlap, "drafter": "", "proposals": 0, "draft_s": 0.0, "transfer_s": 0.0,
+    return {"codec": codec, "overlap": overlap, "early": False, "first_ahead": False, "drafter": "", "proposals": 0, "draft_s": 0.0, "transfer_s": 0.0,
             "idle_s": 0.0, "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0, "spec_branch": 0, "bytes_out": 0, "bytes_in": 0}
 
 

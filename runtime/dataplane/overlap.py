@@ -37,6 +37,13 @@ a row in one forward gets its branches opened first and grown beside the block p
 per call: a 1-2 layer drafter step costs about the same for one tip as for three, so with the verdict ~gamma + 1
 drafter steps away every outcome opened gets its block, instead of the first branch getting part of one.
 
+The first block, during the target's prefill (``prime``; Begin.early). A drafter that needs nothing of the
+target's prefill can start before it: it takes the prompt with its last token pending, so its next node is its
+guess of the target's first token, and the pipeline drafts past that guess (and opens branches for the other
+likely first tokens) exactly as past a block's guess. The first token then arrives as a verdict with nothing
+accepted; a hit makes the first ProposeRequest's block ready at once, so neither the drafter's prompt prefill nor
+its first block sits on the critical path. Lossless for the same reason: the first token is the target's draw.
+
 Speculation is cut short as soon as the next message makes it pointless (a Verdict that already disagrees, a
 Release), one node at a time, so a miss costs at most one node's drafting on top of the sequential path.
 
@@ -111,6 +118,19 @@ class Pipeline:
         block = self._take_ready(gamma) if self._ready is not None else self._fresh(gamma)
         block.draft_ns = time.perf_counter_ns() - t0
         return block
+
+    def prime(self, gamma: int) -> None:
+        """Early Begin: the drafter holds the prompt with its last token pending; draft one node (the guess of the
+        target's first token, not sent) so that ``speculate`` drafts blocks of ``gamma`` past it, and branches for
+        other first tokens, while the target prefills. The first token comes as a verdict with nothing accepted."""
+        self._since = (0, 0)
+        self._sent, self._gamma, self._guess = 0, max(int(gamma), 1), None
+        if not self.overlap:
+            return
+        with self.lock:
+            prop = self.drafter.propose([self.key], 1)
+        if prop.counts[0]:
+            self._guess = int(prop.tokens[0, 0])
 
     def verdict(self, v: Verdict) -> None:
         """Settle the blocks drafted ahead: a hit keeps its block for the next ProposeRequest, the rest are dropped."""

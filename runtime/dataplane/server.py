@@ -22,6 +22,14 @@ stream takes the verifier's messages meanwhile, so drafting ahead stops as soon 
 Drafting ahead goes through the batcher one node (``extend(1)``) at a time, so sessions drafting ahead at once
 share one ``extend`` call, and a stop check still comes between nodes.
 
+An early Begin (``Begin.early``, offered when ``DrafterInfo.early_begin``): the verifier sends it before its
+prefill, with no first token; the session takes the prompt with its last token pending and drafts past its guess
+of the first token while the target prefills (``Pipeline.prime``); the first token then comes as a Verdict with
+nothing accepted::
+
+    verifier -> drafter   Begin(early)  Verdict(first token)  ProposeRequest  Verdict ...
+                          (target prefill meanwhile)           Proposal (drafted during the prefill on a hit)
+
 Several drafters (``drafters.multi.MultiDrafter``, config ``drafter.alternatives``): a session drafts with the one
 its Begin names (``Begin.drafter``; empty = the default; ``DrafterInfo.drafters`` lists them), and its pipeline
 runs on that drafter, so it overlaps when that drafter can draft ahead. Every ProposalStats names the drafter.
@@ -36,6 +44,7 @@ process (a Serve replica's event loop, a test)::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import queue
@@ -61,6 +70,7 @@ log = logging.getLogger(__name__)
 _pb2_grpc = load("specula_dataplane").pb2_grpc
 _WILDCARD = ("0.0.0.0", "::", "")
 _BEGIN_FIELDS = ("pixel_values", "visual", "hidden")  # DraftContext fields a Begin tensor may fill; others -> extra
+EARLY_NEEDS = frozenset({"pixels", "visual"})  # what a drafter may need and still begin before the target's prefill
 
 
 class SessionError(Exception):
@@ -110,9 +120,11 @@ class DrafterServer:
             raise ValueError(f"predraft must be an integer >= 0, got {predraft!r}")
         self._predraft = predraft
         self.overlap = self._overlap and supports_lookahead(drafter.drafters[drafter.default] if multi else drafter)
+        members = [drafter.drafters[c] for c in self.choices] if multi else [drafter]
+        self.early_begin = self._overlap and all(_early_capable(d) for d in members)
         self.info = pb.DrafterInfo(kind=spec.kind, structure=spec.structure, needs=sorted(spec.needs),
                                    accepted_codecs=codecs, max_message_bytes=limits.max_message_bytes,
-                                   overlap=self.overlap, drafters=self.choices)
+                                   overlap=self.overlap, drafters=self.choices, early_begin=self.early_begin)
         self._accepts = frozenset(codecs) | {"raw"}
         self.batcher = DraftBatcher(drafter, max_batch_size=max_batch_size, wait_ms=batch_wait_ms, on_call=on_call)
         self._ids = itertools.count()
@@ -235,17 +247,27 @@ class DrafterServer:
             if s.choice not in self.choices:
                 raise SessionError(pb.Error.CODE_UNSUPPORTED, f"drafter {s.choice!r} is not served by this replica; "
                                                               f"it serves {list(self.choices)}")
+            wants = msg.body.overlap if msg.body.HasField("overlap") else True
+            early = bool(msg.body.early)
+            if early and not (self.early_begin and wants):
+                raise SessionError(pb.Error.CODE_UNSUPPORTED, "an early Begin needs a replica with early_begin and "
+                                                              "overlap on")
             ctx = self._context(s.key, msg, s.choice)
+            if early:  # the first token is not known yet: the prompt's last token is the pending one
+                if len(ctx.prompt_ids) < 2:
+                    raise SessionError(pb.Error.CODE_INVALID_FRAME, "an early Begin needs at least 2 prompt ids")
+                ctx = dataclasses.replace(ctx, prompt_ids=ctx.prompt_ids[:-1], first_token=int(ctx.prompt_ids[-1]))
             try:
                 self.batcher.begin([ctx])
             finally:
                 s.begun = True  # a failed begin may have left state: the session's end releases it
-            wants = msg.body.overlap if msg.body.HasField("overlap") else True
             branches = self._predraft if not msg.body.HasField("predraft") or msg.body.predraft else 0
             # the session's own drafter: with several, the pipeline drafts ahead when the chosen one can
             drafter = self.drafter.drafter_for(s.key) if isinstance(self.drafter, MultiDrafter) else self.drafter
             s.pipeline = Pipeline(BatchedView(self.batcher, drafter), s.key, overlap=self._overlap and wants,
                                   predraft=branches)
+            if early:
+                s.pipeline.prime(int(msg.body.gamma))  # the session loop drafts past the guess until the verdict
             return
         if kind == "error":  # the verifier gave up on this session
             s.done = True
@@ -358,6 +380,12 @@ class _Servicer(_pb2_grpc.DrafterServiceServicer):
 
     def Session(self, request_iterator, context):  # noqa: N802
         return self._s.session(request_iterator, context)
+
+
+def _early_capable(drafter) -> bool:
+    """Can ``drafter`` start before the target's prefill (Begin.early)? It must draft ahead (the first block is
+    drafted past its guess of the first token) and need no feature the prefill makes."""
+    return supports_lookahead(drafter) and not (set(drafter.spec.needs) - EARLY_NEEDS)
 
 
 def _own_ip() -> str:

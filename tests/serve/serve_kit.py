@@ -15,11 +15,13 @@ from specula.world.tokenizer import format_turns
 SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
 
 
-def world_requests(processor, n: int, params: SamplingParams, start: int = 0) -> list[GenerationRequest]:
-    """World prompts (images included) as the engine tests build them."""
+def world_requests(processor, n: int, params: SamplingParams, start: int = 0,
+                   suites: list[str] | None = None) -> list[GenerationRequest]:
+    """World prompts (images included) as the engine tests build them, round robin over ``suites``."""
     out = []
+    suites = suites or SUITES
     for i in range(start, start + n):
-        s = generate(SUITES[i % len(SUITES)], "eval", i)
+        s = generate(suites[i % len(suites)], "eval", i)
         text = format_turns(s.prompt)
         if s.images:
             enc = processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)

@@ -106,3 +106,38 @@ def test_a_broken_stream_frees_the_session(server, stub):
     assert _wait_free(server) and server.drafter._tokens == {}
     with pytest.raises(DrafterUnavailable):
         s.receive(1)
+
+
+def _early(rid="r1", prompt=(5, 6, 7, 5, 6, 7)):
+    return Message(rid, pb.Begin(prompt_ids=list(prompt), codec="fp32", early=True, gamma=3), {}, 0)
+
+
+@pytest.mark.parametrize("first", [5, 9])
+def test_an_early_begin_drafts_the_first_block_before_the_first_token_arrives(server, stub, first):
+    """Begin.early: the prompt without a first token; the first token comes as a Verdict with nothing accepted.
+    When it is the drafter's guess (ngram: 5 after "... 6 7") the first block was drafted before it came and is sent
+    as such (speculative); otherwise the drafter rolls back and drafts from it. Either way the block is the one a
+    Begin with that first token would have got."""
+    assert stub.Describe(pb.DescribeRequest(), timeout=5).early_begin
+    got = _answer(stub, _frames(_early(), Message("r1", pb.Verdict(accepted=[], tokens=[], next_token=first), {}, 1),
+                                Message("r1", pb.ProposeRequest(gamma=3), {}, 2)))
+    plain = _answer(stub, _frames(Message("r2", pb.Begin(prompt_ids=[5, 6, 7, 5, 6, 7], first_token=first,
+                                                         codec="fp32"), {}, 0),
+                                  Message("r2", pb.ProposeRequest(gamma=3), {}, 1)))
+    assert [f.kind for f in got] == [f.kind for f in plain] == [pb.KIND_PROPOSAL]
+    assert list(got[0].proposal.tokens) == list(plain[0].proposal.tokens)
+    assert got[0].proposal.stats.speculative == (first == 5)
+    assert _wait_free(server) and server.drafter._tokens == {}
+
+
+def test_an_early_begin_is_refused_where_the_replica_does_not_offer_it():
+    with DrafterServer(create({"kind": "ngram"}), overlap=False) as s:
+        channel = grpc.insecure_channel(s.address, options=DEFAULT_LIMITS.grpc_options())
+        try:
+            stub = pb2_grpc.DrafterServiceStub(channel)
+            assert not stub.Describe(pb.DescribeRequest(), timeout=5).early_begin
+            got = _answer(stub, _frames(_early()))
+        finally:
+            channel.close()
+        assert len(got) == 1 and got[0].error.code == pb.Error.CODE_UNSUPPORTED, got
+        assert _wait_free(s)

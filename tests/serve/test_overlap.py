@@ -185,6 +185,42 @@ def test_predraft_foreseen_rejections_get_their_block_at_once_and_output_is_unch
     assert all(s["spec_branch"] <= s["spec_used"] for s in stats)
 
 
+class _SlowPrefill(_SlowVerify):
+    """A real target whose prefill takes ``delay_s`` longer (a big target's prefill against a small drafter)."""
+
+    def verify(self, *args, **kwargs):
+        return self._target.verify(*args, **kwargs)
+
+    def prefill(self, *args, **kwargs):
+        time.sleep(self._delay)
+        return self._target.prefill(*args, **kwargs)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_early_begin_drafts_the_first_block_during_the_prefill(lively, processor, overlap):
+    """With a replica that offers early Begin, the verifier begins the session before its prefill: the drafter
+    (the target's own LM on text prompts: its guess of the first token is right) has the first block ready when it
+    is asked for; the output equals plain decoding. With overlap off nothing begins early."""
+    reqs = world_requests(processor, 3, SamplingParams(max_tokens=12), suites=["text"])
+    plain = SpecEngine(load_target(lively), None)
+    want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
+    target = _SlowPrefill(load_target(lively), 0.1)
+    verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0,
+                                                    overlap=overlap), gamma=4)
+    try:
+        with DrafterServer(_text_lm(lively), overlap=True, predraft=3) as server:
+            got = _run_batch(verifier, reqs, server.address)
+    finally:
+        verifier.close()
+    assert {rid: g["tokens"] for rid, g in got.items()} == want
+    stats = [g["dataplane"] for g in got.values()]
+    assert all(s["early"] == overlap for s in stats), stats
+    if overlap:
+        assert sum(s["first_ahead"] for s in stats) >= 2, stats  # the guess of the first token may miss
+    else:
+        assert not any(s["first_ahead"] for s in stats)
+
+
 def test_repetitive_answers_use_blocks_drafted_ahead_and_rejections_drop_them(model_dir, lively, processor):
     req = world_requests(processor, 1, SamplingParams(max_tokens=30), start=2)[0]
     for d, want_used in ((model_dir, True), (lively, False)):
