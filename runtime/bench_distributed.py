@@ -258,10 +258,11 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
         if dps:
             agg = {k: sum(d[k] for d in dps) for k in ("draft_s", "transfer_s", "idle_s", "ahead_s", "spec_used",
                                                        "spec_dropped", "spec_branch", "proposals", "bytes_out",
-                                                       "bytes_in")}
+                                                       "bytes_in", "early", "first_ahead")}
             step = seconds[name] / blocks if blocks else 0.0
             c.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in agg.items()})
             c["block_step_s"] = round(step, 5)
+            c["decode_block_step_s"] = round(decode[name] / blocks, 5) if blocks else None  # after the first token
             c["time_split_per_block_s"] = {k: round(v / blocks, 5) for k, v in (
                 ("verify", verify), ("draft", agg["draft_s"]), ("transfer", agg["transfer_s"]),
                 ("idle", agg["idle_s"]), ("ahead_overlapped", agg["ahead_s"]))} if blocks else None
@@ -326,15 +327,17 @@ def render_markdown(r: dict) -> str:
                   f"in the decode phase (predraft vs sequential: {o.get('decode_predraft_vs_sequential')}x). "
                   f"Tokens per request (plain): {per_suite}.", "",
               "## Time per block step (seconds, verifier's view)", "",
-              "| config | step | verify | draft (critical path) | transfer | idle | drafted ahead (overlapped) | "
-              "transfer share | blocks drafted ahead used / dropped (used for a rejection) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+              "| config | step | decode step | verify | draft (critical path) | transfer | idle | "
+              "drafted ahead (overlapped) | transfer share | blocks drafted ahead used / dropped (used for a rejection) "
+              "| first blocks ready / early Begins |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for name in ("sequential", "pipelined", "predraft"):
         c = r["configs"][name]
         ts = c.get("time_split_per_block_s") or {}
-        lines.append(f"| {name} | {c.get('block_step_s')} | {ts.get('verify')} | {ts.get('draft')} | "
-                     f"{ts.get('transfer')} | {ts.get('idle')} | {ts.get('ahead_overlapped')} | "
-                     f"{c.get('transfer_share_of_block_step')} | {c.get('spec_used')} / {c.get('spec_dropped')} ({c.get('spec_branch')}) |")
+        lines.append(f"| {name} | {c.get('block_step_s')} | {c.get('decode_block_step_s')} | {ts.get('verify')} | "
+                     f"{ts.get('draft')} | {ts.get('transfer')} | {ts.get('idle')} | {ts.get('ahead_overlapped')} | "
+                     f"{c.get('transfer_share_of_block_step')} | {c.get('spec_used')} / {c.get('spec_dropped')} "
+                     f"({c.get('spec_branch')}) | {c.get('first_ahead')} / {c.get('early')} |")
     w = r["wire"]
     lines += ["", f"## Wire bytes per codec (target features as frames: prompt hidden {w['shapes']['begin_hidden']}, "
                   f"block hidden {w['shapes']['verdict_hidden']})", "",

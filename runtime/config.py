@@ -246,7 +246,9 @@ class DrafterConfig(_Strict):
         True, description="Draft block n+1 while the verifier verifies block n, assuming block n is accepted whole "
                           "(PEARL's post-verify); the pre-drafted block is used when the verdict agrees and dropped "
                           "otherwise. Lossless either way. Only drafters that can draft ahead (chains of ngram, "
-                          "text_lm, eagle, msd) do it; others draft sequentially.")
+                          "text_lm, eagle, msd) do it; others draft sequentially. Drafters that also need nothing "
+                          "of the target's prefill (ngram, text_lm) begin before it (early Begin), so their prompt "
+                          "prefill and first block overlap the target's prefill.")
     predraft: int = Field(
         3, ge=0, le=16,
         description="With overlap, blocks also drafted per block for the likeliest rejection outcomes (SSD / "

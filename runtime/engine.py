@@ -192,7 +192,9 @@ class SpecEngine:
         held = set(self.target.live_ids)
         self.target.release([r for r in ids if r in held])
         if self.drafter is not None:
-            self.drafter.release([r for r in ids if r in self.rows])
+            # rows the drafter holds; one that can begin before the prefill (prepare) may hold rows add never made
+            early = hasattr(self.drafter, "prepare")
+            self.drafter.release([r for r in ids if r in self.rows or early])
         for rid in ids:
             self.rows.pop(rid, None)
             self._cancelled.discard(rid)

@@ -221,6 +221,34 @@ def test_target_failure_is_an_explicit_error_and_the_engine_goes_on(model_dir, p
         verifier.close()
 
 
+class _FailingPrefill(_FailingTarget):
+    """A target whose first prefill raises (after the drafter session began early)."""
+
+    def prefill(self, requests):
+        self._tick()
+        return self.inner.prefill(requests)
+
+
+def test_a_failed_prefill_after_an_early_begin_frees_the_drafter_session(model_dir, processor):
+    cfg = _config(model_dir, processor, "ngram")
+    req, again = world_requests(processor, 2, SamplingParams(max_tokens=12))
+    ref = _reference(model_dir, cfg, [again])[again.request_id].tokens
+    inner = load_target(model_dir)
+    verifier = VerifierEngine(_FailingPrefill(inner, fail_at=1), RemoteDrafter(vocab_size=inner.info.vocab_size),
+                              gamma=cfg.drafter.gamma)
+    try:
+        with DrafterServer(make_drafter(cfg)) as server:
+            assert server.info.early_begin
+            with pytest.raises(VerifierError, match="simulated device failure"):
+                verifier.generate(req, drafter_address=server.address)
+            assert _sessions_end(server)  # the session begun before the prefill is gone
+            out = verifier.generate(again, drafter_address=server.address)
+            assert out["tokens"] == ref and out["dataplane"]["early"]
+            assert _sessions_end(server)
+    finally:
+        verifier.close()
+
+
 class _Misbehaving(_Stalling):
     """A drafter that, from its third proposal on, answers wrongly in one of several ways."""
 
