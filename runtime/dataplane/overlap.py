@@ -6,8 +6,9 @@ Sequential (overlap off, or a drafter without ``Lookahead``)::
 
 With overlap (``drafters/protocol.py`` ``Lookahead``: ngram, text_lm, eagle, msd chains)::
 
-    ProposeRequest(gamma) -> propose(gamma + 1): send d_1 .. d_gamma, keep g = the drafter's own next token
-    while the verifier verifies:  extend(1) x (gamma + 1): x_1 .. x_gamma, g'   (as if d and g were committed)
+    ProposeRequest(gamma) -> propose(gamma): send d_1 .. d_gamma
+    while the verifier verifies:  extend(1): g = the drafter's own next token (the guess, never sent), then
+                                  extend(1) x (gamma + 1): x_1 .. x_gamma, g'   (as if d and g were committed)
     Verdict, ProposeRequest(gamma):
         all of d accepted and next_token == g  -> observe_ahead: send x_1 .. x_gamma at once (a hit), guess g'
         otherwise                             -> observe (drops every node past the accepted path), propose anew
@@ -103,6 +104,7 @@ class Pipeline:
         self._sent = 0  # nodes of the outstanding chain the verifier saw
         self._gamma = 0  # the gamma they answered
         self._guess: int | None = None  # the chain's node after them (overlap only)
+        self._guess_due = False  # a fresh proposal was sent: its guess is drafted first thing while it is verified
         self._ahead: list[int] = []  # nodes drafted past the guess
         self._ahead_q: list[torch.Tensor | None] = []  # [V] each, None = deterministic
         self._ahead_ns = 0
@@ -142,7 +144,7 @@ class Pipeline:
             ahead, ahead_q = branch
         hit = bool(ahead) and (is_branch or self._matches_guess(accepted, nxt))
         self._ahead, self._ahead_q, self._ahead_ns, self._guess, self._ready = [], [], 0, None, None
-        self._branches, self._growing = {}, None
+        self._branches, self._growing, self._guess_due = {}, None, False
         dropped, before_ns = self._since
         if not hit:
             with self.lock:
@@ -174,14 +176,31 @@ class Pipeline:
 
     @property
     def wants_ahead(self) -> bool:
-        return self.overlap and self._guess is not None and not self._ahead and not self._branches
+        return self.overlap and (self._guess is not None or self._guess_due) and not self._ahead \
+            and not self._branches
 
     def speculate(self, should_stop: Callable[[], bool]) -> None:
         """Draft up to gamma + 1 nodes past the guess (after the Proposal was sent), one at a time; then, while the
-        verdict is still out, up to ``predraft`` branches of gamma + 1 nodes for the likeliest rejections."""
+        verdict is still out, up to ``predraft`` branches of gamma + 1 nodes for the likeliest rejections. A fresh
+        proposal's guess is drafted here first: off the critical path (a verdict that comes before it stops)."""
         if not self.wants_ahead:
             return
         t0 = time.perf_counter_ns()
+        if self._guess_due:
+            self._guess_due = False
+            if should_stop():
+                return
+            with self.lock:  # a lockstep drafter grows (its only way of drafting ahead); others extend
+                if self.lockstep:
+                    guess = next((int(t) for o, t, _ in self.drafter.grow([self.key])[0] if o is None), None)
+                else:
+                    p = self.drafter.extend([self.key], 1)
+                    guess = int(p.tokens[0, 0]) if p.counts[0] else None
+            self._ahead_ns += time.perf_counter_ns() - t0
+            if guess is None:
+                return
+            self._guess = guess
+            t0 = time.perf_counter_ns()
         if self.lockstep:
             self._lockstep(should_stop)
             self._ahead_ns += time.perf_counter_ns() - t0
@@ -260,19 +279,16 @@ class Pipeline:
     def _fresh(self, gamma: int) -> Block:
         dropped, ahead_ns = self._since
         self._since = (0, 0)
-        self._sent, self._gamma, self._guess = 0, gamma, None
+        self._sent, self._gamma, self._guess, self._guess_due = 0, gamma, None, False
         if gamma <= 0:
             return Block([], None, None, dropped=dropped, ahead_ns=ahead_ns)
-        n = gamma + 1 if self.overlap else gamma
         with self.lock:
-            prop = self.drafter.propose([self.key], n)
+            prop = self.drafter.propose([self.key], gamma)
         c = int(prop.counts[0])
         tokens = prop.tokens[0, :c].tolist()
         parents = prop.parents[0, :c].tolist() if prop.parents is not None else None
         q = prop.q[0, :c].float() if prop.q is not None and c else None  # [N, V]
-        if self.overlap and c == gamma + 1:  # the last node is the guess, not sent
-            self._guess = tokens[gamma]
-            tokens, q = tokens[:gamma], (q[:gamma] if q is not None else None)
+        self._guess_due = self.overlap and c == gamma  # a full chain: speculate drafts its next node, the guess
         self._sent = len(tokens)
         return Block(tokens, parents, q, dropped=dropped, ahead_ns=ahead_ns)
 

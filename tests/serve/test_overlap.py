@@ -429,7 +429,8 @@ def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would(lockstep):
     p.speculate(stop)
     if lockstep:  # mid-way every chain is still growing: a verdict for any of them keeps drafting, others stop it
         assert mid.pop("other") is False and all(mid.values()) and len(mid) == 4
-    assert len(steps) == (5 if lockstep else 5 + 3 * 6)  # lockstep: gamma + 1 drafter steps cover every chain
+    # one step for the guess (drafted after the proposal is sent), then lockstep: gamma + 1 steps cover every chain
+    assert len(steps) == 1 + (5 if lockstep else 5 + 3 * 6)
     assert len(p._branches) == 3 and all(len(n[0]) == 5 for n in p._branches.values())  # noqa: SLF001
     assert len(p._ahead) == 5  # noqa: SLF001
     (k, t), (nodes, _) = sorted(p._branches.items())[-1]  # noqa: SLF001
