@@ -418,6 +418,9 @@ def _add_zoo(sub) -> None:
     pr.set_defaults(func=run_probe)
     x = zsub.add_parser("export", help="copy a training checkpoint into the shipped zoo (fp16) and update the manifest")
     x.add_argument("--ckpt", default="runs/target/ckpt", help="checkpoint directory (default: runs/target/ckpt)")
+    x.add_argument("--out", default=None,
+                   help="target directory to write instead of the shipped one (its parent gets the manifest), e.g. "
+                        "runs/zoo-next/target to stage a candidate and train drafters on it with --target")
     x.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).export_cli(a))
 
 

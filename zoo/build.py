@@ -52,7 +52,7 @@ def export(ckpt: Path, out: Path = TARGET_DIR, tokenizer_dir: Path = TOKENIZER_D
 
 
 def export_cli(args) -> int:
-    out = export(Path(args.ckpt))
+    out = export(Path(args.ckpt), Path(args.out) if args.out else TARGET_DIR)
     print(f"exported {args.ckpt} -> {out}")
     return 0
 

@@ -77,6 +77,11 @@ def test_train_resume_and_export(tmp_path, processor):
     assert next(model.parameters()).dtype == torch.float32
     answer = greedy_answer(model, load_processor(out), generate("vqa", "eval", 0), max_new_tokens=4)
     assert isinstance(answer, str)
+    # the CLI stages a candidate outside the shipped zoo (drafters then train on it with --target)
+    from specula.cli import main
+
+    assert main(["zoo", "export", "--ckpt", str(ckpt), "--out", str(tmp_path / "next" / "target")]) == 0
+    assert not verify(tmp_path / "next") and (tmp_path / "next" / "target" / "model.safetensors").exists()
 
 
 @pytest.mark.slow
