@@ -178,71 +178,50 @@ def test_unreachable_drafter_decodes_alone(model_dir, processor):
 
 
 class _FailingTarget:
-    """A target that raises on its ``fail_at``-th decode/verify call (then works again)."""
+    """A target that raises on its ``fail_at``-th call of the methods named in ``calls`` (then works again)."""
 
-    def __init__(self, inner, fail_at: int) -> None:
-        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+    def __init__(self, inner, fail_at: int, calls: tuple[str, ...] = ("verify", "decode_step")) -> None:
+        self.inner, self.fail_at, self.calls, self.watched = inner, fail_at, 0, calls
 
     def __getattr__(self, name):
-        return getattr(self.inner, name)
+        attr = getattr(self.inner, name)
+        if name not in self.watched:
+            return attr
 
-    def _tick(self):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise RuntimeError("simulated device failure")
+        def ticking(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("simulated device failure")
+            return attr(*args, **kwargs)
 
-    def verify(self, block):
-        self._tick()
-        return self.inner.verify(block)
-
-    def decode_step(self, ids):
-        self._tick()
-        return self.inner.decode_step(ids)
+        return ticking
 
 
-def test_target_failure_is_an_explicit_error_and_the_engine_goes_on(model_dir, processor):
+@pytest.mark.parametrize("fails", ["verify", "prefill"])
+def test_target_failure_is_an_explicit_error_and_the_engine_goes_on(model_dir, processor, fails):
+    """A target failure mid-request (verify) or in the prefill, after the drafter session began early (the ngram
+    replica offers early Begin): the client gets the error, the request's state is freed on both sides, and the
+    next request decodes as before."""
     cfg = _config(model_dir, processor, "ngram")
     first, second = world_requests(processor, 2, SamplingParams(max_tokens=16))
     ref = _reference(model_dir, cfg, [second])[second.request_id].tokens
     inner = load_target(model_dir)
-    target = _FailingTarget(inner, fail_at=3)
+    target = _FailingTarget(inner, fail_at=3) if fails == "verify" else _FailingTarget(inner, 1, ("prefill",))
     verifier = VerifierEngine(target, RemoteDrafter(vocab_size=inner.info.vocab_size), gamma=cfg.drafter.gamma)
     try:
         with DrafterServer(make_drafter(cfg)) as server:
+            assert server.info.early_begin
             seen = []
             with pytest.raises(VerifierError, match="simulated device failure"):
                 for chunk in verifier.stream(first, drafter_address=server.address):
                     seen.append(chunk)
-            assert seen and not seen[-1]["finished"]  # tokens came, then the error: never a quiet short answer
+            if fails == "verify":  # tokens came, then the error: never a quiet short answer
+                assert seen and not seen[-1]["finished"]
+            else:
+                assert not seen
             assert not inner.live_ids
-            assert verifier.generate(second, drafter_address=server.address)["tokens"] == ref
             assert _sessions_end(server)  # the failed request's session was freed too
-    finally:
-        verifier.close()
-
-
-class _FailingPrefill(_FailingTarget):
-    """A target whose first prefill raises (after the drafter session began early)."""
-
-    def prefill(self, requests):
-        self._tick()
-        return self.inner.prefill(requests)
-
-
-def test_a_failed_prefill_after_an_early_begin_frees_the_drafter_session(model_dir, processor):
-    cfg = _config(model_dir, processor, "ngram")
-    req, again = world_requests(processor, 2, SamplingParams(max_tokens=12))
-    ref = _reference(model_dir, cfg, [again])[again.request_id].tokens
-    inner = load_target(model_dir)
-    verifier = VerifierEngine(_FailingPrefill(inner, fail_at=1), RemoteDrafter(vocab_size=inner.info.vocab_size),
-                              gamma=cfg.drafter.gamma)
-    try:
-        with DrafterServer(make_drafter(cfg)) as server:
-            assert server.info.early_begin
-            with pytest.raises(VerifierError, match="simulated device failure"):
-                verifier.generate(req, drafter_address=server.address)
-            assert _sessions_end(server)  # the session begun before the prefill is gone
-            out = verifier.generate(again, drafter_address=server.address)
+            out = verifier.generate(second, drafter_address=server.address)
             assert out["tokens"] == ref and out["dataplane"]["early"]
             assert _sessions_end(server)
     finally:
