@@ -25,6 +25,8 @@ import torch
 
 # Target features a drafter may ask for (DrafterSpec.needs)
 FEATURES = ("hidden", "layer_hidden", "last_kv", "visual", "pre_projector", "pixels")
+# what a drafter may need and still begin before the target's prefill (the rest are the prefill's outputs)
+PREFILL_FREE = frozenset({"pixels", "visual"})
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specula.drafters.protocol import DraftContext, Verdict
+from specula.drafters.protocol import PREFILL_FREE, DraftContext, Verdict
 from specula.runtime.metrics import RequestMetrics
 from specula.runtime.rejection import verify_chain
 from specula.runtime.sampling import SamplingParams, logits_to_probs, sample_next
@@ -172,7 +172,7 @@ class SpecEngine:
         """The request's DraftContext before the prefill (first_token -1), when its drafter needs nothing the
         prefill makes: no hidden states or KV, and visual features only if the request brings them."""
         needs = self.drafter.spec.needs
-        if set(needs) - {"pixels", "visual"}:
+        if set(needs) - PREFILL_FREE:
             return None
         visual = None
         if "visual" in needs:

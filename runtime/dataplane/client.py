@@ -434,8 +434,9 @@ class RemoteDrafter:
 
 
 def _new_stats(codec: str, overlap: bool) -> dict:
-    return {"codec": codec, "overlap": overlap, "early": False, "first_ahead": False, "drafter": "", "proposals": 0, "draft_s": 0.0, "transfer_s": 0.0,
-            "idle_s": 0.0, "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0, "spec_branch": 0, "bytes_out": 0, "bytes_in": 0}
+    return {"codec": codec, "overlap": overlap, "early": False, "first_ahead": False, "drafter": "", "proposals": 0,
+            "draft_s": 0.0, "transfer_s": 0.0, "idle_s": 0.0, "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0,
+            "spec_branch": 0, "bytes_out": 0, "bytes_in": 0}
 
 
 def _batch(ids: tuple[str, ...], rows, vocab_size: int) -> Proposal:

@@ -58,7 +58,7 @@ import grpc
 import torch
 
 from specula.drafters.multi import MultiDrafter
-from specula.drafters.protocol import DraftContext, Verdict, supports_lookahead
+from specula.drafters.protocol import PREFILL_FREE, DraftContext, Verdict, supports_lookahead
 from specula.protos import load
 from specula.runtime.wire import DEFAULT_LIMITS, FrameEncoder, Message, Reassembler, WireError, WireLimits, pb
 from specula.runtime.wire.codecs import parse_codec
@@ -70,7 +70,6 @@ log = logging.getLogger(__name__)
 _pb2_grpc = load("specula_dataplane").pb2_grpc
 _WILDCARD = ("0.0.0.0", "::", "")
 _BEGIN_FIELDS = ("pixel_values", "visual", "hidden")  # DraftContext fields a Begin tensor may fill; others -> extra
-EARLY_NEEDS = frozenset({"pixels", "visual"})  # what a drafter may need and still begin before the target's prefill
 
 
 class SessionError(Exception):
@@ -385,7 +384,7 @@ class _Servicer(_pb2_grpc.DrafterServiceServicer):
 def _early_capable(drafter) -> bool:
     """Can ``drafter`` start before the target's prefill (Begin.early)? It must draft ahead (the first block is
     drafted past its guess of the first token) and need no feature the prefill makes."""
-    return supports_lookahead(drafter) and not (set(drafter.spec.needs) - EARLY_NEEDS)
+    return supports_lookahead(drafter) and not (set(drafter.spec.needs) - PREFILL_FREE)
 
 
 def _own_ip() -> str:
