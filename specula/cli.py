@@ -251,6 +251,9 @@ def _add_train(sub) -> None:
                    help="weight of the referent-attention loss (zoo/referents.py): for each lookup question, head 0 "
                         "of layer 0 attends to the question's referent words and head 0 of layer 1 to the "
                         "referent's image tokens (default: 0 = off)")
+    t.add_argument("--caption-referents", action="store_true",
+                   help="with --referent-attention: captions too (each phrase of a scene caption's listing asks "
+                        "head 0 of layer 1 to attend to the object it names); tried in stop 24 without gain")
     t.add_argument("--vision-from", default=None,
                    help="a run's ckpt directory: a fresh run starts its tower, projector and vision heads from it "
                         "and counts its vision images as done, and its projector fit when it has one (same seed "

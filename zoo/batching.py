@@ -40,10 +40,12 @@ class Batch:
 class Encoder:
     """Holds the processor and the word -> token map for dense patch targets."""
 
-    def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False):
+    def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False,
+                 caption_referents: bool = False):
         self.processor = processor
         self.codes = codes  # a WordCodes: each encoded sample also carries its patches' codes
         self.referents = referents  # each encoded scene dialogue also carries its lookup turns' attention targets
+        self.caption_referents = caption_referents  # ... and each scene caption its phrases' (zoo/referents.py)
         self.tok = processor.tokenizer
         self.assistant_id = self.tok.convert_tokens_to_ids(ASSISTANT)
         self.user_id = self.tok.convert_tokens_to_ids(USER)
@@ -85,7 +87,7 @@ class Encoder:
         if self.referents:
             from specula.zoo.referents import referent_targets
 
-            refs = referent_targets(s, ids, labels, self.image_id, self.word_id)
+            refs = referent_targets(s, ids, labels, self.image_id, self.word_id, captions=self.caption_referents)
         return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
                        codes, refs)
 

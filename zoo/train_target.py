@@ -86,6 +86,7 @@ class TrainConfig:
     code_token_budget: int = 1024  # tokens per optimizer step in the code LM stage (small batches, many updates)
     code_lm_mix: str = "dialogue"  # world.suites.MIXES entry the code LM stage draws from
     referent_attention: float = 0.0  # weight of the referent-attention loss (zoo/referents.py) in the LM stages; 0 = off
+    caption_referents: bool = False  # with referent_attention: scene captions get targets too (caption_referents)
     vision_from: str | None = None  # a run's ckpt dir whose tower, projector and vision heads a fresh run starts from
     lm_from: str | None = None  # a run's ckpt dir whose LM (and code-stage progress) a fresh run starts from
 
@@ -346,7 +347,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts)")
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
         if cfg.uses_codes else None
-    enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0)
+    enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents)
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
         _lm_from(model, Path(cfg.lm_from), cfg, state, log)

@@ -74,7 +74,7 @@ def test_dialogue_targets_point_at_the_answer_the_referent_and_its_words(process
 def test_caption_targets_follow_the_listing_object_by_object(processor):
     from specula.world.scene import make
 
-    enc = Encoder(processor, referents=True)
+    enc = Encoder(processor, referents=True, caption_referents=True)
     tok = processor.tokenizer
     groups_seen = 0
     for seed in range(12):
@@ -105,6 +105,7 @@ def test_caption_targets_follow_the_listing_object_by_object(processor):
         order = [min(p) for p, _ in groups]
         assert len(set(order)) == len(order)
     assert groups_seen >= 30
+    assert Encoder(processor, referents=True).encode(s).referents == ()  # captions only when asked for
 
 
 def test_loss_is_zero_when_the_heads_look_at_the_targets_and_large_when_uniform():
@@ -167,10 +168,12 @@ def test_cli_flags(processor):
     from specula.zoo.build import train_config_from_args
 
     args = build_parser().parse_args(["train", "target", "--referent-attention", "0.5", "--vision-from", "x/ckpt",
-                                      "--code-lm-mix", "scenes"])
+                                      "--code-lm-mix", "scenes", "--caption-referents"])
     cfg = train_config_from_args(args)
     assert (cfg.referent_attention, cfg.vision_from, cfg.code_lm_mix) == (0.5, "x/ckpt", "scenes")
-    assert train_config_from_args(build_parser().parse_args(["train", "target"])).code_lm_mix == "dialogue"
+    assert cfg.caption_referents
+    default = train_config_from_args(build_parser().parse_args(["train", "target"]))
+    assert default.code_lm_mix == "dialogue" and not default.caption_referents
 
 
 def test_scenes_mix_is_almost_only_scene_dialogues():
