@@ -247,6 +247,9 @@ def _add_train(sub) -> None:
                    help="tokens per optimizer step in the code LM stage (default: 1024)")
     t.add_argument("--code-lm-mix", default="dialogue", choices=MIX_NAMES,
                    help="training mix of the code LM stage (same names as --mix; default: dialogue)")
+    t.add_argument("--code-lm-stop", type=int, default=0,
+                   help="end the code LM stage at this many samples, on --code-lm-samples' schedule, unfinished: a "
+                        "later run of the same directory (e.g. with more --code-lm-layers) goes on (default: 0 = off)")
     t.add_argument("--referent-attention", type=float, default=0.0,
                    help="weight of the referent-attention loss (zoo/referents.py): for each lookup question, head 0 "
                         "of layer 0 attends to the question's referent words and head 0 of layer 1 to the "
@@ -373,15 +376,21 @@ def _add_zoo(sub) -> None:
     zsub = p.add_subparsers(dest="zoo_cmd", required=True)
     ls = zsub.add_parser("list", help="show what is shipped (files, sizes, sha256 check)")
     ls.set_defaults(func=lambda a: __import__("specula.zoo.manifest", fromlist=["x"]).list_cli(a))
-    b = zsub.add_parser("build", help="regenerate the zoo deterministically from seeds (tokenizer, then the target)")
+    b = zsub.add_parser("build", help="regenerate the zoo from seeds: tokenizer, the target's stages, every drafter",
+                        description="Runs the recipe of zoo/recipe.py: the tokenizer; the target's stages (code LM, "
+                                    "tower, merge, joint stage; about 4-5 CPU-hours at 2 threads); its export; then "
+                                    "each drafter's `specula train` command against it (about 2.5 CPU-hours). "
+                                    "Resumable: rerun the same command and finished steps are skipped.")
     b.add_argument("--run-dir", default="runs/zoo", help="where training runs keep checkpoints (resumable)")
-    b.add_argument("--samples", type=int, default=40_000, help="target training samples (default: 40000)")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--zoo-dir", default=None, help="where the zoo is written (default: the shipped zoo/weights)")
     b.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="target size (tiny: for tests)")
     b.add_argument("--tokenizer-samples", type=int, default=20_000, help="world samples the tokenizer trains on")
-    b.add_argument("--vision-images", type=int, default=4_000, help="target stage 0 images (default: 4000)")
+    b.add_argument("--scale", type=float, default=1.0,
+                   help="multiply every sample / image count of the recipe (default: 1 = the shipped weights' run)")
+    b.add_argument("--skip-drafters", action="store_true", help="build the tokenizer and the target only")
+    b.add_argument("--dry-run", action="store_true", help="print each step's configuration / command and exit")
     b.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).build_cli(a))
     e = zsub.add_parser("eval", help="quality gates of the shipped target (image vs blank image, captions, suites)")
     e.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")

@@ -69,7 +69,8 @@ def train_config_from_args(args):
                        code_lm_lr=args.code_lm_lr, code_token_budget=args.code_token_budget, vision_lr=args.vision_lr,
                        referent_attention=args.referent_attention, vision_from=args.vision_from, lm_from=args.lm_from,
                        caption_referents=args.caption_referents,
-                       code_lm_mix=args.code_lm_mix, vision_pos_lr_mult=args.vision_pos_lr_mult,
+                       code_lm_mix=args.code_lm_mix, code_lm_stop=args.code_lm_stop,
+                       vision_pos_lr_mult=args.vision_pos_lr_mult,
                        vision_place_weight=args.vision_place_weight, freeze_vision=args.freeze_vision,
                        freeze_projector=args.freeze_projector, tower_lr_mult=args.tower_lr_mult,
                        projector_fit_images=args.projector_fit_images,
@@ -90,19 +91,58 @@ def train_target_cli(args) -> int:
 
 
 def build_cli(args) -> int:
-    """Tokenizer, then the target, into ``--zoo-dir`` (default: the shipped zoo). Rerunning resumes training."""
+    """Tokenizer, the target's stages, its export, then every drafter (``zoo/recipe.py``), into ``--zoo-dir``
+    (default: the shipped zoo). Rerunning the same command resumes: finished steps are skipped, a stage under way
+    continues from its last checkpoint."""
+    from specula.cli import main as specula_main
     from specula.targets.processor import load_processor
+    from specula.zoo import recipe
     from specula.zoo.train_target import TrainConfig, train
 
-    torch.set_num_threads(args.threads)
     zoo = Path(args.zoo_dir) if args.zoo_dir else TARGET_DIR.parent
+    runs = Path(args.run_dir)
+    drafters = [] if args.skip_drafters else list(recipe.DRAFTERS)
+    steps = 2 + len(recipe.TARGET_STAGES) + len(drafters)
+    target = zoo / TARGET_DIR.name
+    if args.dry_run:
+        for st in recipe.TARGET_STAGES:
+            cfg = recipe.stage_config(st, runs, args.scale, args.arch, args.threads, args.seed)
+            print(f"target stage {st.name}: " + json.dumps(cfg, sort_keys=True))
+        for d in drafters:
+            print("specula " + " ".join(recipe.drafter_argv(d, target, zoo, runs, args.scale, args.arch,
+                                                            args.threads, args.seed)))
+        return 0
+    torch.set_num_threads(args.threads)
+    runs.mkdir(parents=True, exist_ok=True)
+    marks = runs / "recipe.json"
+    done: list[str] = json.loads(marks.read_text())["done"] if marks.exists() else []
+
+    def mark(step: str) -> None:
+        done.append(step)
+        marks.write_text(json.dumps({"done": done}, indent=1) + "\n")
+
     tok_dir = zoo / TOKENIZER_DIR.name
-    print("1/2 tokenizer")
+    print(f"[1/{steps}] tokenizer")
     build_tokenizer(tok_dir, seed=args.seed, n_samples=args.tokenizer_samples)
-    print("2/2 target (resumable: rerun the same command to continue)")
-    cfg = TrainConfig(run_dir=str(Path(args.run_dir) / "target"), arch=args.arch, total_samples=args.samples,
-                      seed=args.seed, threads=args.threads, vision_images=args.vision_images)
-    ckpt = train(cfg, load_processor(tok_dir))
-    print(f"exported to {export(ckpt, zoo / TARGET_DIR.name, tok_dir)}")
+    processor = load_processor(tok_dir)
+    for i, st in enumerate(recipe.TARGET_STAGES, 2):
+        if st.name in done:
+            print(f"[{i}/{steps}] target stage {st.name}: done")
+            continue
+        print(f"[{i}/{steps}] target stage {st.name} (resumable: rerun the same command to continue)")
+        train(TrainConfig(**recipe.stage_config(st, runs, args.scale, args.arch, args.threads, args.seed)), processor)
+        mark(st.name)
+    i = 2 + len(recipe.TARGET_STAGES)
+    print(f"[{i}/{steps}] export the target -> {export(runs / recipe.TARGET_RUN / 'ckpt', target, tok_dir)}")
+    for i, d in enumerate(drafters, i + 1):
+        if f"drafter:{d.name}" in done:
+            print(f"[{i}/{steps}] drafter {d.name}: done")
+            continue
+        argv = recipe.drafter_argv(d, target, zoo, runs, args.scale, args.arch, args.threads, args.seed)
+        print(f"[{i}/{steps}] drafter {d.name}: specula {' '.join(argv)}")
+        rc = specula_main(argv)
+        if rc:
+            return rc
+        mark(f"drafter:{d.name}")
     manifest.write(zoo)
     return 0

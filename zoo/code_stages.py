@@ -154,6 +154,7 @@ def code_lm_lr(done: int, cfg) -> float:
 
 def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, sample_at, eval_samples, log=print) -> None:
     """Train the LM on word codes until ``state["code_lm_samples"]`` reaches ``cfg.code_lm_samples``; resumable.
+    ``cfg.code_lm_stop`` ends it sooner on the same schedule, unfinished (no identity layers, no ``code_lm_done``).
 
     ``save(extra)`` checkpoints the model and ``state`` plus ``extra`` (name -> state dict: this stage's optimizer,
     saved as ``code_optimizer.pt``); on resume the caller puts that back in ``state["_code_opt_state"]``.
@@ -169,8 +170,9 @@ def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, samp
     last_ckpt = last_eval = t_last = time.time()
     ema, ema_ref = None, None
     model.train()
+    end = cfg.code_lm_stop or cfg.code_lm_samples  # a stop cuts the stage short without changing its schedule
     with shallow(lm, cfg.code_lm_layers):
-        while state["code_lm_samples"] < cfg.code_lm_samples:
+        while state["code_lm_samples"] < end:
             start = state["code_lm_samples"]
             frac = start / cfg.code_lm_samples
             items = [encoder.encode(sample_at(CODE_STREAM + start + j, frac)) for j in range(cfg.pool)]
@@ -204,10 +206,14 @@ def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, samp
                 last_ckpt = time.time()
     bar.close()
     _log_eval(model, encoder.processor, codes, cfg, state, eval_samples, ema, log, ema_ref)
+    if state["code_lm_samples"] < cfg.code_lm_samples:  # stopped: unfinished, its optimizer kept for the next run
+        save({"code_optimizer": opt.state_dict()})
+        return
     if cfg.code_lm_layers and "code_lm_grown_from" not in state:
         n = make_identity(lm, cfg.code_lm_layers)
         state["code_lm_grown_from"] = cfg.code_lm_layers
-        log(f"code LM stage: layers {cfg.code_lm_layers}..{cfg.code_lm_layers + n - 1} start as identities")
+        if n:
+            log(f"code LM stage: layers {cfg.code_lm_layers}..{cfg.code_lm_layers + n - 1} start as identities")
     state["code_lm_done"] = True
     save({})
 

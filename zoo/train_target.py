@@ -85,6 +85,7 @@ class TrainConfig:
     code_lm_lr: float = 1e-3  # peak learning rate of the code LM stage
     code_token_budget: int = 1024  # tokens per optimizer step in the code LM stage (small batches, many updates)
     code_lm_mix: str = "dialogue"  # world.suites.MIXES entry the code LM stage draws from
+    code_lm_stop: int = 0  # end this run's code stage at this many samples, on code_lm_samples' schedule (0 = off)
     referent_attention: float = 0.0  # weight of the referent-attention loss (zoo/referents.py) in the LM stages; 0 = off
     caption_referents: bool = False  # with referent_attention: scene captions get targets too (caption_referents)
     vision_from: str | None = None  # a run's ckpt dir whose tower, projector and vision heads a fresh run starts from
@@ -97,6 +98,8 @@ class TrainConfig:
             raise ValueError("code_lm_samples and code_lm_layers must be >= 0 and code_token_budget > 0")
         if self.referent_attention < 0:
             raise ValueError("referent_attention must be >= 0")
+        if self.code_lm_stop < 0 or (self.code_lm_stop and self.code_lm_stop >= self.code_lm_samples):
+            raise ValueError("code_lm_stop must be 0 (off) or below code_lm_samples: it cuts the code stage short")
         if self.code_background_noise < 0:
             raise ValueError("code_background_noise must be >= 0")
         if self.vision_place_weight < 0:
@@ -388,6 +391,9 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         eval_samples = [generate("vqa", "eval", 10_000 + i, cfg.seed) for i in range(cfg.eval_n)]
         code_lm_stage(model, enc, codes, cfg, state, save,
                       lambda i, frac: sample_at(i, frac, cfg, mix=cfg.code_lm_mix), eval_samples, log=log)
+        if not state.get("code_lm_done"):  # cut short (code_lm_stop): a later run with another config goes on
+            log(f"code LM stage stopped at {state['code_lm_samples']} of {cfg.code_lm_samples} samples")
+            return ckpt
         (ckpt / "code_optimizer.pt").unlink(missing_ok=True)
     # the vision stage runs until ``vision_images`` images are done; raising it on a resumed run extends the stage
     vision_done = state.get("vision_images_done", cfg.vision_images if "vision_stage_at" in state else 0)

@@ -85,24 +85,59 @@ def test_train_resume_and_export(tmp_path, processor):
 
 
 @pytest.mark.slow
-def test_zoo_build_regenerates_deterministically(tmp_path):
-    """`specula zoo build` (tiny arch, few samples) twice from scratch: identical tokenizer and weights."""
+def test_zoo_build_regenerates_deterministically(tmp_path, capsys):
+    """`specula zoo build` (zoo/recipe.py at tiny arch and scale: every target stage, then every drafter) twice from
+    scratch gives identical files; a rerun of a finished build skips every step and changes nothing."""
     from specula.cli import main
     from specula.zoo.manifest import scan
+    from specula.zoo.recipe import DRAFTERS, TARGET_STAGES
 
-    digests = []
-    for k in range(2):
-        zoo, runs = tmp_path / f"zoo{k}", tmp_path / f"runs{k}"
-        zoo.mkdir()
-        assert main(["zoo", "build", "--zoo-dir", str(zoo), "--run-dir", str(runs), "--arch", "tiny",
-                     "--samples", "48", "--tokenizer-samples", "200", "--threads", "1",
-                     "--vision-images", "32"]) == 0
-        m = scan(zoo)
-        assert {"tokenizer", "target"} <= set(m["entries"])
-        digests.append({n: {f: v["sha256"] for f, v in e["files"].items() if f != "specula.json"}
-                        for n, e in m["entries"].items()})
+    def build(k: int) -> dict:
+        zoo = tmp_path / f"zoo{k}"
+        zoo.mkdir(exist_ok=True)
+        assert main(["zoo", "build", "--zoo-dir", str(zoo), "--run-dir", str(tmp_path / f"runs{k}"), "--arch", "tiny",
+                     "--scale", "0.0005", "--tokenizer-samples", "200", "--threads", "1"]) == 0
         assert not verify(zoo)
-    assert digests[0] == digests[1]
+        return {n: {f: v["sha256"] for f, v in e["files"].items() if f != "specula.json"}
+                for n, e in scan(zoo)["entries"].items()}
+
+    first = build(0)
+    assert set(first) == {"tokenizer", "target"} | {d.name for d in DRAFTERS}
+    capsys.readouterr()
+    assert build(1) == first
+    assert build(0) == first  # resumed: nothing retrained
+    out = capsys.readouterr().out
+    assert all(f"target stage {st.name}: done" in out for st in TARGET_STAGES)
+    assert all(f"drafter {d.name}: done" in out for d in DRAFTERS)
+    state = json.loads((tmp_path / "runs0" / "target" / "ckpt" / "state.json").read_text())
+    assert state["lm_from"] and state["samples"] >= 4 and state["code_lm_done"]  # merged, then the joint stage
+
+
+def test_zoo_build_dry_run_prints_the_recipe(capsys):
+    from specula.cli import main
+
+    assert main(["zoo", "build", "--dry-run", "--run-dir", "r"]) == 0
+    out = capsys.readouterr().out
+    assert '"code_lm_stop": 22944' in out and '"vision_images": 180000' in out and '"tower_lr_mult": 0.05' in out
+    assert "specula train massv" in out and "--init-lm" in out
+
+
+def test_code_lm_stop_cuts_the_stage_on_its_schedule(tmp_path, processor):
+    """A stopped code stage keeps its schedule and stays unfinished; the next run (more layers) goes on from it."""
+    base = dict(arch="tiny", total_samples=0, pool=4, token_budget=2048, warmup_samples=4, eval_n=1,
+                eval_every_s=1e9, ckpt_every_s=1e9, threads=1, code_lm_samples=16, code_token_budget=2048,
+                vision_images=0)
+    with pytest.raises(ValueError, match="code_lm_stop"):
+        TrainConfig(**base, code_lm_stop=16)
+    quiet = lambda m: None  # noqa: E731
+    ckpt = train(TrainConfig(run_dir=str(tmp_path / "a"), code_lm_layers=1, code_lm_stop=8, **base), processor,
+                 log=quiet)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert 8 <= state["code_lm_samples"] < 16 and not state.get("code_lm_done")
+    assert (ckpt / "code_optimizer.pt").exists() and "code_lm_grown_from" not in state
+    ckpt = train(TrainConfig(run_dir=str(tmp_path / "a"), code_lm_layers=2, **base), processor, log=quiet)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["code_lm_samples"] >= 16 and state["code_lm_done"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,124 @@
+"""The shipped zoo's recipe, as data: the target's stages and every drafter's training command, in order.
+
+``specula zoo build`` runs it (``zoo/build.py``): tokenizer, then the target's stages (each a ``TrainConfig``; a
+stage resumes or skips in its run directory), the target's export, then each drafter's ``specula train`` command
+against that export. The numbers are those of the runs that made the shipped weights (README, "The target");
+``scale`` multiplies every sample / image count, for a quick small build (tests use ``arch="tiny"``).
+
+The target, in four run directories:
+
+1. ``lm``: the LM alone on word codes (zoo/word_codes.py) with hard-negative scene dialogues, 2 layers trained, cut
+   at 22,944 samples of a 40,000-sample schedule; then 4 layers on the ``confusable`` mix to the schedule's end.
+2. ``tower``: tower + projector on dense patch labels with the place head, 100,000 images, the gated projector fit;
+   extended to 116,000 and 180,000 images with the fitted projector held fixed (each extension refits it).
+3. ``target``: the merge (the LM of 1, the tower and fitted projector of 2), then a short joint stage in which the
+   tower moves at 1/20 of the LM's rate through the fixed projector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# fields every stage of the word-code recipe shares
+_CODES = dict(code_lm_samples=40_000, code_lm_layers=4, code_lm_mix="confusable", referent_attention=1.0)
+_VISION = dict(vision_place_weight=1.0, projector_fit_images=960, projector_fit_gate=True)
+_LM = dict(total_samples=0, mix="dialogue", token_budget=2048, lr=3e-4, aux_out=0.0, vision_images=0,
+           code_lm_samples=40_000, code_lm_lr=1e-3, code_token_budget=1024, eval_every_s=300.0,
+           referent_attention=1.0)
+_TOWER = dict(total_samples=0, mix="dialogue", code_lm_samples=1, code_lm_layers=2, code_lm_mix="scenes",
+              referent_attention=1.0, vision_lr=1e-3, vision_pos_lr_mult=30.0, eval_every_s=1e5, **_VISION)
+
+# what a tiny test build changes besides the counts: small pools and batches, no mid-run checks, and no gate on
+# the projector fit (a tower trained on a few dozen images does not separate objects from background)
+TINY = dict(pool=4, token_budget=2048, code_token_budget=2048, warmup_samples=4, eval_n=1, eval_every_s=1e9,
+            ckpt_every_s=1e9, projector_fit_gate=False)
+
+# TrainConfig fields that count samples or images (scaled by ``scale``)
+COUNTS = ("total_samples", "code_lm_samples", "code_lm_stop", "vision_images", "projector_fit_images")
+
+
+@dataclass(frozen=True)
+class TargetStage:
+    name: str
+    run: str  # run directory (under the build's --run-dir); stages of one directory go on from each other
+    config: dict  # TrainConfig fields
+    needs: dict = field(default_factory=dict)  # TrainConfig field -> run directory whose ckpt it names
+
+
+TARGET_STAGES = (
+    TargetStage("lm-2-layers", "lm", {**_LM, "code_lm_layers": 2, "code_lm_mix": "scenes_confusable",
+                                       "code_lm_stop": 22_944}),
+    TargetStage("lm-4-layers", "lm", {**_LM, "code_lm_layers": 4, "code_lm_mix": "confusable"}),
+    TargetStage("tower-100k", "tower", {**_TOWER, "vision_images": 100_000}),
+    TargetStage("tower-116k", "tower", {**_TOWER, "vision_images": 116_000}),
+    TargetStage("tower-180k", "tower", {**_TOWER, "vision_images": 180_000}),
+    TargetStage("merge", "target", {"total_samples": 0, "vision_images": 180_000, **_VISION, **_CODES},
+                needs={"lm_from": "lm", "vision_from": "tower"}),
+    TargetStage("joint", "target", {"total_samples": 4_500, "freeze_projector": True, "tower_lr_mult": 0.05,
+                                    "aux_out": 0.0, "lr": 1e-4, "mix": "confusable", "vision_images": 180_000,
+                                    **_VISION, **_CODES}),
+)
+TARGET_RUN = "target"  # the run directory exported as the zoo's target
+
+
+@dataclass(frozen=True)
+class DrafterStep:
+    name: str  # zoo entry it exports
+    argv: tuple[str, ...]  # ``specula train`` arguments after the kind; {run} {zoo} expand, counts scale
+    kind: str = ""  # ``specula train`` kind (default: name)
+
+
+DRAFTERS = (  # in dependency order: massv starts from text_lm; flash / aasd / the msd ablations reuse cached data
+    DrafterStep("text_lm", ("--data-samples", "4000", "--samples", "80000")),
+    DrafterStep("eagle", ("--data-samples", "3000", "--samples", "12000")),
+    DrafterStep("msd", ("--data-samples", "2000", "--text-samples", "1500", "--samples", "12000")),
+    DrafterStep("flash", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "8000")),
+    DrafterStep("aasd", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "8000")),
+    DrafterStep("massv", ("--init-lm", "{zoo}/text_lm", "--data-samples", "1500", "--pretrain-samples", "6000",
+                          "--samples", "8000")),
+    DrafterStep("msd-no-decouple", ("--no-decouple", "--data-dir", "{run}/msd/data", "--data-samples", "2000",
+                                    "--text-samples", "1500", "--samples", "12000"), kind="msd"),
+    DrafterStep("msd-no-stage1", ("--no-stage1", "--data-dir", "{run}/msd/data", "--data-samples", "2000",
+                                  "--text-samples", "1500", "--samples", "12000"), kind="msd"),
+    DrafterStep("massv-no-sdvit", ("--no-sdvit", "--init-lm", "{zoo}/text_lm", "--data-samples", "1500",
+                                   "--pretrain-samples", "6000", "--samples", "8000"), kind="massv"),
+)
+_COUNT_FLAGS = {"--data-samples", "--text-samples", "--samples", "--pretrain-samples"}
+
+
+def scaled(n: int, scale: float) -> int:
+    """A count at ``scale``: 0 stays 0, anything else keeps at least 4 so that every stage still runs."""
+    return n if scale == 1.0 or n == 0 else max(4, round(n * scale))
+
+
+def stage_config(stage: TargetStage, run_dir: Path, scale: float = 1.0, arch: str = "embedded", threads: int = 2,
+                 seed: int = 0) -> dict:
+    """The TrainConfig fields of one stage of a build under ``run_dir``."""
+    cfg = dict(stage.config)
+    for k in COUNTS:
+        if k in cfg:
+            cfg[k] = scaled(cfg[k], scale)
+    if cfg.get("code_lm_stop", 0) >= cfg.get("code_lm_samples", 0) > 0:  # a small scale: keep the stop inside
+        cfg["code_lm_stop"] = cfg["code_lm_samples"] // 2
+    if arch == "tiny":  # 2 decoder layers: the 2- and 4-layer stages become 1 and 2
+        cfg.update(TINY)
+        cfg["code_lm_layers"] = cfg.get("code_lm_layers", 0) // 2
+    for k, run in stage.needs.items():
+        cfg[k] = str(run_dir / run / "ckpt")
+    return {**cfg, "run_dir": str(run_dir / stage.run), "arch": arch, "threads": threads, "seed": seed}
+
+
+def drafter_argv(step: DrafterStep, target: Path, zoo: Path, run_dir: Path, scale: float = 1.0,
+                 arch: str = "embedded", threads: int = 2, seed: int = 0) -> list[str]:
+    """The full ``specula train`` argv of one drafter of a build."""
+    args = [a.format(run=run_dir, zoo=zoo) for a in step.argv]
+    for i, a in enumerate(args[:-1]):
+        if a in _COUNT_FLAGS:
+            args[i + 1] = str(scaled(int(args[i + 1]), scale))
+    kind = step.kind or step.name
+    out = ["train", kind, "--run-dir", str(run_dir / step.name), "--target", str(target), *args,
+           "--threads", str(threads), "--seed", str(seed), "--export", "--out", str(zoo / step.name)]
+    if arch == "tiny" and kind == "text_lm":
+        out += ["--arch", "tiny"]
+    return out
