@@ -81,7 +81,7 @@ def sample_confusable_scene(rng: random.Random, n_min: int = 3, n_max: int = 5) 
     """A scene whose objects share words: drawn from 2 colours x 3 shapes (or 3 x 2), so most objects are named
     by colour *and* shape ("the yellow cross" beside a white cross and a yellow square). These are the lookups a
     small LM gets wrong in crowded scenes: it answers with the attribute of an object that shares one word with the
-    asked one (README, "Confusable scenes"). Training only: the evaluation suites keep ``sample_scene``."""
+    asked one (zoo/TRAINING.md, "Confusable scenes"). Training only: the evaluation suites keep ``sample_scene``."""
     k = rng.choice(((2, 3), (3, 2)))
     palette = rng.sample(COLOUR_NAMES, k[0]), rng.sample(SHAPES, k[1])
     return sample_scene(rng, n_min, n_max, colours=palette[0], shapes=palette[1])
@@ -191,7 +191,8 @@ def caption(rng: random.Random, scene: Scene) -> tuple[str, tuple[str, ...]]:
     rng.shuffle(order)
     phrases = {id(o): _describe(rng, o) for o in order}  # drawn in the shuffled order: the random stream is unchanged
     # ...but listed in reading order (cell by cell, top row first): a small LM that has to name every object once can
-    # then scan the image instead of remembering which objects it has named (README, "Captions in reading order").
+    # then scan the image instead of remembering which objects it has named (zoo/TRAINING.md, "Captions in reading
+    # order").
     n = len(objs)
     be = "is" if n == 1 else "are"
     listed = join_list(rng, [phrases[id(o)] for o in sorted(objs, key=lambda o: o.cell)])

@@ -136,13 +136,13 @@ DESCRIBE_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
 
 # The selection mix: the describing mix plus dialogues about confusable scenes (objects drawn from 2 colours x 3
 # shapes), where most questions name an object by colour *and* shape beside objects that share one of the two; the
-# code LM's "where" misses on exact codes were mostly such objects (README, "Confusable scenes").
+# code LM's "where" misses on exact codes were mostly such objects (zoo/TRAINING.md, "Confusable scenes").
 CONFUSABLE_MIX: tuple[tuple[str, Maker, str, float], ...] = DESCRIBE_MIX + (
     ("vqa_dialogue_confusable", _confusable_dialogue, "vqa", 3.0),)
 
 # The scene phase with hard negatives, for a code LM stage from scratch: the scenes mix plus confusable dialogues
 # (two in five scene dialogues), so selection by colour *and* shape is trained from the first step; compared with the
-# plain scenes mix on the same held-out check (README, "Confusable scenes").
+# plain scenes mix on the same held-out check (zoo/TRAINING.md, "Confusable scenes").
 SCENES_CONFUSABLE_MIX: tuple[tuple[str, Maker, str, float], ...] = SCENES_MIX + (
     ("vqa_dialogue_confusable", _confusable_dialogue, "vqa", 3.0),)
 

@@ -69,7 +69,7 @@ def code_embeds(model, input_ids: torch.Tensor, codes: torch.Tensor | None) -> t
 def background_noise(codes: torch.Tensor, max_norm: float) -> torch.Tensor:
     """Random vectors with norms uniform in [0, max_norm] on the background patches (code exactly zero), the codes
     elsewhere: the tower never outputs an exact zero there, and RMSNorm blows a small vector up to a large one,
-    so an LM trained on exact zeros is thrown by the tower's background (README, "Background patches").
+    so an LM trained on exact zeros is thrown by the tower's background (zoo/TRAINING.md, "Background patches").
 
     codes # [N_img, T, H]  ->  [N_img, T, H]
     """

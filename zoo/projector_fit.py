@@ -3,7 +3,7 @@
 In the word-code recipe the projector is trained by AdamW to regress the codes (``vision_stage``). That regression
 is badly conditioned: what says where a patch is, or which corner of a shape it shows, is a small-variance direction
 of the tower's features, and gradient descent learns such directions slowly. Measured on a 48,736-image tower
-(README, "The tower cannot see where"): the trained MLP projector decodes shape 0.82, size 0.83, place 0.37, while a
+(zoo/TRAINING.md, "The tower cannot see where"): the trained MLP projector decodes shape 0.82, size 0.83, place 0.37, while a
 ridge-regression *linear* map from the same features, fitted in closed form on 960 training images, decodes shape
 0.92, size 0.93, place 0.49.
 

@@ -2,10 +2,11 @@
 
 ``specula zoo build`` runs it (``zoo/build.py``): tokenizer, then the target's stages (each a ``TrainConfig``; a
 stage resumes or skips in its run directory), the target's export, then each drafter's ``specula train`` command
-against that export. The numbers are those of the runs that made the shipped weights (README, "The target");
-``scale`` multiplies every sample / image count, for a quick small build (tests use ``arch="tiny"``).
+against that export. The numbers are those of the runs that made the shipped weights (README, "The embedded
+target"; how the recipe was found: zoo/TRAINING.md); ``scale`` multiplies every sample / image count, for a quick
+small build (tests use ``arch="tiny"``).
 
-The target, in four run directories:
+The target, in three run directories:
 
 1. ``lm``: the LM alone on word codes (zoo/word_codes.py) with hard-negative scene dialogues, 2 layers trained, cut
    at 22,944 samples of a 40,000-sample schedule; then 4 layers on the ``confusable`` mix to the schedule's end.

@@ -1,6 +1,6 @@
 """``specula train target``: train the embedded LLaVA target from scratch on the world's training split.
 
-Recipe (why each part is there is in README, "The embedded target"):
+Recipe (why each part is there is in zoo/TRAINING.md):
 - one stage, all parameters trained, AdamW with warmup + cosine decay, projector at a higher learning rate;
 - loss = cross-entropy on the assistant turn only
         + ``aux_in`` * dense patch loss on the projector outputs (through the LM's final norm and tied lm_head:

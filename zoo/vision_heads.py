@@ -23,8 +23,8 @@ from specula.world.vocab import COLOUR_NAMES, POSITIONS, SHAPES
 class VisionHeads(nn.Module):
     """``place_weight`` > 0 adds a head that reads each patch's 3 x 3 layout cell (an object patch: its object's
     cell, the one "where" answers name). The colour and shape heads can be served by a bag of patches; this one
-    cannot, so the tower must carry position to its last layer, where the projector reads it (README, "The tower
-    cannot see where")."""
+    cannot, so the tower must carry position to its last layer, where the projector reads it
+    (zoo/TRAINING.md, "The tower cannot see where")."""
 
     def __init__(self, dim: int, place_weight: float = 0.0):
         super().__init__()
@@ -78,7 +78,7 @@ def vision_stage(model, heads: VisionHeads, encoder, n_images: int, seed: int, l
     ``pos_lr_mult`` scales the learning rate of the tower's position embeddings. They start at std 0.02 while the
     patch embedding of an object patch soon has norm ~36, so at the base rate (Adam moves each entry by about ``lr``
     per step) position stays ~2% of a token for tens of thousands of images: the tower is a bag of patches that can
-    tell neither where an object is nor how its corner patches fit together into a shape (README, "The tower
+    tell neither where an object is nor how its corner patches fit together into a shape (zoo/TRAINING.md, "The tower
     cannot see where").
 
     ``train_projector=False`` keeps the projector fixed (a closed-form fit, zoo/projector_fit.py, that the run refits

@@ -10,7 +10,7 @@ already reads its visual tokens.
 Why fixed codes and not the LM's own word embeddings: with tied embeddings the LM's shape words collapse towards
 one direction while shape cannot yet be read (cosine 0.84 between shape words in the shipped target), so a sum of
 embeddings carries colour loudly and shape in a faint residual, and the LM never learns to read shape from it.
-Fixed codes keep every word equally loud (README, "The embedded target").
+Fixed codes keep every word equally loud (zoo/TRAINING.md).
 
 Background patches: zero by default, or (``background=True``) the code of a reserved word, ``BACKGROUND``. Zero is a
 degenerate input for an LM whose layers start with RMSNorm: the norm blows any small vector up to full size, so the
