@@ -43,11 +43,13 @@ Cache (one ``targets.kv.BatchedKV`` for all live rows, keys post-RoPE, positions
   drafting ahead some proposal always is, and waiting for none let the cache grow without bound): a proposal's
   columns are dead once it is drawn, except a chain's that ``extend`` still attends to, which are pinned
   through the compaction and renumbered (``_reclaim``).
-- Lookahead (chains only, ``drafters/protocol.py``): a chain remembers its fed nodes' columns and the head output
-  its last node was drawn from; ``extend`` feeds the pair (that output, the last node) and draws on, each query
-  seeing the row's valid slots and the chain's columns. ``observe_ahead`` appends the verdict's pairs (the target's
-  own h) to the tail, and the rest of the chain stays a proposal: so an extension drafts from predicted h^ for the
-  block under verification (as a longer chain would), while the cache only ever holds the target's features.
+- Lookahead (``drafters/protocol.py``): a chain remembers its fed nodes' columns and the head output its last
+  node was drawn from; ``extend`` feeds the pair (that output, the last node) and draws on, each query seeing the
+  row's valid slots and the chain's columns. ``observe_ahead`` appends the verdict's pairs (the target's own h) to
+  the tail, and the rest of the chain stays a proposal: so an extension drafts from predicted h^ for the block
+  under verification (as a longer chain would), while the cache only ever holds the target's features. A tree
+  drafts ahead along its spine (``protocol.spine``: the first child at every level, the greedy chain for greedy
+  rows; every spine node but the leaf was fed as a frontier slot): the chain ``extend`` grows starts at the leaf.
 
     drafter = create({"kind": "eagle", "path": "eagle", "structure": "tree", "top_k": 4, "depth": 5,
                       "total_tokens": 24}, target=target)
@@ -65,7 +67,7 @@ from transformers import DynamicCache
 
 from specula.drafters import stopping
 from specula.drafters.eagle_head import EagleHead
-from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
+from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, spine
 from specula.drafters.registry import register
 from specula.drafters.seeding import request_generator
 from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
@@ -81,13 +83,15 @@ class _Row:
     generator: torch.Generator
     root: torch.Tensor | None = None  # [H] head output at the last fed pair; None while the tail is non-empty
     draft: tuple[list[int], list[int]] | None = None  # outstanding proposal: (tokens, parents)
-    ahead: _Ahead | None = None  # an outstanding chain that ``extend`` can grow
+    ahead: _Ahead | None = None  # the outstanding chain that ``extend`` grows (while ``open``)
 
 
 @dataclass
 class _Ahead:
     cols: list[int]  # draft column of chain node i (every node but the last is fed)
     out: torch.Tensor  # [H] head output the last node was drawn from
+    path: list[int]  # the chain's node indices in the outstanding proposal (a chain: 0 .. n-1; a tree: its spine)
+    open: bool = True  # False once the chain cannot grow (a stop token, no mass left): kept for its ``path``
 
 
 def _int(kind: str, name: str, v, lo: int) -> int:
@@ -151,7 +155,8 @@ class EagleDrafter:
         self.stop_ids = stopping.stop_ids(kind, stop_token_ids, target)  # [n_stop]
         self._stop_set = frozenset(self.stop_ids.tolist())
         self.spec = DrafterSpec(kind=kind, structure=structure, needs=self._needs())
-        self.lookahead = structure == "chain"
+        self.lookahead = True  # chains, and trees along their spine
+        self.tree_lookahead = structure == "tree"
         p = head.fc.weight
         self.device, self.dtype = p.device, p.dtype
         self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
@@ -230,12 +235,17 @@ class EagleDrafter:
         sel = torch.tensor([index[r] for r in ids], dtype=torch.long, device=self.device)  # [Bc] cache rows
         self._feed_tails([r for r in rows if r.tail_x], [index[r] for r in ids if self._rows[r].tail_x])
         draft_start = self._kv.seq_len
-        tokens, parents, q, counts, last_out = self._grow(rows, sel, k, depth, budget)
+        tokens, parents, q, counts, last_out, fed = self._grow(rows, sel, k, depth, budget)
         for b, (r, t, p, n) in enumerate(zip(rows, tokens.tolist(), parents.tolist(), counts)):
             r.draft = (t[:n], p[:n])
-            # a chain drawn to full length: node i (i < n - 1) was fed at column draft_start + i
-            r.ahead = _Ahead(list(range(draft_start, draft_start + n - 1)), last_out[b, 0]) \
-                if self.lookahead and chain and n == depth and t[n - 1] not in self._stop_set else None
+            r.ahead = None
+            if chain and n == depth and t[n - 1] not in self._stop_set:
+                # a chain drawn to full length: node i (i < n - 1) was fed at column draft_start + i
+                r.ahead = _Ahead(list(range(draft_start, draft_start + n - 1)), last_out[b, 0], list(range(n)))
+            elif not chain and n:
+                path = spine(p[:n])
+                cols, out = fed(b, path)
+                r.ahead = _Ahead(cols, out, path, open=t[path[-1]] not in self._stop_set)
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
@@ -271,10 +281,10 @@ class EagleDrafter:
     def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
         ids = tuple(request_ids)
         if not self.lookahead:
-            raise ValueError(f"{self.KIND}.extend: only chains can be extended")
+            raise ValueError(f"{self.KIND}.extend: this drafter does not draft ahead")
         rows = [self._row(r) for r in ids]
         index = {rid: i for i, rid in enumerate(self._rows)}
-        grow = [i for i, r in enumerate(rows) if r.draft is not None and r.ahead is not None]
+        grow = [i for i, r in enumerate(rows) if r.draft is not None and r.ahead is not None and r.ahead.open]
         fed = [i for i in grow if rows[i].tail_x]  # verdict pairs observe_ahead queued: the target's own h first
         self._feed_tails([rows[i] for i in fed], [index[ids[i]] for i in fed])
         new: list[list[int]] = [[] for _ in ids]
@@ -290,9 +300,9 @@ class EagleDrafter:
             anc = self._kv.valid[sel, start:].clone()[:, None, :]  # [Bc, 1, D] committed slots since start
             for j, r in enumerate(sub):
                 anc[j, 0, torch.tensor(r.ahead.cols, dtype=torch.long, device=dev) - start] = True  # the chain
-            nxt = torch.tensor([[r.draft[0][-1]] for r in sub], dtype=torch.long, device=dev)  # [Bc, 1]
+            nxt = torch.tensor([[r.draft[0][r.ahead.path[-1]]] for r in sub], dtype=torch.long, device=dev)  # [Bc, 1]
             hid = torch.stack([r.ahead.out for r in sub])[:, None]  # [Bc, 1, H]
-            pos = torch.tensor([r.next_pos + len(r.draft[0]) - 1 for r in sub], device=dev)  # [Bc]
+            pos = torch.tensor([r.next_pos + len(r.ahead.path) - 1 for r in sub], device=dev)  # [Bc] the tip's
             ok = torch.ones(len(sub), 1, dtype=torch.bool, device=dev)
             out = self._feed_draft(sel, nxt, hid, pos, anc, ok, start)[:, 0]  # [Bc, H]
             logits = self.head.logits(out)  # [Bc, V] fp32
@@ -312,15 +322,16 @@ class EagleDrafter:
                 r.ahead.cols.append(s)
                 r.ahead.out = out[j].clone()
                 if t < 0:  # nothing left to draw: the chain ends with a fed node and cannot grow
-                    r.ahead = None
+                    r.ahead.open = False
                     continue
                 toks, parents = r.draft
                 toks.append(int(t))
-                parents.append(len(toks) - 2)
+                parents.append(r.ahead.path[-1])
+                r.ahead.path.append(len(toks) - 1)
                 new[i].append(int(t))
                 qs[i].append(probs[j] if r.temperature > 0 else None)
                 if int(t) in self._stop_set:  # a stop token ends the chain: nothing after it can be used
-                    r.ahead = None
+                    r.ahead.open = False
                     continue
                 still.append(i)
             grow = still
@@ -344,24 +355,27 @@ class EagleDrafter:
         for v in verdicts:  # check them all before changing anything
             row, k = self._row(v.request_id), len(v.accepted)
             toks = row.draft[0] if row.draft is not None else []
-            if not self.lookahead or list(v.accepted) != list(range(k)) or len(toks) <= k \
-                    or toks[:k] != [int(t) for t in v.tokens] or toks[k] != int(v.next_token):
+            path = row.ahead.path if row.ahead is not None else list(range(len(toks)))
+            if not self.lookahead or list(v.accepted) != path[:k] or len(path) <= k \
+                    or [toks[i] for i in path[:k]] != [int(t) for t in v.tokens] or toks[path[k]] != int(v.next_token):
                 raise ValueError(f"{self.KIND}.observe_ahead: {v.request_id!r}: the verdict does not accept a "
                                  "prefix of the outstanding chain followed by its next node")
             if v.hidden is None or tuple(v.hidden.shape) != (1 + k, H):
                 got = None if v.hidden is None else tuple(v.hidden.shape)
                 raise ValueError(f"{self.KIND}.observe_ahead: {v.request_id!r} needs hidden [1 + {k}, {H}], "
                                  f"got {got}")
-            (plain if len(toks) == k + 1 or row.ahead is None else keep).append(v)  # nothing past the guess
+            # nothing past the guess, or a chain that cannot grow: observed as usual
+            (plain if len(path) == k + 1 or row.ahead is None or not row.ahead.open else keep).append(v)
         for v in keep:
             row, k = self._rows[v.request_id], len(v.accepted)
-            toks = row.draft[0]
+            toks, path = row.draft[0], row.ahead.path
             row.tail_h = torch.cat([row.tail_h, v.hidden.to(self.device, self.dtype)])  # [T + 1 + k, H]
-            row.tail_x += toks[: k + 1]
+            row.tail_x += [toks[i] for i in path[: k + 1]]
             row.root = None
-            rest = len(toks) - k - 1
-            row.draft = (toks[k + 1:], list(range(-1, rest - 1)))
+            rest = len(path) - k - 1
+            row.draft = ([toks[i] for i in path[k + 1:]], list(range(-1, rest - 1)))  # a chain from here on
             row.ahead.cols = row.ahead.cols[k + 1:]
+            row.ahead.path = list(range(rest))
         if plain:
             self.observe(plain)  # after ``keep``'s chains dropped their accepted nodes: fewer pinned columns
         else:
@@ -407,7 +421,8 @@ class EagleDrafter:
         """``BatchedKV.reclaim``, pinning the fed columns of the chains ``extend`` can still grow (invalid slots,
         fed with predicted h^, that the chain's next node attends to) and renumbering them. Every other draft
         column is dead once its proposal is drawn (``observe`` feeds the target's own h instead)."""
-        ahead = {b: r.ahead for b, r in enumerate(self._rows.values()) if r.ahead is not None}  # by cache row
+        ahead = {b: r.ahead for b, r in enumerate(self._rows.values())
+                 if r.ahead is not None and r.ahead.open}  # by cache row
         moved = self._kv.reclaim({b: a.cols for b, a in ahead.items()})  # [B, S_old] int64 (CPU) or None
         if moved is None:
             return
@@ -455,7 +470,9 @@ class EagleDrafter:
 
     def _grow(self, rows: list[_Row], sel: torch.Tensor, k: int, depth: int, budget: int):
         """Build every call row's draft tree (module docstring). Returns tokens [Bc, N] int64 (CPU), parents
-        [Bc, N] int64 (CPU), q [Bc, N, V] fp32 or None, counts per row."""
+        [Bc, N] int64 (CPU), q [Bc, N, V] fp32 or None, counts per row, the last frontier's head outputs
+        [Bc, W, H], and ``fed(b, path)`` -> (the draft column each node of ``path`` but the last was fed at, the
+        head output [H] the last was drawn from), for drafting ahead along a path of row b's kept tree."""
         dev, bc = self.device, len(rows)
         greedy = torch.tensor([r.temperature == 0 for r in rows], device=dev)  # [Bc] bool
         temps = torch.tensor([r.temperature or 1.0 for r in rows], device=dev)[:, None, None]  # [Bc, 1, 1]
@@ -472,6 +489,7 @@ class EagleDrafter:
         count = torch.zeros(bc, dtype=torch.long, device=dev)  # [Bc] nodes so far
         toks, pars, scores, oks, hins, ancs, qsrc, qs = [], [], [], [], [], [], [], []
         n_nodes, n_q = 0, 0
+        fed_nodes, fed_cols = [], []  # per fed level: frontier node indices [Bc, k] and their columns [Bc, k]
         for level in range(1, depth + 1):
             logits = self.head.logits(f_out)  # [Bc, W, V] fp32
             w = logits.shape[1]
@@ -525,6 +543,8 @@ class EagleDrafter:
             col = self._kv.seq_len - draft_start  # the slots' draft columns: col .. col + k - 1
             pos = torch.tensor([r.next_pos + level - 1 for r in rows], device=dev)  # level-l nodes: next_pos + l - 1
             f_out = self._feed_draft(sel, nxt, hid, pos, anc, f_ok, draft_start)  # [Bc, k, H]
+            fed_nodes.append(torch.where(f_ok, f_node, -1))
+            fed_cols.append((draft_start + col + slot).expand(bc, k))
             f_anc = anc.clone()
             f_anc[:, slot, col + slot] = True  # a child also sees its parent's column
         tokens, parents, score, ok = (torch.cat(x, 1) for x in (toks, pars, scores, oks))  # [Bc, M]
@@ -540,14 +560,25 @@ class EagleDrafter:
             q = allq.gather(1, src[..., None].expand(-1, -1, allq.shape[-1]))  # [Bc, M, V]
             one_hot = torch.nn.functional.one_hot(tokens, self.vocab_size).to(q.dtype)
             q = torch.where(greedy[:, None, None], one_hot, q)
-        return (*_compact(tokens, parents, q, keep), f_out)
+        tok, par, q, counts, order = _compact(tokens, parents, q, keep)
+
+        def fed(b: int, path: list[int]) -> tuple[list[int], torch.Tensor]:
+            old = order[b, path].tolist()  # the path's nodes before compaction
+            col = {}
+            for nodes, cols in zip(fed_nodes, fed_cols):
+                for n_, c_ in zip(nodes[b].tolist(), cols[b].tolist()):
+                    if n_ >= 0:
+                        col[n_] = c_
+            return [col[i] for i in old[:-1]], torch.cat(hins, 1)[b, old[-1]].clone()
+
+        return tok, par, q, counts, f_out, fed
 
 
 def _compact(tokens, parents, q, keep):
     """Keep the ``keep`` nodes of each row in index order (parents first), remap parents.
 
     tokens/parents/keep [B, M] (parents: node index, -1 = root), q [B, M, V] or None -> tokens/parents [B, N] on
-    the CPU, q [B, N, V] or None, counts (N = the largest count).
+    the CPU, q [B, N, V] or None, counts (N = the largest count), order [B, N] (each kept node's index before).
     """
     counts = keep.sum(1).tolist()
     n = max(max(counts), 1)
@@ -560,4 +591,4 @@ def _compact(tokens, parents, q, keep):
     par = torch.where(live, par, -1)
     if q is not None:
         q = q.gather(1, order[..., None].expand(-1, -1, q.shape[-1]))
-    return tok.cpu(), par.cpu(), q, counts
+    return tok.cpu(), par.cpu(), q, counts, order

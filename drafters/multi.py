@@ -79,6 +79,7 @@ class MultiDrafter:
         self.spec = DrafterSpec(kind="multi", structure=structure,
                                 needs=frozenset().union(*(d.spec.needs for d in subs)))
         self.lookahead = all(supports_lookahead(d) for d in subs)
+        self.tree_lookahead = self.lookahead  # each request drafts ahead as its own sub-drafter does
         self.predraft = self.lookahead and all(supports_predraft(d) for d in subs)
         if not all(supports_lockstep(d) for d in subs):
             self.grow = None  # instance attribute: ``supports_lockstep`` reads the MultiDrafter as not growing

@@ -116,6 +116,11 @@ class Lookahead(Protocol):
     path is a prefix of the chain stays valid (that is the rollback). Each node's q is the law it was drawn from
     given every node before it, so a block taken from an extension is as lossless as a fresh one (its tokens are
     drawn after the guess, from randomness the target's decisions never see).
+
+    Trees (``tree_lookahead = True``: eagle, msd): the chain that ``extend`` grows is the outstanding tree's
+    ``spine`` (its first child at every level), extended past the spine's leaf as new nodes whose parent is the
+    previous one; "accepted whole" means the verdict's path is the whole spine. ``observe_ahead`` takes a verdict
+    that accepts a prefix of the spine followed by its next node; what stays outstanding is a chain.
     """
 
     lookahead: bool
@@ -173,6 +178,19 @@ def supports_predraft(drafter) -> bool:
 
 
 def supports_lookahead(drafter) -> bool:
-    """True when ``drafter`` implements ``Lookahead`` for its configuration (chains only)."""
+    """True when ``drafter`` implements ``Lookahead`` for its configuration (chains; trees with ``tree_lookahead``)."""
     return bool(getattr(drafter, "lookahead", False)) and isinstance(drafter, Lookahead) \
-        and drafter.spec.structure == "chain"
+        and (drafter.spec.structure == "chain" or bool(getattr(drafter, "tree_lookahead", False)))
+
+
+def spine(parents: Sequence[int]) -> list[int]:
+    """The first-child path of a parents-first tree (parents [N], -1 = the root): from the root, the lowest-index
+    child at every level. A tree drafter emits a slot's children in draw order, so for greedy rows this is the
+    drafter's greedy chain: the path a tree's drafting ahead assumes accepted (``Lookahead``)."""
+    path: list[int] = []
+    at = -1
+    for i, p in enumerate(parents):
+        if p == at:
+            path.append(i)
+            at = i
+    return path

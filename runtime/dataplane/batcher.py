@@ -294,12 +294,14 @@ def _rows(p: Proposal, lo: int, hi: int) -> Proposal:
 
 class BatchedView:
     """A Drafter-shaped handle on a ``DraftBatcher`` for the requests of one (sub-)drafter, so a session's
-    ``overlap.Pipeline`` drafts through the batcher unchanged: ``spec`` and ``lookahead`` are those of ``drafter``
-    (with a MultiDrafter: the request's own sub-drafter; the batcher still calls the MultiDrafter, which routes)."""
+    ``overlap.Pipeline`` drafts through the batcher unchanged: ``spec`` and ``lookahead`` (``tree_lookahead``) are
+    those of ``drafter`` (with a MultiDrafter: the request's own sub-drafter; the batcher still calls the
+    MultiDrafter, which routes)."""
 
     def __init__(self, batcher: DraftBatcher, drafter) -> None:
         self._b, self.spec = batcher, drafter.spec
         self.lookahead = supports_lookahead(drafter)
+        self.tree_lookahead = self.lookahead and drafter.spec.structure == "tree"
         self.predraft = supports_predraft(drafter)
         if not supports_lockstep(drafter):
             self.grow = None  # the session's drafter grows its branches one at a time

@@ -4,7 +4,7 @@ Sequential (overlap off, or a drafter without ``Lookahead``)::
 
     ProposeRequest(gamma) -> propose(gamma) -> Proposal ... Verdict -> observe
 
-With overlap (``drafters/protocol.py`` ``Lookahead``: ngram, text_lm, eagle, msd chains)::
+With overlap (``drafters/protocol.py`` ``Lookahead``: ngram, text_lm, eagle, msd chains; eagle / msd trees)::
 
     ProposeRequest(gamma) -> propose(gamma): send d_1 .. d_gamma
     while the verifier verifies:  extend(1): g = the drafter's own next token (the guess, never sent), then
@@ -12,6 +12,11 @@ With overlap (``drafters/protocol.py`` ``Lookahead``: ngram, text_lm, eagle, msd
     Verdict, ProposeRequest(gamma):
         all of d accepted and next_token == g  -> observe_ahead: send x_1 .. x_gamma at once (a hit), guess g'
         otherwise                             -> observe (drops every node past the accepted path), propose anew
+
+Trees (eagle, msd). A tree is drafted ahead along its spine (``protocol.spine``: the first child at every level,
+which for greedy rows is the drafter's greedy chain): the guess is the node after the spine's leaf, and a hit is a
+verdict that accepts the whole spine with the guess as its next token. The block drafted ahead is a chain (sent
+at once on a hit); after a miss the next proposal is a fresh tree.
 
 The guess. The bonus token is the target's, unknown until the verdict; a drafter that needs the token before it
 (every autoregressive one) cannot start block n+1 without a stand-in, so the guess is the drafter's own next
@@ -66,7 +71,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specula.drafters.protocol import Verdict, supports_lockstep, supports_lookahead, supports_predraft
+from specula.drafters.protocol import Verdict, spine, supports_lockstep, supports_lookahead, supports_predraft
 
 
 @dataclass
@@ -102,6 +107,7 @@ class Pipeline:
         self._growing: tuple[int, int] | None = None  # the branch being drafted (None: the block past the guess)
         self._live: set = set()  # lockstep: the chains still growing (None: the block past the guess; else (k, t))
         self._sent = 0  # nodes of the outstanding chain the verifier saw
+        self._path: list[int] = []  # the nodes a verdict must accept for the guess to count (a tree: its spine)
         self._gamma = 0  # the gamma they answered
         self._guess: int | None = None  # the chain's node after them (overlap only)
         self._guess_due = False  # a fresh proposal was sent: its guess is drafted first thing while it is verified
@@ -126,7 +132,7 @@ class Pipeline:
         target's first token, not sent) so that ``speculate`` drafts blocks of ``gamma`` past it, and branches for
         other first tokens, while the target prefills. The first token comes as a verdict with nothing accepted."""
         self._since = (0, 0)
-        self._sent, self._gamma, self._guess = 0, max(int(gamma), 1), None
+        self._sent, self._path, self._gamma, self._guess = 0, [], max(int(gamma), 1), None
         if not self.overlap:
             return
         with self.lock:
@@ -170,7 +176,7 @@ class Pipeline:
         return accepted == list(range(self._growing[0])) and next_token == self._growing[1]
 
     def _matches_guess(self, accepted: list[int], next_token: int) -> bool:
-        return self._guess is not None and accepted == list(range(self._sent)) and next_token == self._guess
+        return self._guess is not None and accepted == self._path and next_token == self._guess
 
     # ------------------------------------------------------------------------------------------- drafting ahead
 
@@ -268,7 +274,7 @@ class Pipeline:
         b, self._ready = self._ready, None
         chain = b.tokens
         send = min(len(chain), max(gamma, 0))
-        self._sent, self._gamma = send, gamma
+        self._sent, self._path, self._gamma = send, list(range(send)), gamma
         self.used += 1
         self.branch_hits += b.branch
         # a longer chain (gamma shrank) is sent in part and not extended: observe drops its tail later
@@ -279,7 +285,7 @@ class Pipeline:
     def _fresh(self, gamma: int) -> Block:
         dropped, ahead_ns = self._since
         self._since = (0, 0)
-        self._sent, self._gamma, self._guess, self._guess_due = 0, gamma, None, False
+        self._sent, self._path, self._gamma, self._guess, self._guess_due = 0, [], gamma, None, False
         if gamma <= 0:
             return Block([], None, None, dropped=dropped, ahead_ns=ahead_ns)
         with self.lock:
@@ -288,7 +294,9 @@ class Pipeline:
         tokens = prop.tokens[0, :c].tolist()
         parents = prop.parents[0, :c].tolist() if prop.parents is not None else None
         q = prop.q[0, :c].float() if prop.q is not None and c else None  # [N, V]
-        self._guess_due = self.overlap and c == gamma  # a full chain: speculate drafts its next node, the guess
+        # a full chain, or a tree (along its spine): speculate drafts the next node, the guess, first thing
+        self._path = list(range(c)) if parents is None else spine(parents)
+        self._guess_due = self.overlap and (c == gamma if parents is None else bool(self._path))
         self._sent = len(tokens)
         return Block(tokens, parents, q, dropped=dropped, ahead_ns=ahead_ns)
 

@@ -3,7 +3,7 @@
 Real gRPC on 127.0.0.1, tiny random LLaVA targets with the world's tokenizer. Two targets: ``model_dir`` (init
 weights: every answer repeats one token, so blocks are accepted whole and pre-drafted blocks are used) and
 ``lively`` (large weights: answers vary, drafts are mostly rejected, pre-drafted blocks are dropped). Greedy output
-must equal plain decoding for every drafter that drafts ahead (ngram, text_lm, eagle, the IbED ensemble), batched; with a seed, ngram
+must equal plain decoding for every drafter that drafts ahead (ngram, text_lm, eagle chains and trees, the IbED ensemble), batched; with a seed, ngram
 gives the same sampled tokens with overlap on and off (its drafts are a function of the committed tokens, so the
 verifier's generator is consumed identically); for text_lm every sampled block's q, pre-drafted ones included,
 must be the drafter's true law given the committed sequence.
@@ -70,7 +70,7 @@ def _noisy_text_lm(model_dir, scale: float = 0.05):
     return drafter
 
 
-def _eagle(model_dir):
+def _eagle(model_dir, **opts):
     """A head that passes h_i through (fc = [0 | I], its layer the identity): it drafts the target's last choice."""
     hf = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
     head = EagleHead(EagleConfig.from_target(hf))
@@ -80,7 +80,12 @@ def _eagle(model_dir):
         head.fc.weight.copy_(torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1))
         head.layer.self_attn.o_proj.weight.zero_()
         head.layer.mlp.down_proj.weight.zero_()
-    return create({"kind": "eagle", "head": head.eval()}, target=load_target(model_dir))
+    return create({"kind": "eagle", "head": head.eval(), **opts}, target=load_target(model_dir))
+
+
+def _eagle_tree(model_dir):
+    """``_eagle`` drafting EAGLE-2 trees: it drafts ahead along the tree's spine (its first child at each level)."""
+    return _eagle(model_dir, structure="tree", top_k=2, depth=4, total_tokens=8)
 
 
 def _ensemble(model_dir):
@@ -101,7 +106,7 @@ def _ensemble(model_dir):
 
 
 DRAFTERS = {"ngram": lambda d: create({"kind": "ngram", "max_n": 3}), "text_lm": _text_lm, "eagle": _eagle,
-            "ensemble": _ensemble}
+            "eagle_tree": _eagle_tree, "ensemble": _ensemble}
 
 
 def _verifier(model_dir, gamma=4, **remote) -> VerifierEngine:
@@ -125,7 +130,7 @@ def _run_batch(verifier, reqs, address) -> dict:
     return got
 
 
-@pytest.mark.parametrize("kind", ["ngram", "text_lm", "eagle", "ensemble"])
+@pytest.mark.parametrize("kind", ["ngram", "text_lm", "eagle", "eagle_tree", "ensemble"])
 def test_greedy_overlap_equals_plain_decoding_batched(model_dir, lively, processor, kind):
     settled = 0
     for d in (model_dir, lively):
@@ -221,12 +226,13 @@ def test_early_begin_drafts_the_first_block_during_the_prefill(lively, processor
         assert not any(s["first_ahead"] for s in stats)
 
 
-def test_repetitive_answers_use_blocks_drafted_ahead_and_rejections_drop_them(model_dir, lively, processor):
+@pytest.mark.parametrize("kind", ["eagle", "eagle_tree"])
+def test_repetitive_answers_use_blocks_drafted_ahead_and_rejections_drop_them(model_dir, lively, processor, kind):
     req = world_requests(processor, 1, SamplingParams(max_tokens=30), start=2)[0]
     for d, want_used in ((model_dir, True), (lively, False)):
         verifier = _verifier(d)
         try:
-            with DrafterServer(_eagle(d), overlap=True) as server:
+            with DrafterServer(DRAFTERS[kind](d), overlap=True) as server:
                 s = verifier.generate(req, drafter_address=server.address)["dataplane"]
         finally:
             verifier.close()
