@@ -239,6 +239,8 @@ class EagleDrafter:
         for b, (r, t, p, n) in enumerate(zip(rows, tokens.tolist(), parents.tolist(), counts)):
             r.draft = (t[:n], p[:n])
             r.ahead = None
+            if not self.lookahead:
+                continue
             if chain and n == depth and t[n - 1] not in self._stop_set:
                 # a chain drawn to full length: node i (i < n - 1) was fed at column draft_start + i
                 r.ahead = _Ahead(list(range(draft_start, draft_start + n - 1)), last_out[b, 0], list(range(n)))

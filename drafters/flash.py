@@ -132,8 +132,8 @@ class FlashDrafter(EagleDrafter):
 
     def _grow(self, rows: list[_Row], sel: torch.Tensor, k: int, depth: int, budget: int):
         """A chain of ``depth`` (= gamma) tokens in passes of ``self.k`` (module docstring). Returns tokens [Bc, N]
-        int64 (CPU), parents [Bc, N] int64 (CPU), q [Bc, N, V] fp32 or None, counts, and the last layer output
-        [Bc, 1, H] (what ``EagleDrafter.propose`` expects; unused here, as lookahead is off)."""
+        int64 (CPU), parents [Bc, N] int64 (CPU), q [Bc, N, V] fp32 or None, counts, the last layer output
+        [Bc, 1, H] and no ``fed`` (what ``EagleDrafter.propose`` expects; unused here, as lookahead is off)."""
         gamma, dev, bc = depth, self.device, len(rows)
         greedy = torch.tensor([r.temperature == 0 for r in rows], device=dev)  # [Bc] bool
         temps = torch.tensor([r.temperature or 1.0 for r in rows], device=dev)[:, None]  # [Bc, 1]
@@ -165,7 +165,7 @@ class FlashDrafter(EagleDrafter):
         width = tokens.shape[1]
         counts = list(stopping.chain_counts(tokens, self.stop_ids))  # a chain ends at its first stop token
         parents = (torch.arange(width) - 1).expand(bc, width).clone()
-        return tokens, parents, (torch.cat(qs, 1) if qs else None), counts, o[:, None]
+        return tokens, parents, (torch.cat(qs, 1) if qs else None), counts, o[:, None], None
 
     def _feed_chain(self, sel, tok, hid, pos, draft_start: int) -> torch.Tensor:
         """Feed n chain pairs per call row ``sel`` [Bc]: tok [Bc, n], hid [Bc, n, H], at positions pos [Bc] + 0..n-1;
