@@ -206,6 +206,13 @@ def test_claim_rules_follow_the_numbers():
                               "massv": "not reproduced", "ibed": "not reproduced"}
     cheap = _fake({"flash": 2.3, "eagle": 2.5}, draft_ms={"flash": 0.5, "eagle": 1.0})  # 2.3 >= 0.9 x 2.5
     assert _verdicts(cheap)["flash"] == "reproduced"
+    # flash (a chain) against eagle's chain, not its tree (more nodes per block, higher tau)
+    both = _fake({"flash": 2.3, "eagle": 2.5, "eagle/tree": 3.5},
+                 draft_ms={"flash": 0.5, "eagle": 1.0, "eagle/tree": 2.0})
+    assert _verdicts(both)["flash"] == "reproduced"
+    assert "eagle: 1.0 ms/block" in next(c for c in claims.evaluate(both) if c["paper"] == "flash")["evidence"]
+    slow = _fake({"flash": 2.3, "eagle": 2.5, "eagle/tree": 3.5}, draft_ms={"flash": 1.5, "eagle": 1.0})
+    assert _verdicts(slow)["flash"] == "not reproduced"
     no_five = _fake({"ensemble": 3.0, "massv": 2.0}, multi={"ensemble": {1: 3.0}})
     assert _verdicts(no_five)["ibed"] == "not measurable yet"
 
