@@ -61,10 +61,10 @@ def shallow_layers(state: dict) -> int:
     return 0
 
 
-def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0) -> dict:
+def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0, suite: str = "vqa") -> dict:
     """The LM's reading of exact word codes in place of the image tokens (its ceiling: a perfect tower), and of zero
-    codes, on the same held-out VQA questions as ``evaluate``; beside it ``tower_readout`` on the first 40 of their
-    images (``tower_<attribute>``). Only for word-code checkpoints."""
+    codes, on the same held-out questions of ``suite`` as ``evaluate``; for VQA beside it ``tower_readout`` on the
+    first 40 of their images (``tower_<attribute>``). Only for word-code checkpoints."""
     from specula.zoo.code_stages import code_answer_hits
     from specula.zoo.word_codes import WordCodes
 
@@ -72,13 +72,16 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0) -> 
     if not cfg.get("code_lm_samples"):
         raise ValueError("--codes needs a word-code checkpoint (trained with --code-lm-samples)")
     codes = WordCodes(model.config.text_config.hidden_size, cfg["seed"], background=cfg.get("background_code", False))
-    samples = [generate("vqa", "eval", EVAL_OFFSET + i, seed) for i in range(n)]
+    samples = [s for s in (generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)) if s.answer]
     layers = shallow_layers(state)
     hits = code_answer_hits(model, processor, codes, samples, layers=layers)
     blank = code_answer_hits(model, processor, codes, samples, blank=True, layers=layers)
-    return {"exact": sum(hits) / max(1, n), "exact_zero_codes": sum(blank) / max(1, n),
-            **{f"tower_{k}": v for k, v in tower_readout(model, processor, codes, n=min(n, 40), seed=seed).items()},
-            "by_type": by_question_type(samples, hits, blank)}
+    out = {"exact": sum(hits) / max(1, len(samples)), "exact_zero_codes": sum(blank) / max(1, len(samples))}
+    if suite == "vqa":
+        out.update({f"tower_{k}": v for k, v in tower_readout(model, processor, codes, n=min(n, 40), seed=seed).items()})
+    if any("/" in s.kind for s in samples):
+        out["by_type"] = by_question_type(samples, hits, blank)
+    return out
 
 
 def tower_readout(model, processor, codes, n: int = 40, seed: int = 0) -> dict[str, float]:
@@ -170,8 +173,9 @@ def eval_cli(args) -> int:
             raise SystemExit("--codes needs --checkpoint (a word-code training checkpoint)")
         model, processor = load_model(args.model)
     r = evaluate(model, processor, n=args.n, suites=suites)
-    if args.codes:
-        r["suites"]["vqa_codes"] = code_readout(model, processor, state, n=args.n)
+    if args.codes:  # every short-answer suite asked for, read from exact codes (and zero codes) too
+        for name in [x for x in list(r["suites"]) if x not in ("caption", "text")]:
+            r["suites"][f"{name}_codes"] = code_readout(model, processor, state, n=args.n, suite=name)
     if args.json:
         print(json.dumps(r, indent=1))
     else:

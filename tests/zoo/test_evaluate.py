@@ -139,14 +139,18 @@ def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_pa
     assert torch.equal(got[name].detach(), raw[name].half().float()) and not torch.equal(raw[name].half().float(), raw[name])
     assert state["config"]["code_lm_samples"] == 4
 
-    assert main(["zoo", "eval", "--checkpoint", str(ckpt), "--suites", "vqa", "--n", "3", "--codes", "--json",
-                 "--threads", "1"]) == 0
+    assert main(["zoo", "eval", "--checkpoint", str(ckpt), "--suites", "vqa,video,caption", "--n", "3", "--codes",
+                 "--json", "--threads", "1"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert set(r["suites"]) == {"vqa", "vqa_codes"}
+    assert set(r["suites"]) == {"vqa", "video", "caption", "vqa_codes", "video_codes"}  # short-answer suites only
     codes = r["suites"]["vqa_codes"]
     assert 0 <= codes["exact"] <= 1 and 0 <= codes["exact_zero_codes"] <= 1
     assert all(0 <= codes[f"tower_{k}"] <= 1 for k in ("colour", "shape", "size", "place"))
     assert sum(t["n"] for t in codes["by_type"].values()) == 3
+    video = r["suites"]["video_codes"]  # other suites: the LM on exact codes, by question type, no tower readout
+    assert 0 <= video["exact"] <= 1 and "tower_colour" not in video
+    assert sum(t["n"] for t in video["by_type"].values()) == 3
+    assert set(video["by_type"]) <= {"change", "direction", "end_colour"}
     with pytest.raises(SystemExit, match="unknown"):
         main(["zoo", "eval", "--checkpoint", str(ckpt), "--suites", "vqa,nope"])
     with pytest.raises(SystemExit, match="--checkpoint"):
