@@ -52,3 +52,17 @@ def test_shipped_drafter_belongs_to_the_shipped_target_and_is_lossless(name, shi
     got = SpecEngine(target, drafter, gamma=4, eos_token_ids=eos).generate(reqs)
     assert {k: v.tokens for k, v in got.items()} == {k: v.tokens for k, v in want.items()}
     assert sum(v.metrics.accepted_tokens for v in got.values()) > 0, f"{name}: no draft was ever accepted"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_records_name_zoo_entries_a_fresh_clone_has(name):
+    """What a drafter's record names (its target, the LM it started from) must resolve in the shipped zoo: a drafter
+    replica without the target in its process reads the target's embedding and lm_head from ``target``."""
+    from specula.zoo.paths import resolve
+
+    info = json.loads((ZOO_DIR / name / "specula.json").read_text())
+    for key in ("target", "distilled_from", "init_lm"):
+        ref = info.get(key)
+        if ref:
+            assert not str(ref).startswith(("runs/", "/")), f"{name}: {key} = {ref!r} is not a zoo entry"
+            assert resolve(ref).is_relative_to(ZOO_DIR), f"{name}: {key} = {ref!r}"
