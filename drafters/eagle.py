@@ -366,8 +366,9 @@ class EagleDrafter:
                 got = None if v.hidden is None else tuple(v.hidden.shape)
                 raise ValueError(f"{self.KIND}.observe_ahead: {v.request_id!r} needs hidden [1 + {k}, {H}], "
                                  f"got {got}")
-            # nothing past the guess, or a chain that cannot grow: observed as usual
-            (plain if len(path) == k + 1 or row.ahead is None or not row.ahead.open else keep).append(v)
+            # nothing past the guess: observed as usual; otherwise the nodes past it stay the outstanding proposal,
+            # also when the chain cannot grow any more (it drew a stop token): the verifier is about to see them
+            (plain if len(path) == k + 1 or row.ahead is None else keep).append(v)
         for v in keep:
             row, k = self._rows[v.request_id], len(v.accepted)
             toks, path = row.draft[0], row.ahead.path

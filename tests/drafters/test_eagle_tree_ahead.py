@@ -112,3 +112,34 @@ def test_observe_ahead_refuses_a_path_off_the_spine(kit):
     with pytest.raises(ValueError, match="observe_ahead"):
         tree.observe_ahead([Verdict("r", (other,), (int(p.tokens[0, other]),), guess, hidden=torch.zeros(2, H))])
     tree.release(["r"])
+
+
+@pytest.mark.parametrize("structure", ["chain", "tree"])
+@torch.no_grad()
+def test_a_block_drafted_ahead_that_ends_in_a_stop_token_stays_the_proposal(kit, structure):
+    """The extension draws a stop token (it cannot grow past it); a hit still makes its nodes the outstanding
+    proposal, so the verdict on them is observed like any other (it used to find no proposal: a drafter error)."""
+    probe = EagleDrafter(head=kit["head"], target=kit["target"], **(TREE if structure == "tree" else {}))
+    H = probe.head.config.hidden_size
+    ctx = _context("r", H, probe.vocab_size, probe.image_token_id)
+    probe.begin([ctx])
+    p = probe.propose(["r"], 3)
+    ext = probe.extend(["r"], 3).tokens[0].tolist()  # guess, x_1, x_2 (greedy: the same again below)
+    probe.release(["r"])
+    d = EagleDrafter(head=kit["head"], target=kit["target"], stop_token_ids=[ext[2]],
+                     **(TREE if structure == "tree" else {}))
+    d.begin([ctx])
+    q = d.propose(["r"], 3)
+    assert q.tokens.tolist() == p.tokens.tolist()
+    n = q.counts[0]
+    path = spine(q.parents[0, :n].tolist()) if structure == "tree" else list(range(n))
+    guess = d.extend(["r"], 1).tokens[0].tolist()
+    more = d.extend(["r"], 3)
+    assert guess == ext[:1] and more.tokens[0, : more.counts[0]].tolist() == ext[1:3]  # x_2 is a stop token
+    toks = q.tokens[0].tolist()
+    d.observe_ahead([Verdict("r", tuple(path), tuple(toks[i] for i in path), guess[0],
+                             hidden=torch.zeros(1 + len(path), H))])
+    assert d._rows["r"].draft[0] == ext[1:3]  # noqa: SLF001 - the block the verifier gets next
+    d.observe([Verdict("r", (0,), (ext[1],), 5, hidden=torch.zeros(2, H))])  # one accepted, then a correction
+    assert d.propose(["r"], 3).counts[0] > 0
+    d.release(["r"])
