@@ -564,15 +564,14 @@ class EagleDrafter:
             one_hot = torch.nn.functional.one_hot(tokens, self.vocab_size).to(q.dtype)
             q = torch.where(greedy[:, None, None], one_hot, q)
         tok, par, q, counts, order = _compact(tokens, parents, q, keep)
+        node_col = torch.full((bc, tokens.shape[1] + 1), -1, dtype=torch.long, device=dev)  # [Bc, M + 1]; M: unfed
+        for nodes, cols in zip(fed_nodes, fed_cols):
+            node_col.scatter_(1, torch.where(nodes >= 0, nodes, tokens.shape[1]), cols)
+        h_in = torch.cat(hins, 1)  # [Bc, M, H] the head output each node was drawn from
 
         def fed(b: int, path: list[int]) -> tuple[list[int], torch.Tensor]:
-            old = order[b, path].tolist()  # the path's nodes before compaction
-            col = {}
-            for nodes, cols in zip(fed_nodes, fed_cols):
-                for n_, c_ in zip(nodes[b].tolist(), cols[b].tolist()):
-                    if n_ >= 0:
-                        col[n_] = c_
-            return [col[i] for i in old[:-1]], torch.cat(hins, 1)[b, old[-1]].clone()
+            old = order[b, path]  # the path's nodes before compaction
+            return node_col[b, old[:-1]].tolist(), h_in[b, old[-1]].clone()
 
         return tok, par, q, counts, f_out, fed
 

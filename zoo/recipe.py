@@ -25,8 +25,7 @@ from pathlib import Path
 _CODES = dict(code_lm_samples=40_000, code_lm_layers=4, code_lm_mix="confusable", referent_attention=1.0)
 _VISION = dict(vision_place_weight=1.0, projector_fit_images=960, projector_fit_gate=True)
 _LM = dict(total_samples=0, mix="dialogue", token_budget=2048, lr=3e-4, aux_out=0.0, vision_images=0,
-           code_lm_samples=40_000, code_lm_lr=1e-3, code_token_budget=1024, eval_every_s=300.0,
-           referent_attention=1.0)
+           code_lm_lr=1e-3, code_token_budget=1024, eval_every_s=300.0, **_CODES)
 _TOWER = dict(total_samples=0, mix="dialogue", code_lm_samples=1, code_lm_layers=2, code_lm_mix="scenes",
               referent_attention=1.0, vision_lr=1e-3, vision_pos_lr_mult=30.0, eval_every_s=1e5, **_VISION)
 
@@ -50,7 +49,7 @@ class TargetStage:
 TARGET_STAGES = (
     TargetStage("lm-2-layers", "lm", {**_LM, "code_lm_layers": 2, "code_lm_mix": "scenes_confusable",
                                        "code_lm_stop": 22_944}),
-    TargetStage("lm-4-layers", "lm", {**_LM, "code_lm_layers": 4, "code_lm_mix": "confusable"}),
+    TargetStage("lm-4-layers", "lm", _LM),
     TargetStage("tower-100k", "tower", {**_TOWER, "vision_images": 100_000}),
     TargetStage("tower-116k", "tower", {**_TOWER, "vision_images": 116_000}),
     TargetStage("tower-180k", "tower", {**_TOWER, "vision_images": 180_000}),

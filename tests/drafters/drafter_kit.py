@@ -89,6 +89,17 @@ def random_head(model, std: float = 0.1) -> EagleHead:
     return head.eval()
 
 
+def as_msd(head: EagleHead):
+    """An MSD head (decoupled) with ``head``'s weights: the same drafting and cache code, MSD's inputs."""
+    from dataclasses import asdict
+
+    from specula.drafters.msd_head import MsdConfig, MsdHead
+
+    msd = MsdHead(MsdConfig(**{**asdict(head.config), "decoupled": True}))
+    msd.load_state_dict(head.state_dict())
+    return msd.eval()
+
+
 def head_drafter(kind: str, kit, head: str, target, **opts):
     """A ``kind`` drafter around the kit's head ``head`` on ``target``."""
     return create({"kind": kind, "head": kit[head], **opts}, target=target)

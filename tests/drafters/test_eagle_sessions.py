@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import asdict
 
 import pytest
 import torch
-from drafter_kit import eos, lively_target, plain, random_head, requests
+from drafter_kit import as_msd, eos, lively_target, plain, random_head, requests
 
 from specula.drafters import DraftContext, Verdict
 from specula.drafters.eagle import EagleDrafter
-from specula.drafters.eagle_head import EagleHead
 from specula.drafters.msd import MsdDrafter
-from specula.drafters.msd_head import MsdConfig, MsdHead
 from specula.drafters.protocol import supports_lookahead
 from specula.runtime.dataplane import DrafterServer, RemoteDrafter
 from specula.runtime.sampling import SamplingParams
@@ -38,18 +35,12 @@ NEVER = KVPolicy(min_waste=10**9)
 GAMMA = 3
 
 
-def _as_msd(head: EagleHead) -> MsdHead:
-    msd = MsdHead(MsdConfig(**{**asdict(head.config), "decoupled": True}))
-    msd.load_state_dict(head.state_dict())
-    return msd.eval()
-
-
 @pytest.fixture(scope="module")
 def kit():
     processor = load_processor(TOKENIZER_DIR)
     ctx = lively_target(processor)
     eagle = random_head(ctx)
-    return {"processor": processor, "ctx": ctx, "eagle": eagle, "msd": _as_msd(eagle)}
+    return {"processor": processor, "ctx": ctx, "eagle": eagle, "msd": as_msd(eagle)}
 
 
 def _drafter(kit, kind: str, policy: KVPolicy, target=None) -> EagleDrafter:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drafter_kit import lively_target, random_head
+from drafter_kit import as_msd, lively_target, random_head
 
 from specula.drafters import DraftContext, Verdict
 from specula.drafters.eagle import EagleDrafter
@@ -37,18 +37,8 @@ def kit():
 
 def _drafters(kit, cls):
     target = kit["target"]
-    return [cls(head=kit["head"] if cls is EagleDrafter else _msd(kit["head"]), target=target, **opts)
+    return [cls(head=kit["head"] if cls is EagleDrafter else as_msd(kit["head"]), target=target, **opts)
             for opts in (TREE, dict(structure="chain"), TREE)]
-
-
-def _msd(head):
-    from dataclasses import asdict
-
-    from specula.drafters.msd_head import MsdConfig, MsdHead
-
-    msd = MsdHead(MsdConfig(**{**asdict(head.config), "decoupled": True}))
-    msd.load_state_dict(head.state_dict())
-    return msd.eval()
 
 
 def _context(rid: str, H: int, vocab: int, image: int) -> DraftContext:
