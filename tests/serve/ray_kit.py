@@ -122,18 +122,28 @@ def init_ray(attempts: int = 3, **kwargs):
             time.sleep(2.0)
 
 
-def start_cluster(attempts: int = 3, **head_node_args):
-    """A ``ray.cluster_utils.Cluster`` with its head node started, retrying a head that did not register in time
-    (the same 30 s wait as ``init_ray``; a partly started head is shut down before the next try)."""
+def start_cluster(attempts: int = 3, workers: tuple[dict, ...] = (), **head_node_args):
+    """A ``ray.cluster_utils.Cluster`` with its head node and then one worker node per ``workers`` entry started and
+    registered. A node that does not register within Ray's 30 s (loaded CI machines) fails the whole try: the partly
+    started cluster is shut down (a late raylet of the failed node loses its GCS with it and exits) and a fresh one
+    starts, up to ``attempts`` times."""
     from ray.cluster_utils import Cluster
 
     for attempt in range(attempts):
         cluster = Cluster(initialize_head=False)
         try:
             cluster.add_node(**head_node_args)  # the first node is the head
+            for worker in workers:
+                cluster.add_node(**worker)
+            cluster.wait_for_nodes(timeout=60)
             return cluster
-        except Exception as e:  # Ray raises a bare Exception for this
+        except Exception as e:  # Ray raises a bare Exception for a node that timed out
             cluster.shutdown()
-            if "timed out during startup" not in str(e) or attempt == attempts - 1:
+            if not _startup_timeout(e) or attempt == attempts - 1:
                 raise
             time.sleep(2.0)
+
+
+def _startup_timeout(e: Exception) -> bool:
+    """Whether ``e`` is Ray's "node did not come up in time" (raylet registration or ``wait_for_nodes``)."""
+    return "timed out during startup" in str(e) or isinstance(e, TimeoutError)

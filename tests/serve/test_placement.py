@@ -43,12 +43,9 @@ def cluster_app(model_dir):
     port = free_port()
     cfg = _gpu_config(model_dir, port)
     with ray_env() as tmp:
-        cluster = start_cluster(num_cpus=1, num_gpus=1, temp_dir=tmp, include_dashboard=False,
-                                object_store_memory=80 * 1024 * 1024)
+        worker = {"num_cpus": 1, "num_gpus": 1, "object_store_memory": 80 * 1024 * 1024}
+        cluster = start_cluster(temp_dir=tmp, include_dashboard=False, workers=(worker, worker), **worker)
         try:
-            for _ in range(2):
-                cluster.add_node(num_cpus=1, num_gpus=1, object_store_memory=80 * 1024 * 1024)
-            cluster.wait_for_nodes(timeout=60)
             ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
             serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
             run_app(build_app(cfg), cfg.name)
