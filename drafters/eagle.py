@@ -50,6 +50,13 @@ Cache (one ``targets.kv.BatchedKV`` for all live rows, keys post-RoPE, positions
   under verification (as a longer chain would), while the cache only ever holds the target's features. A tree
   drafts ahead along its spine (``protocol.spine``: the first child at every level, the greedy chain for greedy
   rows; every spine node but the leaf was fed as a frontier slot): the chain ``extend`` grows starts at the leaf.
+- Predraft (chains; ``drafters/protocol.py``): ``branch`` opens the likeliest rejection outcome "nodes 0..k-1
+  accepted, the target's token at k is t" (``drafters/outcomes.py``, ranked from the head outputs the chain's
+  nodes were drawn from) as a hidden branch; its first pair is (the head output node k was drawn from, t), seeing
+  the chain's columns before k, so its nodes are what a chain that had drawn t at k would draw next. ``grow`` feeds
+  every open lane of a row (the chain past its proposal, each branch) in one head forward; ``observe_ahead`` also
+  takes a verdict that lands on a branch's t (its nodes after t become the proposal). The chain's and branches'
+  fed columns stay pinned through compaction until the next verdict.
 
     drafter = create({"kind": "eagle", "path": "eagle", "structure": "tree", "top_k": 4, "depth": 5,
                       "total_tokens": 24}, target=target)
@@ -59,7 +66,7 @@ Cache (one ``targets.kv.BatchedKV`` for all live rows, keys post-RoPE, positions
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -67,6 +74,7 @@ from transformers import DynamicCache
 
 from specula.drafters import stopping
 from specula.drafters.eagle_head import EagleHead
+from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, spine
 from specula.drafters.registry import register
 from specula.drafters.seeding import request_generator
@@ -87,11 +95,26 @@ class _Row:
 
 
 @dataclass
+class _Branch:
+    """``Predraft``: a hidden chain for the outcome "path[:k] accepted, the target's token at k is t"."""
+
+    k: int
+    tokens: list[int]  # t, then the nodes drawn after it
+    cols: list[int]  # the draft column each fed node went to (t first)
+    src: list[torch.Tensor]  # [H] head output each node was drawn from (for t: the one path node k was drawn from)
+    open: bool = True  # False once it cannot grow (a stop token, no mass left)
+
+
+@dataclass
 class _Ahead:
     cols: list[int]  # draft column of chain node i (every node but the last is fed)
     out: torch.Tensor  # [H] head output the last node was drawn from
     path: list[int]  # the chain's node indices in the outstanding proposal (a chain: 0 .. n-1; a tree: its spine)
     open: bool = True  # False once the chain cannot grow (a stop token, no mass left): kept for its ``path``
+    src: list[torch.Tensor] = field(default_factory=list)  # [H] head output each path node was drawn from
+    branches: dict[tuple[int, int], _Branch] = field(default_factory=dict)  # chains: (k, t) -> its hidden chain
+    tip: tuple[int, int] | None = None  # the branch ``extend`` grows (None: the chain itself)
+    ranked: dict[int, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)  # k -> node_rank
 
 
 def _int(kind: str, name: str, v, lo: int) -> int:
@@ -157,6 +180,7 @@ class EagleDrafter:
         self.spec = DrafterSpec(kind=kind, structure=structure, needs=self._needs())
         self.lookahead = True  # chains, and trees along their spine
         self.tree_lookahead = structure == "tree"
+        self.predraft = structure == "chain"  # ``branch`` / ``grow``: drafting ahead for rejection outcomes too
         p = head.fc.weight
         self.device, self.dtype = p.device, p.dtype
         self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
@@ -243,11 +267,12 @@ class EagleDrafter:
                 continue
             if chain and n == depth and t[n - 1] not in self._stop_set:
                 # a chain drawn to full length: node i (i < n - 1) was fed at column draft_start + i
-                r.ahead = _Ahead(list(range(draft_start, draft_start + n - 1)), last_out[b, 0], list(range(n)))
+                r.ahead = _Ahead(list(range(draft_start, draft_start + n - 1)), last_out[b, 0], list(range(n)),
+                                 src=list(fed(b, list(range(n)))[1].unbind(0)))
             elif not chain and n:
                 path = spine(p[:n])
-                cols, out = fed(b, path)
-                r.ahead = _Ahead(cols, out, path, open=t[path[-1]] not in self._stop_set)
+                cols, src = fed(b, path)
+                r.ahead = _Ahead(cols, src[-1], path, open=t[path[-1]] not in self._stop_set, src=list(src.unbind(0)))
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
@@ -281,68 +306,36 @@ class EagleDrafter:
 
     @torch.no_grad()
     def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
+        """``Lookahead``: up to ``n`` more nodes on each row's outstanding chain, or on the branch ``branch``
+        opened last (``Predraft``)."""
         ids = tuple(request_ids)
         if not self.lookahead:
             raise ValueError(f"{self.KIND}.extend: this drafter does not draft ahead")
         rows = [self._row(r) for r in ids]
         index = {rid: i for i, rid in enumerate(self._rows)}
-        grow = [i for i, r in enumerate(rows) if r.draft is not None and r.ahead is not None and r.ahead.open]
-        fed = [i for i in grow if rows[i].tail_x]  # verdict pairs observe_ahead queued: the target's own h first
-        self._feed_tails([rows[i] for i in fed], [index[ids[i]] for i in fed])
+        grow = [i for i, r in enumerate(rows) if r.draft is not None and r.ahead is not None
+                and _lane_open(r.ahead, r.ahead.tip)]
         new: list[list[int]] = [[] for _ in ids]
         qs: list[list] = [[] for _ in ids]
-        dev = self.device
         for _ in range(max(n, 0)):
             if not grow:
                 break
             sub = [rows[i] for i in grow]
-            sel = torch.tensor([index[ids[i]] for i in grow], dtype=torch.long, device=dev)  # [Bc]
-            s = self._kv.seq_len
-            start = min([c for r in sub for c in r.ahead.cols], default=s)
-            anc = self._kv.valid[sel, start:].clone()[:, None, :]  # [Bc, 1, D] committed slots since start
-            for j, r in enumerate(sub):
-                anc[j, 0, torch.tensor(r.ahead.cols, dtype=torch.long, device=dev) - start] = True  # the chain
-            nxt = torch.tensor([[r.draft[0][r.ahead.path[-1]]] for r in sub], dtype=torch.long, device=dev)  # [Bc, 1]
-            hid = torch.stack([r.ahead.out for r in sub])[:, None]  # [Bc, 1, H]
-            pos = torch.tensor([r.next_pos + len(r.ahead.path) - 1 for r in sub], device=dev)  # [Bc] the tip's
-            ok = torch.ones(len(sub), 1, dtype=torch.bool, device=dev)
-            out = self._feed_draft(sel, nxt, hid, pos, anc, ok, start)[:, 0]  # [Bc, H]
-            logits = self.head.logits(out)  # [Bc, V] fp32
-            if self.image_token_id is not None:
-                logits[:, self.image_token_id] = float("-inf")
-            kids = logits.argmax(-1)  # [Bc] greedy rows
-            probs = None
-            sampled = [j for j, r in enumerate(sub) if r.temperature > 0]
-            if sampled:
-                temps = torch.tensor([r.temperature or 1.0 for r in sub], device=dev)[:, None]
-                probs = (logits / temps).softmax(-1)  # [Bc, V] the law sampled rows draw from
-                a = torch.tensor(sampled, device=dev)
-                drawn = sample_without_replacement(probs[a][:, None], 1, [sub[j].generator for j in sampled])
-                kids[a] = drawn[:, 0, 0].to(dev)  # -1 = no mass left
+            drawn = self._step(sub, [index[ids[i]] for i in grow], [[r.ahead.tip] for r in sub])
             still = []
-            for j, (i, r, t) in enumerate(zip(grow, sub, kids.tolist())):
-                r.ahead.cols.append(s)
-                r.ahead.out = out[j].clone()
-                if t < 0:  # nothing left to draw: the chain ends with a fed node and cannot grow
-                    r.ahead.open = False
-                    continue
-                toks, parents = r.draft
-                toks.append(int(t))
-                parents.append(r.ahead.path[-1])
-                r.ahead.path.append(len(toks) - 1)
-                new[i].append(int(t))
-                qs[i].append(probs[j] if r.temperature > 0 else None)
-                if int(t) in self._stop_set:  # a stop token ends the chain: nothing after it can be used
-                    r.ahead.open = False
-                    continue
-                still.append(i)
+            for i, r, ((t, q),) in zip(grow, sub, drawn):
+                if t >= 0:
+                    new[i].append(t)
+                    qs[i].append(q)
+                if _lane_open(r.ahead, r.ahead.tip):
+                    still.append(i)
             grow = still
         counts = tuple(len(t) for t in new)
         width = max(max(counts, default=0), 1)
         tokens = torch.zeros(len(ids), width, dtype=torch.long)  # [B, N]
         q = None
         if any(x is not None for row in qs for x in row):
-            q = torch.zeros(len(ids), width, self.vocab_size, device=dev)  # [B, N, V]; greedy rows one-hot
+            q = torch.zeros(len(ids), width, self.vocab_size, device=self.device)  # [B, N, V]; greedy rows one-hot
         for b, t in enumerate(new):
             tokens[b, : len(t)] = torch.tensor(t, dtype=torch.long)
             for i, x in enumerate(qs[b]):
@@ -351,36 +344,106 @@ class EagleDrafter:
                                                                                   self.vocab_size).float()
         return Proposal(ids, tokens, counts, None, q)
 
+    @torch.no_grad()
+    def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
+        """``Predraft`` (chains): open each row's likeliest rejection outcome (k, t), k <= last, not opened yet,
+        ranked by ``outcomes.best_outcome`` from the head outputs the chain's nodes were drawn from (logits
+        computed here, once per node, never in the draft loop). The branch's first node t is fed later with the
+        head output node k was drawn from, seeing the chain's nodes before k: exactly what drafting past t would
+        have fed had the head drawn t at k. ``extend`` grows it from now on; ``grow`` grows it beside the rest."""
+        rows = [(rid, int(last)) for rid, last in rows]
+        for rid, _ in rows:
+            self._row(rid)
+        out: list[tuple[int, int] | None] = []
+        for rid, last in rows:
+            r = self._rows[rid]
+            a = r.ahead
+            best = None
+            if self.predraft and r.draft is not None and a is not None and a.src:
+                # node k needs its own src and the columns of the nodes before it
+                fed = next((i for i, c in enumerate(a.cols) if c < 0), len(a.cols))
+                top = min(last, len(a.path) - 1, len(a.src) - 1, fed)
+                toks, temp = r.draft[0], r.temperature or 1.0
+
+                def rank(k: int, a=a, toks=toks, temp=temp) -> tuple[float, list[tuple[int, float]]]:
+                    if k not in a.ranked:
+                        a.ranked[k] = node_rank(self.head.logits(a.src[k]), toks[a.path[k]], temp, self.image_token_id)
+                    return a.ranked[k]
+
+                best = best_outcome(rank, top, a.branches) if top >= 0 else None
+            if best is None:
+                out.append(None)
+                continue
+            k, t = best
+            a.branches[(k, t)] = _Branch(k, [t], [], [a.src[k]], open=t not in self._stop_set)
+            a.tip = (k, t)
+            out.append((k, t))
+        return out
+
+    @torch.no_grad()
+    def grow(self, request_ids: Sequence[str]) -> list[list[tuple[tuple[int, int] | None, int, torch.Tensor | None]]]:
+        """``Predraft`` in lockstep: one more node on every open chain of each row (the outstanding chain past what
+        was sent, and each branch opened since), all of a row's tips fed in one head forward as one small tree
+        level: a 1-layer head step costs about the same for one tip as for four. Per row, one (outcome, token, q)
+        per new node: outcome None for the chain itself, else the branch's (k, t); q [V] fp32, None for greedy
+        rows. A row with nothing left to grow answers []."""
+        ids = tuple(request_ids)
+        if not self.predraft:
+            raise ValueError(f"{self.KIND}.grow: only chains draft ahead for rejection outcomes")
+        rows = [self._row(r) for r in ids]
+        lanes = [[] if r.draft is None or r.ahead is None else
+                 [key for key in [None, *r.ahead.branches] if _lane_open(r.ahead, key)] for r in rows]
+        grow = [i for i, keys in enumerate(lanes) if keys]
+        out: list[list] = [[] for _ in ids]
+        if not grow:
+            return out
+        index = {rid: i for i, rid in enumerate(self._rows)}
+        drawn = self._step([rows[i] for i in grow], [index[ids[i]] for i in grow], [lanes[i] for i in grow])
+        for i, row in zip(grow, drawn):
+            out[i] = [(key, t, q) for key, (t, q) in zip(lanes[i], row) if t >= 0]
+        return out
+
     def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
         H = self.head.config.hidden_size
-        plain, keep = [], []
+        plain, keep, hits = [], [], []
         for v in verdicts:  # check them all before changing anything
-            row, k = self._row(v.request_id), len(v.accepted)
+            row, k, nxt = self._row(v.request_id), len(v.accepted), int(v.next_token)
             toks = row.draft[0] if row.draft is not None else []
-            path = row.ahead.path if row.ahead is not None else list(range(len(toks)))
-            if not self.lookahead or list(v.accepted) != path[:k] or len(path) <= k \
-                    or [toks[i] for i in path[:k]] != [int(t) for t in v.tokens] or toks[path[k]] != int(v.next_token):
+            a = row.ahead
+            path = a.path if a is not None else list(range(len(toks)))
+            on_path = list(v.accepted) == path[:k] and len(path) >= k \
+                and [toks[i] for i in path[:k]] == [int(t) for t in v.tokens]
+            main = on_path and len(path) > k and toks[path[k]] == nxt
+            branch = on_path and not main and a is not None and (k, nxt) in a.branches
+            if not self.lookahead or not (main or branch):
                 raise ValueError(f"{self.KIND}.observe_ahead: {v.request_id!r}: the verdict does not accept a "
-                                 "prefix of the outstanding chain followed by its next node")
+                                 "prefix of the outstanding chain followed by its next node or an open branch's first")
             if v.hidden is None or tuple(v.hidden.shape) != (1 + k, H):
                 got = None if v.hidden is None else tuple(v.hidden.shape)
                 raise ValueError(f"{self.KIND}.observe_ahead: {v.request_id!r} needs hidden [1 + {k}, {H}], "
                                  f"got {got}")
-            # nothing past the guess: observed as usual; otherwise the nodes past it stay the outstanding proposal,
-            # also when the chain cannot grow any more (it drew a stop token): the verifier is about to see them
-            (plain if len(path) == k + 1 or row.ahead is None else keep).append(v)
-        for v in keep:
-            row, k = self._rows[v.request_id], len(v.accepted)
-            toks, path = row.draft[0], row.ahead.path
+            # nothing past the landing node: observed as usual; otherwise the nodes past it become the outstanding
+            # proposal, also when they cannot grow any more (a stop token): the verifier is about to see them
+            if branch:
+                (hits if len(a.branches[(k, nxt)].tokens) > 1 else plain).append(v)
+            else:
+                (plain if len(path) == k + 1 or a is None else keep).append(v)
+        for v, is_branch in [(v, False) for v in keep] + [(v, True) for v in hits]:
+            row, k, nxt = self._rows[v.request_id], len(v.accepted), int(v.next_token)
+            toks, a = row.draft[0], row.ahead
             row.tail_h = torch.cat([row.tail_h, v.hidden.to(self.device, self.dtype)])  # [T + 1 + k, H]
-            row.tail_x += [toks[i] for i in path[: k + 1]]
+            row.tail_x += [toks[i] for i in a.path[:k]] + [nxt]
             row.root = None
-            rest = len(path) - k - 1
-            row.draft = ([toks[i] for i in path[k + 1:]], list(range(-1, rest - 1)))  # a chain from here on
-            row.ahead.cols = row.ahead.cols[k + 1:]
-            row.ahead.path = list(range(rest))
+            if is_branch:
+                b = a.branches[(k, nxt)]  # a foreseen rejection: the branch's nodes after t are the proposal
+                rest, cols, src, is_open, out = b.tokens[1:], b.cols[1:], b.src[1:], b.open, b.src[-1]
+            else:
+                rest, cols, src, is_open, out = ([toks[i] for i in a.path[k + 1:]], a.cols[k + 1:], a.src[k + 1:],
+                                                 a.open, a.out)
+            row.draft = (rest, list(range(-1, len(rest) - 1)))  # a chain from here on
+            row.ahead = _Ahead(cols, out, list(range(len(rest))), open=is_open, src=src)
         if plain:
-            self.observe(plain)  # after ``keep``'s chains dropped their accepted nodes: fewer pinned columns
+            self.observe(plain)  # after the kept chains dropped their accepted nodes: fewer pinned columns
         else:
             self._reclaim()
 
@@ -421,16 +484,95 @@ class EagleDrafter:
         return self.head(nxt.to(self.device), hid, pos.to(self.device), mask, cache, **extra)
 
     def _reclaim(self) -> None:
-        """``BatchedKV.reclaim``, pinning the fed columns of the chains ``extend`` can still grow (invalid slots,
-        fed with predicted h^, that the chain's next node attends to) and renumbering them. Every other draft
-        column is dead once its proposal is drawn (``observe`` feeds the target's own h instead)."""
+        """``BatchedKV.reclaim``, pinning the fed columns that later draft queries still attend to (invalid slots,
+        fed with predicted h^) and renumbering them: an open chain's that ``extend`` can grow; with ``Predraft``
+        (chains) every outstanding chain's and branch's, open or not, since a branch opened later or a branch taken
+        by ``observe_ahead`` reads them. Every other draft column is dead once its proposal is drawn (``observe``
+        feeds the target's own h instead)."""
         ahead = {b: r.ahead for b, r in enumerate(self._rows.values())
-                 if r.ahead is not None and r.ahead.open}  # by cache row
-        moved = self._kv.reclaim({b: a.cols for b, a in ahead.items()})  # [B, S_old] int64 (CPU) or None
+                 if r.ahead is not None and (r.ahead.open or self.predraft)}  # by cache row
+        pins = {b: [c for c in a.cols + [c for br in a.branches.values() for c in br.cols] if c >= 0]
+                for b, a in ahead.items()}
+        moved = self._kv.reclaim(pins)  # [B, S_old] int64 (CPU) or None
         if moved is None:
             return
         for b, a in ahead.items():
-            a.cols = [int(moved[b, c]) for c in a.cols]
+            a.cols = [int(moved[b, c]) if c >= 0 else -1 for c in a.cols]
+            for br in a.branches.values():
+                br.cols = [int(moved[b, c]) if c >= 0 else -1 for c in br.cols]
+
+    def _lane(self, r: _Row, key: tuple[int, int] | None) -> tuple[int, torch.Tensor, int, list[int]]:
+        """What feeding lane ``key`` (None: the outstanding chain; else a branch) takes next: (its last token, the
+        head output [H] that token was drawn from, its position, the draft columns it may see)."""
+        a = r.ahead
+        if key is None:
+            return r.draft[0][a.path[-1]], a.out, r.next_pos + len(a.path) - 1, a.cols
+        b = a.branches[key]
+        return b.tokens[-1], b.src[-1], r.next_pos + b.k + len(b.tokens) - 1, a.cols[: b.k] + b.cols
+
+    def _step(self, rows: list[_Row], where: list[int], lanes: list[list[tuple[int, int] | None]]
+              ) -> list[list[tuple[int, torch.Tensor | None]]]:
+        """Draft one node on each of ``lanes`` (per row: None = the outstanding chain, (k, t) = a branch) of
+        ``rows`` (cache rows ``where``; pending tails are fed first), all in one head forward; records every node
+        in its lane. Per row and lane: (token, -1 when no mass is left; q [V] fp32, None for greedy rows)."""
+        fed = [j for j, r in enumerate(rows) if r.tail_x]  # verdict pairs observe_ahead queued: the target's h first
+        self._feed_tails([rows[j] for j in fed], [where[j] for j in fed])
+        dev, H = self.device, self.head.config.hidden_size
+        bc, w, s = len(rows), max(len(x) for x in lanes), self._kv.seq_len
+        sel = torch.tensor(where, dtype=torch.long, device=dev)  # [Bc]
+        feeds = [[self._lane(r, key) for key in keys] for r, keys in zip(rows, lanes)]
+        start = min([c for fs in feeds for f in fs for c in f[3]], default=s)
+        anc = self._kv.valid[sel, start:][:, None, :].repeat(1, w, 1)  # [Bc, W, D] committed slots since start
+        nxt = torch.zeros(bc, w, dtype=torch.long, device=dev)  # [Bc, W]
+        hid = torch.zeros(bc, w, H, dtype=self.dtype, device=dev)  # [Bc, W, H]
+        pos = torch.zeros(bc, w, dtype=torch.long, device=dev)  # [Bc, W]
+        ok = torch.zeros(bc, w, dtype=torch.bool, device=dev)  # [Bc, W]
+        for j, fs in enumerate(feeds):
+            for lane, (tok, h, p, cols) in enumerate(fs):
+                nxt[j, lane], hid[j, lane], pos[j, lane], ok[j, lane] = tok, h, p, True
+                if cols:
+                    anc[j, lane, torch.tensor(cols, dtype=torch.long, device=dev) - start] = True  # its chain
+        out = self._feed_draft(sel, nxt, hid, pos, anc, ok, start)  # [Bc, W, H]
+        logits = self.head.logits(out)  # [Bc, W, V] fp32
+        if self.image_token_id is not None:
+            logits[..., self.image_token_id] = float("-inf")
+        drawn = []
+        for j, (r, keys) in enumerate(zip(rows, lanes)):
+            n = len(keys)
+            if r.temperature > 0:  # per row: a seeded row consumes the same draws alone or batched
+                probs = (logits[j, :n] / r.temperature).softmax(-1)  # [n, V] the law its lanes draw from
+                kids = sample_without_replacement(probs[None], 1, [r.generator])[0, :, 0].tolist()  # -1 = no mass
+            else:
+                probs, kids = None, logits[j, :n].argmax(-1).tolist()
+            for lane, (key, t) in enumerate(zip(keys, kids)):
+                self._record(r, key, s + lane, out[j, lane], int(t))
+            drawn.append([(int(t), None if probs is None else probs[lane]) for lane, t in enumerate(kids)])
+        return drawn
+
+    def _record(self, r: _Row, key: tuple[int, int] | None, col: int, out: torch.Tensor, t: int) -> None:
+        """Lane ``key``'s last node was fed at ``col`` and gave ``out`` [H]; ``t`` was drawn from it (-1: none)."""
+        a = r.ahead
+        if key is None:
+            a.cols.append(col)
+            a.out = out.clone()
+            if t < 0:  # nothing left to draw: the chain ends with a fed node and cannot grow
+                a.open = False
+                return
+            toks, parents = r.draft
+            toks.append(t)
+            parents.append(a.path[-1])
+            a.path.append(len(toks) - 1)
+            a.src.append(a.out)
+            a.open = t not in self._stop_set  # a stop token ends the chain: nothing after it can be used
+            return
+        b = a.branches[key]
+        b.cols.append(col)
+        if t < 0:
+            b.open = False
+            return
+        b.tokens.append(t)
+        b.src.append(out.clone())
+        b.open = t not in self._stop_set
 
     def _feed_tails(self, rows: list[_Row], where: list[int]) -> None:
         """Feed ``rows``' tails (cache rows ``where``; others ride along with an invalid slot); sets their root."""
@@ -456,14 +598,15 @@ class EagleDrafter:
             r.tail_h, r.tail_x = r.tail_h[:0], []
 
     def _feed_draft(self, sel, nxt, hid, pos, anc, ok, draft_start: int) -> torch.Tensor:
-        """One tree level for the call rows ``sel`` [Bc]: nxt/ok [Bc, W], hid [Bc, W, H], pos [Bc], anc [Bc, W, D]
+        """One tree level for the call rows ``sel`` [Bc]: nxt/ok [Bc, W], hid [Bc, W, H], pos [Bc] (or [Bc, W]: a
+        position per node), anc [Bc, W, D]
         bool (draft columns since ``draft_start`` each node may see: its ancestors') -> head output [Bc, W, H]."""
         b, (bc, w), s = self._kv.batch_size, nxt.shape, self._kv.seq_len
         dev = self.device
         tok = torch.zeros(b, w, dtype=torch.long, device=dev)
         h = torch.zeros(b, w, hid.shape[-1], dtype=self.dtype, device=dev)
         p = torch.zeros(b, w, dtype=torch.long, device=dev)
-        tok[sel], h[sel], p[sel] = nxt, hid, pos[:, None].expand(bc, w)
+        tok[sel], h[sel], p[sel] = nxt, hid, pos if pos.dim() == 2 else pos[:, None].expand(bc, w)
         cached = self._kv.valid[:, None, :].expand(b, w, s).clone()  # [B, W, S]; draft columns are all invalid
         cached[sel, :, draft_start:] = anc[:, :, : s - draft_start] & ok[:, :, None]  # a node sees its ancestors
         eye = torch.eye(w, dtype=torch.bool, device=dev).expand(b, w, w)
@@ -475,7 +618,7 @@ class EagleDrafter:
         """Build every call row's draft tree (module docstring). Returns tokens [Bc, N] int64 (CPU), parents
         [Bc, N] int64 (CPU), q [Bc, N, V] fp32 or None, counts per row, the last frontier's head outputs
         [Bc, W, H], and ``fed(b, path)`` -> (the draft column each node of ``path`` but the last was fed at, the
-        head output [H] the last was drawn from), for drafting ahead along a path of row b's kept tree."""
+        head outputs [len(path), H] its nodes were drawn from), for drafting ahead along a path of row b's tree."""
         dev, bc = self.device, len(rows)
         greedy = torch.tensor([r.temperature == 0 for r in rows], device=dev)  # [Bc] bool
         temps = torch.tensor([r.temperature or 1.0 for r in rows], device=dev)[:, None, None]  # [Bc, 1, 1]
@@ -571,9 +714,14 @@ class EagleDrafter:
 
         def fed(b: int, path: list[int]) -> tuple[list[int], torch.Tensor]:
             old = order[b, path]  # the path's nodes before compaction
-            return node_col[b, old[:-1]].tolist(), h_in[b, old[-1]].clone()
+            return node_col[b, old[:-1]].tolist(), h_in[b, old].clone()  # [len(path), H]
 
         return tok, par, q, counts, f_out, fed
+
+
+def _lane_open(a: _Ahead, key: tuple[int, int] | None) -> bool:
+    """Whether lane ``key`` (None: the chain itself; else a branch) of an outstanding chain can still grow."""
+    return a.open if key is None else a.branches[key].open
 
 
 def _compact(tokens, parents, q, keep):

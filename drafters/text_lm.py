@@ -54,6 +54,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from specula.drafters import lean_llama, stopping
+from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
 from specula.drafters.seeding import request_generator
@@ -69,7 +70,7 @@ class _Draft:
     sees (plus what was drafted past it); nodes after them are hidden branches (``branch``), each a chain whose
     first node's parent is a main node (or -1); ``tip`` is the node ``extend`` grows; ``logits`` keeps, per node,
     the row it was drawn from, so ``branch`` can rank the rejection outcomes (a node's own probability, its best
-    ALTS other tokens with theirs) lazily, only when a pipeline asks for them."""
+    ``outcomes.ALTS`` other tokens with theirs) lazily, only when a pipeline asks for them."""
 
     tokens: list[int]
     parents: list[int]  # -1 = off the committed context
@@ -396,7 +397,7 @@ class TextLMDrafter:
         """``Predraft``: open each row's most likely rejection outcome (k, t) with k <= last, not opened yet.
 
         Ranking: the drafter's own probability of the outcome's path, P(d_0 .. d_{k-1}) * P_k(t), over the ALTS
-        best other tokens at each main node (q at the row's temperature; greedy rows: temperature 1)."""
+        best other tokens at each main node (``outcomes``; q at the row's temperature; greedy rows: temperature 1)."""
         rows = [(rid, int(last)) for rid, last in rows]
         for rid, _ in rows:
             self._row(rid)
@@ -406,17 +407,13 @@ class TextLMDrafter:
             d = row.draft
             best = None
             if self.predraft and d is not None:
-                reach = 1.0
-                for k in range(min(last, d.main - 1) + 1):
-                    own, alts = _node_rank(d, k, row.temperature or 1.0, self.image_token_id)
-                    for t, pt in alts:
-                        if (k, t) not in d.opened and (best is None or reach * pt > best[0]):
-                            best = (reach * pt, k, t)
-                    reach *= own
+                temp = row.temperature or 1.0
+                best = best_outcome(lambda k: _node_rank(d, k, temp, self.image_token_id), min(last, d.main - 1),
+                                    d.opened)
             if best is None:
                 out.append(None)
                 continue
-            _, k, t = best
+            k, t = best
             lanes = _lanes(d)  # before ``closed`` below stops meaning the main chain's
             d.opened.add((k, t))
             d.tokens.append(t)
@@ -648,26 +645,13 @@ class TextLMDrafter:
         return torch.where(greedy.to(logits.device)[:, None, None], top, drawn), probs
 
 
-ALTS = 2  # other tokens kept per chain node to rank rejection outcomes (``branch``)
-
-
 def _node_rank(d: _Draft, node: int, temperature: float, image_token_id: int
                ) -> tuple[float, list[tuple[int, float]]]:
-    """Chain node ``node``'s own probability and its ALTS most likely other tokens with theirs, under
-    softmax(logits / T) without the image token (greedy rows pass T = 1: the drafter's confidence); computed once,
-    when ``branch`` first asks (the draft loop never pays for it). A branch's first node ranks as (1, [])."""
+    """Chain node ``node``'s ``outcomes.node_rank``, computed once, when ``branch`` first asks (the draft loop
+    never pays for it). A branch's first node ranks as (1, [])."""
     if node not in d.ranked:
         row = d.logits[node]
-        if row is None:
-            d.ranked[node] = (1.0, [])
-        else:
-            logits = row.float().clone()  # [V]
-            logits[image_token_id] = float("-inf")
-            probs = torch.softmax(logits / temperature, dim=-1)  # [V]
-            drawn = d.tokens[node]
-            top = probs.topk(min(ALTS + 1, probs.shape[-1]))
-            alts = [(i, p) for i, p in zip(top.indices.tolist(), top.values.tolist()) if i != drawn and p > 0]
-            d.ranked[node] = (float(probs[drawn]), alts[:ALTS])
+        d.ranked[node] = (1.0, []) if row is None else node_rank(row, d.tokens[node], temperature, image_token_id)
     return d.ranked[node]
 
 

@@ -254,8 +254,9 @@ class DrafterConfig(_Strict):
         description="With overlap, blocks also drafted per block for the likeliest rejection outcomes (SSD / "
                     "Saguaro): 'd_0..d_{k-1} accepted, the target's token at k is t', ranked by the drafter's own "
                     "probabilities; a verdict with that outcome gets its next block at once. Uses drafter time "
-                    "only while it waits for the verdict; drafters that grow a row's chains side by side (text_lm) "
-                    "draft every branch in about the time of one block. Drafters that can rank outcomes (text_lm chains) do it; "
+                    "only while it waits for the verdict; drafters that grow a row's chains side by side "
+                    "draft every branch in about the time of one block. Drafters that can rank outcomes (text_lm, "
+                    "eagle and msd chains) do it; "
                     "0 turns it off. Lossless either way.")
 
     @field_validator("accept_codecs", "codec_preference")

@@ -30,7 +30,7 @@ the verifier's rejection rule assumes; the q sent is the q each token was drawn 
 chains, so a hit sends exactly the block a sequential drafter would have drafted after the same verdict (ngram:
 always the same; the neural drafters: up to floating-point differences in how their caches were filled).
 
-Drafting ahead for rejections too (SSD / Saguaro; ``drafters/protocol.py`` ``Predraft``: text_lm chains). Once the
+Drafting ahead for rejections too (SSD / Saguaro; ``drafters/protocol.py`` ``Predraft``: text_lm, eagle and msd chains). Once the
 block past the guess is drafted and the verdict is still out, the pipeline asks the drafter for its most likely
 other outcomes, "d_0 .. d_{k-1} accepted, the target's token at k is t" (k = gamma: every node accepted, a bonus
 token other than the guess), one at a time (at most ``predraft`` per block), and drafts gamma + 1 nodes after
@@ -38,7 +38,7 @@ each as a hidden branch. A verdict with that outcome makes the branch the next b
 no longer has to wait for a fresh proposal when the drafter foresaw it. Each branch is lossless for the same
 reason as the block past the guess: its tokens are drawn after (k, t) is fixed, from the drafter's randomness.
 
-Lockstep (``drafters/protocol.py`` ``supports_lockstep``: text_lm chains). A drafter that can feed several tips of
+Lockstep (``drafters/protocol.py`` ``supports_lockstep``: text_lm, eagle and msd chains). A drafter that can feed several tips of
 a row in one forward gets its branches opened first and grown beside the block past the guess, one node of each
 per call: a 1-2 layer drafter step costs about the same for one tip as for three, so with the verdict ~gamma + 1
 drafter steps away every outcome opened gets its block, instead of the first branch getting part of one.

@@ -93,7 +93,7 @@ class DrafterServer:
         device: where decoded features go before the drafter sees them.
         overlap: draft the next block while the verifier verifies (when the drafter can); sessions may opt out.
         predraft: with overlap, also draft up to this many blocks for the likeliest rejection outcomes per block
-            (drafters with ``Predraft``, e.g. text_lm chains; ``overlap.py``); 0 = only the block past the guess.
+            (drafters with ``Predraft``: text_lm, eagle and msd chains; ``overlap.py``); 0 = only the block past the guess.
         name: the name a Begin may give to choose ``drafter`` (default its kind); a MultiDrafter has its own names.
         max_batch_size: most rows in one drafter call across sessions (``batcher.DraftBatcher``).
         batch_wait_ms: how long the drafting worker waits for more calls after the first (0 = none).

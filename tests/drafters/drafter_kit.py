@@ -100,6 +100,18 @@ def as_msd(head: EagleHead):
     return msd.eval()
 
 
+@torch.no_grad()
+def ref_head_outputs(head, hidden: torch.Tensor, nxt: list[int], path: list[int]) -> list[torch.Tensor]:
+    """An eagle-style head's outputs after the committed pairs (hidden [m, H], nxt [m]) and after each node of
+    ``path``, by full causal forwards from scratch: node j of the path was drawn from out[j] ([H] each)."""
+    hs, xs, out = hidden, list(nxt), []
+    for j in range(len(path) + 1):
+        if j:
+            hs, xs = torch.cat([hs, out[-1][None]]), xs + [path[j - 1]]
+        out.append(head(torch.tensor([xs]), hs[None], torch.arange(len(xs))[None], None)[0, -1])
+    return out
+
+
 def head_drafter(kind: str, kit, head: str, target, **opts):
     """A ``kind`` drafter around the kit's head ``head`` on ``target``."""
     return create({"kind": kind, "head": kit[head], **opts}, target=target)

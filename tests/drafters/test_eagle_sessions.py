@@ -16,7 +16,7 @@ import threading
 
 import pytest
 import torch
-from drafter_kit import as_msd, eos, lively_target, plain, random_head, requests
+from drafter_kit import as_msd, eos, lively_target, plain, random_head, ref_head_outputs, requests
 
 from specula.drafters import DraftContext, Verdict
 from specula.drafters.eagle import EagleDrafter
@@ -46,17 +46,6 @@ def kit():
 def _drafter(kit, kind: str, policy: KVPolicy, target=None) -> EagleDrafter:
     cls = EagleDrafter if kind == "eagle" else MsdDrafter
     return cls(head=kit[kind], structure="chain", target=target or load_target(kit["ctx"]), kv_policy=policy)
-
-
-def _ref_out(head, hidden: torch.Tensor, nxt: list[int], path: list[int]) -> list[torch.Tensor]:
-    """Head outputs after the committed pairs (hidden [m, H], nxt [m]) and after each node of ``path``, by full causal
-    forwards from scratch: node j of the path was drawn from out[j]."""
-    hs, xs, out = hidden, list(nxt), []
-    for j in range(len(path) + 1):
-        if j:
-            hs, xs = torch.cat([hs, out[-1][None]]), xs + [path[j - 1]]
-        out.append(head(torch.tensor([xs]), hs[None], torch.arange(len(xs))[None], None)[0, -1])
-    return out
 
 
 class _Sessions:
@@ -113,7 +102,7 @@ class _Sessions:
         if self.fresh[rid]:  # every node of the chain, proposed or extended: q = a recompute over committed pairs
             h, nxt = self.committed[rid]
             toks, t = self.chain(rid), self.temps[rid]
-            out = _ref_out(self.d.head, h, nxt, toks)
+            out = ref_head_outputs(self.d.head, h, nxt, toks)
             qs = [None] * (len(toks) - len(qs)) + qs  # a kept chain's earlier nodes were checked when drawn
             for j, (tok, q) in enumerate(zip(toks, qs)):
                 logits = self.d.head.logits(out[j])
@@ -189,8 +178,8 @@ def _generate_all(verifier, reqs, address) -> dict:
     return got
 
 
-@pytest.mark.parametrize("kind", ["eagle", "msd"])
-def test_greedy_with_overlap_and_tight_compaction_equals_plain_decoding(kit, kind):
+@pytest.mark.parametrize("kind,predraft", [("eagle", 0), ("msd", 0), ("msd", 3)])
+def test_greedy_with_overlap_and_tight_compaction_equals_plain_decoding(kit, kind, predraft):
     reqs = requests(kit, 6, SamplingParams(max_tokens=24))
     want = plain(kit, "ctx", reqs, 6)
     d = _drafter(kit, kind, TIGHT)
@@ -211,7 +200,7 @@ def test_greedy_with_overlap_and_tight_compaction_equals_plain_decoding(kit, kin
     verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=60.0),
                               gamma=GAMMA, eos_token_ids=eos(kit))
     try:
-        with DrafterServer(d, overlap=True) as server:
+        with DrafterServer(d, overlap=True, predraft=predraft) as server:
             got = _generate_all(verifier, reqs, server.address)
     finally:
         verifier.close()
