@@ -61,7 +61,8 @@ class FlashDrafter(EagleDrafter):
         self.k = k if tokens_per_pass is None else _int("flash", "tokens_per_pass", tokens_per_pass, 1)
         if self.k > k:
             raise ValueError(f"flash: tokens_per_pass {self.k} > the head's {k}")
-        self.lookahead = False  # eagle's ``extend`` drafts one token per forward: not this head's passes
+        # eagle's ``extend`` / ``grow`` draft one token per forward: not this head's passes
+        self.lookahead = self.predraft = False
 
     def _needs(self) -> frozenset[str]:
         return frozenset({"hidden", "visual"})
