@@ -213,6 +213,11 @@ def test_claim_rules_follow_the_numbers():
     assert "eagle: 1.0 ms/block" in next(c for c in claims.evaluate(both) if c["paper"] == "flash")["evidence"]
     slow = _fake({"flash": 2.3, "eagle": 2.5, "eagle/tree": 3.5}, draft_ms={"flash": 1.5, "eagle": 1.0})
     assert _verdicts(slow)["flash"] == "not reproduced"
+    # a speedup rule compares each kind at its fastest: text_lm's chain here, not its higher-tau but slower tree
+    tree_slower = _fake({"aasd": 2.2, "text_lm": 2.6, "text_lm/tree": 2.7},
+                        speedups={"aasd": 0.973, "text_lm": 0.974, "text_lm/tree": 0.913})
+    assert _verdicts(tree_slower)["aasd"] == "not reproduced"
+    assert "text_lm speedup 0.974x" in next(c for c in claims.evaluate(tree_slower) if c["paper"] == "aasd")["evidence"]
     no_five = _fake({"ensemble": 3.0, "massv": 2.0}, multi={"ensemble": {1: 3.0}})
     assert _verdicts(no_five)["ibed"] == "not measurable yet"
 
