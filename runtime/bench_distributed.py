@@ -8,7 +8,10 @@ them alike:
   sequential      ``VerifierEngine`` + the remote drafter, overlap off (propose, verify, observe, in turn)
   pipelined       the same, overlap on: the drafter drafts block n+1 while block n is verified (PEARL post-verify)
   predraft        pipelined, and while the verdict is out the drafter also drafts blocks for its likeliest
-                  rejection outcomes (SSD / Saguaro, ``--predraft`` of them; drafters with ``Predraft``: text_lm)
+                  rejection outcomes (SSD / Saguaro, ``--predraft`` of them; drafters with ``Predraft``: text_lm,
+                  eagle and msd chains)
+  offers          predraft, and the drafter sends those blocks unasked as soon as they are drafted (Offers): a
+                  verdict that matches one is verified at once, without the ProposeRequest round trip
 
 Reported: tau; speedups (vs plain, pipelined vs sequential), end to end and in the decode phase (from each
 request's first token to its last: prefill, vision and the drafter's Begin happen once per request and overlap
@@ -35,9 +38,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-CONFIGS = ("plain", "single_process", "sequential", "pipelined", "predraft")
-REMOTE = {"sequential": dict(overlap=False), "pipelined": dict(overlap=True, predraft=False),
-          "predraft": dict(overlap=True, predraft=True)}  # RemoteDrafter settings per remote config
+CONFIGS = ("plain", "single_process", "sequential", "pipelined", "predraft", "offers")
+REMOTE = {"sequential": dict(overlap=False, offers=False), "pipelined": dict(overlap=True, predraft=False, offers=False),
+          "predraft": dict(overlap=True, predraft=True, offers=False),
+          "offers": dict(overlap=True, predraft=True, offers=True)}  # RemoteDrafter settings per remote config
 CODECS = ("fp32", "fp16", "int8", "int8+zstd")
 QUICK = {"n": 2, "max_tokens": 24, "suites": ("caption", "vqa", "text")}
 
@@ -257,7 +261,8 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
         dps = [x["dataplane"] for x in rs if x["dataplane"]]
         if dps:
             agg = {k: sum(d[k] for d in dps) for k in ("draft_s", "transfer_s", "idle_s", "ahead_s", "spec_used",
-                                                       "spec_dropped", "spec_branch", "proposals", "bytes_out",
+                                                       "spec_dropped", "spec_branch", "offers_taken", "proposals",
+                                                       "bytes_out",
                                                        "bytes_in", "early", "first_ahead")}
             step = seconds[name] / blocks if blocks else 0.0
             c.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in agg.items()})
@@ -278,7 +283,7 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
     r["tokens_per_request"] = {k: round(sum(v) / len(v), 1) for k, v in suites.items()}
     t_decode = per_step["plain"]
     r["overlap"] = {"t_decode_s": round(t_decode, 6)}
-    for name in ("single_process", "sequential", "pipelined", "predraft"):
+    for name in ("single_process", *REMOTE):
         c = r["configs"][name]
         t_verify = per_step[name]
         ideal = c["tau"] * t_decode / t_verify if c["tau"] and t_verify else None
@@ -294,7 +299,11 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
                          if r["configs"]["predraft"]["seconds"] else None,
                          "decode_pipelined_vs_sequential": _ratio(decode["sequential"], decode["pipelined"]),
                          "decode_predraft_vs_sequential": _ratio(decode["sequential"], decode["predraft"]),
-                         "decode_predraft_vs_pipelined": _ratio(decode["pipelined"], decode["predraft"])})
+                         "decode_predraft_vs_pipelined": _ratio(decode["pipelined"], decode["predraft"]),
+                         "offers_vs_predraft": _ratio(seconds["predraft"], seconds["offers"]),
+                         "decode_offers_vs_predraft": _ratio(decode["predraft"], decode["offers"]),
+                         "decode_offers_vs_sequential": _ratio(decode["sequential"], decode["offers"]),
+                         "offers_vs_sequential": _ratio(seconds["sequential"], seconds["offers"])})
     r["wire"] = wire
     return r
 
@@ -324,20 +333,22 @@ def render_markdown(r: dict) -> str:
                   f"prefill, vision and the drafter's Begin left out); pipelined vs single process: "
                   f"{o['pipelined_vs_single_process']}x; with predraft ({cfg.get('predraft')} rejection blocks) vs "
                   f"pipelined: {o.get('predraft_vs_pipelined')}x end to end, {o.get('decode_predraft_vs_pipelined')}x "
-                  f"in the decode phase (predraft vs sequential: {o.get('decode_predraft_vs_sequential')}x). "
-                  f"Tokens per request (plain): {per_suite}.", "",
+                  f"in the decode phase (predraft vs sequential: {o.get('decode_predraft_vs_sequential')}x); with "
+                  f"offers (predraft, blocks sent unasked) vs sequential: **{o.get('offers_vs_sequential')}x** end "
+                  f"to end, **{o.get('decode_offers_vs_sequential')}x** in the decode phase (vs predraft: "
+                  f"{o.get('decode_offers_vs_predraft')}x). Tokens per request (plain): {per_suite}.", "",
               "## Time per block step (seconds, verifier's view)", "",
               "| config | step | decode step | verify | draft (critical path) | transfer | idle | "
               "drafted ahead (overlapped) | transfer share | blocks drafted ahead used / dropped (used for a rejection) "
-              "| first blocks ready / early Begins |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-    for name in ("sequential", "pipelined", "predraft"):
+              "| taken as offers | first blocks ready / early Begins |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
+    for name in REMOTE:
         c = r["configs"][name]
         ts = c.get("time_split_per_block_s") or {}
         lines.append(f"| {name} | {c.get('block_step_s')} | {c.get('decode_block_step_s')} | {ts.get('verify')} | "
                      f"{ts.get('draft')} | {ts.get('transfer')} | {ts.get('idle')} | {ts.get('ahead_overlapped')} | "
                      f"{c.get('transfer_share_of_block_step')} | {c.get('spec_used')} / {c.get('spec_dropped')} "
-                     f"({c.get('spec_branch')}) | {c.get('first_ahead')} / {c.get('early')} |")
+                     f"({c.get('spec_branch')}) | {c.get('offers_taken')} | {c.get('first_ahead')} / {c.get('early')} |")
     w = r["wire"]
     lines += ["", f"## Wire bytes per codec (target features as frames: prompt hidden {w['shapes']['begin_hidden']}, "
                   f"block hidden {w['shapes']['verdict_hidden']})", "",

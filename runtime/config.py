@@ -258,6 +258,11 @@ class DrafterConfig(_Strict):
                     "draft every branch in about the time of one block. Drafters that can rank outcomes (text_lm, "
                     "eagle and msd chains) do it; "
                     "0 turns it off. Lossless either way.")
+    offers: bool = Field(
+        True, description="With overlap, the drafter sends each block it drafted ahead as soon as it is whole, "
+                          "with the verdict it is for (an Offer); the verifier verifies a matching one at once "
+                          "instead of asking for it, so a block drafted ahead costs no round trip. Lossless either "
+                          "way; false = the verifier always asks (ProposeRequest -> Proposal).")
 
     @field_validator("accept_codecs", "codec_preference")
     @classmethod

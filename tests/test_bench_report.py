@@ -112,7 +112,7 @@ def test_sections_measure_what_they_say(report):
     for by_shape in S["wire"]["codecs"].values():
         assert all(v["wire_bytes"] > 0 for v in by_shape.values())
     ov = S["overlap"]  # verifier here, the drafter in a child process over loopback gRPC
-    assert set(ov["configs"]) == {"plain", "single_process", "sequential", "pipelined", "predraft"}
+    assert set(ov["configs"]) == {"plain", "single_process", "sequential", "pipelined", "predraft", "offers"}
     assert ov["configs"]["pipelined"]["greedy_exact"] is True and ov["overlap"]["efficiency"] > 0
     assert ov["drafter"]["kind"] == "text_lm"  # never ngram / random: their drafting leaves nothing to overlap
     assert r["machine"]["cpu_count"] >= 1 and r["machine"]["torch"] and r["machine"]["torch_threads"] == 1

@@ -20,9 +20,16 @@ engine's plain step: gamma = 0), so the output does not change. ``fallbacks`` sa
 Time split (``stats``, per request; the caller pops it): every Proposal says how long the drafter queued the request
 (``idle``: it was still drafting ahead, or busy with other sessions) and drafted it (``draft``); the rest of the
 round trip is ``transfer`` (encode, gRPC, decode, both ways). ``ahead`` is drafting that overlapped verification;
-``spec_used`` / ``spec_dropped`` count pre-drafted blocks (``spec_branch``: used ones drafted for a rejection); ``bytes_out`` / ``bytes_in`` are serialized frame bytes;
+``spec_used`` / ``spec_dropped`` count pre-drafted blocks (``spec_branch``: used ones drafted for a rejection;
+``offers_taken``: used ones taken as Offers, no round trip); ``bytes_out`` / ``bytes_in`` are serialized frame bytes;
 ``drafter`` names the drafter that drafted the request's blocks, as the replica reported it ("" before any);
 ``early``: the session began before the target's prefill; ``first_ahead``: its first block was ready when asked for.
+
+Offers (``offers``; ``DrafterInfo.offers``): the replica sends the blocks it drafted ahead as soon as drafting ahead
+is done (one Offers message), each with the verdict it is for. ``propose`` first looks at the Offers the session holds for the block just verified: one
+for the last verdict is verified at once, and its ProposeRequest names it (``offer``) so that no Proposal comes
+back: a pre-drafted block then costs no round trip (``offers_taken``; its transfer time is 0). Offers are checked
+like Proposals (vocabulary, q's shape and values) before they are used.
 
 A request's drafter choice (``DraftContext.drafter``, from ``GenerationRequest.drafter``) goes in its Begin; a
 replica that does not serve that name (``DrafterInfo.drafters``) is not asked, and the request decodes alone.
@@ -90,6 +97,9 @@ class SessionStream:
         self._recv_limits = recv_limits
         self.bytes_out = self.bytes_in = 0  # serialized frames, each way
         self.arrived_ns = 0  # when the last message received was complete (reader thread clock)
+        self._offers: queue.SimpleQueue = queue.SimpleQueue()  # Offers messages, apart from what ``receive`` gets
+        self.blocks = 0  # ProposeRequests sent: Offer.after of the offers for the next block
+        self.last: tuple[tuple[int, ...], int] | None = None  # the last verdict: (accepted, next token)
         self._call = stub.Session(self._frames())
         self._reader = threading.Thread(target=self._read, name=f"drafter-session-{request_id}", daemon=True)
         self._reader.start()
@@ -112,6 +122,22 @@ class SessionStream:
         if item.kind == "error":
             raise DrafterUnavailable(f"drafter error {pb.Error.Code.Name(item.body.code)}: {item.body.message}")
         return item
+
+    def offers(self) -> list[tuple[object, torch.Tensor | None]]:
+        """The offers received so far for the next block, as (pb.Offer, its q or None); older ones are dropped.
+        WireError for an Offers message whose tensors are not one "q.<i>" per offered block at most."""
+        out = []
+        while True:
+            try:
+                m = self._offers.get_nowait()
+            except queue.Empty:
+                return out
+            n = len(m.body.blocks)
+            names = {f"q.{i}" for i in range(n)}
+            if set(m.tensors) - names:
+                raise WireError(f"unexpected Offers tensors {sorted(set(m.tensors) - names)[:4]}")
+            if m.body.after == self.blocks:
+                out += [(o, m.tensors.get(f"q.{i}")) for i, o in enumerate(m.body.blocks)]
 
     def finish(self, reason: str = "") -> None:
         """Release the session and half-close; the drafter frees its state and ends the stream."""
@@ -136,7 +162,9 @@ class SessionStream:
             for f in self._call:
                 self.bytes_in += f.ByteSize()
                 m = r.feed(f)
-                if m is not None:
+                if m is not None and m.kind == "offers":
+                    self._offers.put(m)
+                elif m is not None:
                     self._in.put((m, time.perf_counter_ns()))
             r.close()
             self._in.put(_Closed("the drafter ended the session"))
@@ -166,16 +194,18 @@ class RemoteDrafter:
         overlap: ask replicas to draft ahead while this side verifies (True / False); None = each replica's default.
         predraft: with overlap, ask replicas to draft ahead for rejections too (True / False; the replica's
             ``predraft`` setting says how many); None = each replica's default.
+        offers: with overlap, ask replicas that can (``DrafterInfo.offers``) to send blocks drafted ahead unasked,
+            and verify one at once when its verdict comes (module docstring).
     """
 
     def __init__(self, *, vocab_size: int, codec_preference: Sequence[str] = ("fp32",),
                  limits: WireLimits = DEFAULT_LIMITS, propose_timeout_s: float = 2.0, connect_timeout_s: float = 2.0,
                  retry_after_s: float = 5.0, max_nodes: int = 256, overlap: bool | None = None,
-                 predraft: bool | None = None) -> None:
+                 predraft: bool | None = None, offers: bool = True) -> None:
         self.vocab_size, self.preference, self.limits = vocab_size, list(codec_preference), limits
         self.propose_timeout_s, self.connect_timeout_s = propose_timeout_s, connect_timeout_s
         self.retry_after_s, self.max_nodes, self.overlap = retry_after_s, max_nodes, overlap
-        self.predraft = predraft
+        self.predraft, self.offers = predraft, bool(offers)
         self._lock = threading.Lock()
         self._replicas: dict[str, _Replica] = {}
         self._assigned: dict[str, str] = {}  # request id -> address, from attach() until begin()
@@ -273,6 +303,7 @@ class RemoteDrafter:
                 s = self._streams.get(c.request_id)
                 if s is not None:
                     try:
+                        s.last = ((), int(c.first_token))
                         s.send(pb.Verdict(accepted=[], tokens=[], next_token=int(c.first_token)))
                     except WireError as e:
                         self._drop(c.request_id, f"Verdict failed: {e}")
@@ -296,7 +327,8 @@ class RemoteDrafter:
         if c.seed is not None:
             sampling.seed = c.seed
         begin = pb.Begin(prompt_ids=c.prompt_ids.tolist(), first_token=max(int(c.first_token), 0), sampling=sampling,
-                         codec=rep.codec, drafter=c.drafter or "", early=early, gamma=gamma if early else 0)
+                         codec=rep.codec, drafter=c.drafter or "", early=early, gamma=gamma if early else 0,
+                         offers=self.offers and self.overlap is not False and bool(rep.info.offers))
         if self.overlap is not None:
             begin.overlap = bool(self.overlap)
         if self.predraft is not None:
@@ -314,17 +346,26 @@ class RemoteDrafter:
 
     def propose(self, request_ids: Sequence[str], gamma: int) -> Proposal:
         live = [(b, rid, s) for b, rid in enumerate(request_ids) if (s := self._streams.get(rid)) is not None]
-        sent_ns = {}
-        for _, rid, s in live:
+        rows: list[tuple[list[int], list[int] | None, torch.Tensor | None]] = [([], None, None)] * len(request_ids)
+        sent_ns, taken = {}, set()
+        for b, rid, s in live:
             try:
-                s.send(pb.ProposeRequest(gamma=gamma))
-                sent_ns[rid] = time.perf_counter_ns()
+                offer = self._take_offer(rid, s, gamma)
+                if offer is not None:
+                    s.send(pb.ProposeRequest(gamma=gamma, offer=offer[0]))
+                    rows[b] = offer[1]
+                    taken.add(rid)
+                else:
+                    s.send(pb.ProposeRequest(gamma=gamma))
+                    sent_ns[rid] = time.perf_counter_ns()
+                s.blocks += 1
             except WireError as e:
                 self._drop(rid, f"ProposeRequest failed: {e}")
+            except DrafterUnavailable as e:
+                self._drop(rid, str(e))
         deadline = time.monotonic() + self.propose_timeout_s
-        rows: list[tuple[list[int], list[int] | None, torch.Tensor | None]] = [([], None, None)] * len(request_ids)
         for b, rid, s in live:
-            if rid not in self._streams:
+            if rid not in self._streams or rid in taken:
                 continue
             try:
                 m = s.receive(deadline - time.monotonic())
@@ -341,6 +382,7 @@ class RemoteDrafter:
                 continue
             try:
                 tensors = {k: t for k, t in (("hidden", v.hidden), *v.extra.items()) if t is not None}
+                s.last = (tuple(int(i) for i in v.accepted), int(v.next_token))
                 s.send(pb.Verdict(accepted=list(v.accepted), tokens=list(v.tokens), next_token=int(v.next_token)),
                        tensors or None)
             except WireError as e:
@@ -374,6 +416,27 @@ class RemoteDrafter:
         if st is None:
             return None
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in st.items()}
+
+    def _take_offer(self, rid: str, s: SessionStream, gamma: int):
+        """The Offer held for the last verdict, as (its id, its checked first ``gamma`` nodes), or None."""
+        try:
+            held = s.offers()
+        except WireError as e:
+            raise DrafterUnavailable(f"invalid Offers: {e}") from None
+        if gamma <= 0 or s.last is None or not held:
+            return None
+        o, q = next(((o, q) for o, q in held if tuple(o.accepted) == s.last[0] and o.next_token == s.last[1]),
+                    (None, None))
+        if o is None:
+            return None
+        tokens = list(o.tokens)
+        if len(tokens) > self.max_nodes or (q is not None and tuple(q.shape) != (len(tokens), self.vocab_size)):
+            raise DrafterUnavailable(f"an Offer of {len(tokens)} nodes with q of shape "
+                                     f"{None if q is None else tuple(q.shape)}")
+        row = self._rows(tokens[:gamma], [], None if q is None else q[:gamma], gamma)
+        self._account(rid, o.stats, 0, s)
+        self.stats[rid]["offers_taken"] += 1
+        return int(o.id), row
 
     def _account(self, rid: str, ps, round_trip_ns: int, s: SessionStream) -> None:
         st = self.stats.get(rid)
@@ -413,7 +476,12 @@ class RemoteDrafter:
         """A Proposal from an untrusted peer -> (tokens [N], parents [N] or None, q [N, V] or None)."""
         if m.kind != "proposal":
             raise DrafterUnavailable(f"expected a Proposal, got {m.kind}")
-        tokens, parents = list(m.body.tokens), list(m.body.parents)
+        if set(m.tensors) - {"q"}:
+            raise DrafterUnavailable(f"unexpected Proposal tensors {sorted(set(m.tensors) - {'q'})}")
+        return self._rows(list(m.body.tokens), list(m.body.parents), m.tensors.get("q"), gamma)
+
+    def _rows(self, tokens: list[int], parents: list[int], q: torch.Tensor | None,
+              gamma: int) -> tuple[list[int], list[int] | None, torch.Tensor | None]:
         n = len(tokens)
         if n > self.max_nodes or (not parents and n > gamma):  # trees may spend gamma per level
             raise DrafterUnavailable(f"{n} draft nodes for gamma={gamma} (max_nodes={self.max_nodes})")
@@ -421,9 +489,6 @@ class RemoteDrafter:
             raise DrafterUnavailable(f"a draft token is outside the vocabulary [0, {self.vocab_size})")
         if parents and (len(parents) != n or any(not -1 <= p < i for i, p in enumerate(parents))):
             raise DrafterUnavailable("tree parents must be one per node, each -1 or an earlier node")
-        q = m.tensors.get("q")
-        if set(m.tensors) - {"q"}:
-            raise DrafterUnavailable(f"unexpected Proposal tensors {sorted(set(m.tensors) - {'q'})}")
         if q is not None:
             if tuple(q.shape) != (n, self.vocab_size) or not q.is_floating_point():
                 raise DrafterUnavailable(f"q has shape {tuple(q.shape)}, expected ({n}, {self.vocab_size})")
@@ -436,7 +501,7 @@ class RemoteDrafter:
 def _new_stats(codec: str, overlap: bool) -> dict:
     return {"codec": codec, "overlap": overlap, "early": False, "first_ahead": False, "drafter": "", "proposals": 0,
             "draft_s": 0.0, "transfer_s": 0.0, "idle_s": 0.0, "ahead_s": 0.0, "spec_used": 0, "spec_dropped": 0,
-            "spec_branch": 0, "bytes_out": 0, "bytes_in": 0}
+            "spec_branch": 0, "offers_taken": 0, "bytes_out": 0, "bytes_in": 0}
 
 
 def _batch(ids: tuple[str, ...], rows, vocab_size: int) -> Proposal:

@@ -50,6 +50,13 @@ likely first tokens) exactly as past a block's guess. The first token then arriv
 accepted; a hit makes the first ProposeRequest's block ready at once, so neither the drafter's prompt prefill nor
 its first block sits on the critical path. Lossless for the same reason: the first token is the target's draw.
 
+Offers (``offers=True``; Begin.offers). Waiting for the ProposeRequest costs a round trip even when the block is
+ready. With offers, the session sends each whole block it drafted ahead (the block past the guess, each branch) to
+the verifier as soon as drafting ahead is done, with the verdict it is for (``offers``); a verifier whose verdict
+matches one verifies that block at once and names it in its next ProposeRequest (``take``), so the drafter sends
+nothing back for it. The offered block is the one ``verdict`` keeps for that verdict, so taking it is exactly a
+hit answered without the round trip; lossless for the same reason as any block drafted ahead.
+
 Speculation is cut short as soon as the next message makes it pointless (a Verdict that already disagrees, a
 Release), one node at a time, so a miss costs at most one node's drafting on top of the sequential path.
 
@@ -64,6 +71,7 @@ across sessions rather than along one chain.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -88,6 +96,19 @@ class Block:
     ahead_ns: int = 0  # drafting ahead that led to this proposal (hit or dropped)
 
 
+@dataclass(frozen=True)
+class Offer:
+    """A block drafted ahead, sent before it is asked for: the next block if the verdict of block ``after`` accepts
+    exactly ``accepted`` and its next token is ``next_token`` (a chain of up to gamma + 1 nodes; a taker sends the
+    first gamma, and node gamma is the drafter's next guess)."""
+
+    id: int
+    after: int  # proposals and taken offers before it (0: the early Begin's first token)
+    accepted: tuple[int, ...]
+    next_token: int
+    block: Block
+
+
 class Pipeline:
     """Drafting for one session key of a (shared) drafter.
 
@@ -97,12 +118,17 @@ class Pipeline:
     """
 
     def __init__(self, drafter, key: str, lock: threading.Lock | None = None, overlap: bool = False,
-                 predraft: int = 0) -> None:
+                 predraft: int = 0, offers: bool = False) -> None:
         self.drafter, self.key = drafter, key
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self.overlap = bool(overlap) and supports_lookahead(drafter)
         self.predraft = max(int(predraft), 0) if self.overlap and supports_predraft(drafter) else 0
         self.lockstep = bool(self.predraft) and supports_lockstep(drafter)  # branches grown side by side
+        self.offering = bool(offers) and self.overlap  # whole blocks drafted ahead go out as Offers
+        self.blocks = 0  # proposals sent and offers taken: the number of the block outstanding
+        self._offer_ids = itertools.count(1)
+        self._offered: dict[tuple[int, int] | None, int] = {}  # chain (None: past the guess) -> its Offer's id
+        self._ready_offer: int | None = None  # the Offer the kept block was sent as (None: not offered)
         self._branches: dict[tuple[int, int], tuple[list[int], list[torch.Tensor | None]]] = {}  # (k, t) -> nodes
         self._growing: tuple[int, int] | None = None  # the branch being drafted (None: the block past the guess)
         self._live: set = set()  # lockstep: the chains still growing (None: the block past the guess; else (k, t))
@@ -118,6 +144,7 @@ class Pipeline:
         self._since = (0, 0)  # (blocks dropped, ns drafted ahead) since the last Proposal
         self.used = self.dropped = 0  # speculative blocks sent / dropped over the session
         self.branch_hits = 0  # of the blocks sent, those drafted for a rejection outcome
+        self.offers_taken = 0  # of the blocks sent, those the verifier took as Offers
 
     # ------------------------------------------------------------------------------------------- messages
 
@@ -125,7 +152,41 @@ class Pipeline:
         t0 = time.perf_counter_ns()
         block = self._take_ready(gamma) if self._ready is not None else self._fresh(gamma)
         block.draft_ns = time.perf_counter_ns() - t0
+        self.blocks += 1
         return block
+
+    def take(self, offer_id: int, gamma: int) -> Block:
+        """The verifier took Offer ``offer_id`` as its next block (its first ``gamma`` nodes): the same bookkeeping
+        as ``propose`` answering with the kept block. ValueError unless it is the Offer the last verdict kept."""
+        if self._ready is None or self._ready_offer is None or self._ready_offer != offer_id:
+            raise ValueError(f"offer {offer_id} is not the block the last verdict kept "
+                             f"(kept: {self._ready_offer if self._ready is not None else 'none'})")
+        block = self._take_ready(gamma)
+        self.blocks += 1
+        self.offers_taken += 1
+        return block
+
+    def offers(self) -> list[Offer]:
+        """The blocks drafted ahead after block ``blocks`` and not offered yet, each with the verdict it is for.
+        Called once drafting ahead has ended with the verdict still out, so each chain is as long as it gets."""
+        if not self.offering:
+            return []
+        chains = []
+        if self._guess is not None and self._ahead:
+            chains.append((None, tuple(self._path), self._guess, self._ahead, self._ahead_q))
+        for (k, t), (tokens, qs) in self._branches.items():
+            if tokens and not (t == self._guess and k == self._sent):  # verdict() keeps the guess's chain there
+                chains.append(((k, t), tuple(range(k)), t, tokens, qs))
+        dropped, before_ns = self._since
+        out = []
+        for key, accepted, nxt, tokens, qs in chains:
+            if key in self._offered:
+                continue
+            self._offered[key] = oid = next(self._offer_ids)
+            block = Block(list(tokens), None, _stack_q(tokens, qs), speculative=True, branch=key is not None,
+                          dropped=dropped, ahead_ns=before_ns + self._ahead_ns)
+            out.append(Offer(oid, self.blocks, accepted, int(nxt), block))
+        return out
 
     def prime(self, gamma: int) -> None:
         """Early Begin: the drafter holds the prompt with its last token pending; draft one node (the guess of the
@@ -149,6 +210,7 @@ class Pipeline:
         if is_branch:
             ahead, ahead_q = branch
         hit = bool(ahead) and (is_branch or self._matches_guess(accepted, nxt))
+        offered, self._offered, self._ready_offer = self._offered, {}, None
         self._ahead, self._ahead_q, self._ahead_ns, self._guess, self._ready = [], [], 0, None, None
         self._branches, self._growing, self._guess_due = {}, None, False
         dropped, before_ns = self._since
@@ -163,6 +225,7 @@ class Pipeline:
         self._since = (0, 0)
         self._ready = Block(ahead, None, _stack_q(ahead, ahead_q), speculative=True, branch=is_branch,
                             dropped=dropped, ahead_ns=before_ns + ahead_ns)
+        self._ready_offer = offered.get((len(accepted), nxt) if is_branch else None)
 
     def would_hit(self, accepted: list[int], next_token: int) -> bool:
         """Would a verdict with this path and next token keep the block being drafted ahead right now (the block

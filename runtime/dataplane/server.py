@@ -22,6 +22,13 @@ stream takes the verifier's messages meanwhile, so drafting ahead stops as soon 
 Drafting ahead goes through the batcher one node (``extend(1)``) at a time, so sessions drafting ahead at once
 share one ``extend`` call, and a stop check still comes between nodes.
 
+Offers (``Begin.offers``; ``overlap.py``): once drafting ahead is done and the verdict has not come, the session
+sends the blocks drafted ahead in one ``Offers`` message, each with the verdict it is for; a ProposeRequest
+naming one (``ProposeRequest.offer``) gets no Proposal back, the pipeline just takes the block it kept::
+
+    verifier -> drafter   ProposeRequest                      Verdict  ProposeRequest(offer=3) ...
+    drafter -> verifier           Proposal  Offers(1, 2, 3)                                  Offers(4, 5) ...
+
 An early Begin (``Begin.early``, offered when ``DrafterInfo.early_begin``): the verifier sends it before its
 prefill, with no first token; the session takes the prompt with its last token pending and drafts past its guess
 of the first token while the target prefills (``Pipeline.prime``); the first token then comes as a Verdict with
@@ -64,7 +71,7 @@ from specula.runtime.wire import DEFAULT_LIMITS, FrameEncoder, Message, Reassemb
 from specula.runtime.wire.codecs import parse_codec
 
 from .batcher import BatchedView, DraftBatcher
-from .overlap import Block, Pipeline
+from .overlap import Block, Offer, Pipeline
 
 log = logging.getLogger(__name__)
 _pb2_grpc = load("specula_dataplane").pb2_grpc
@@ -123,7 +130,8 @@ class DrafterServer:
         self.early_begin = self._overlap and all(_early_capable(d) for d in members)
         self.info = pb.DrafterInfo(kind=spec.kind, structure=spec.structure, needs=sorted(spec.needs),
                                    accepted_codecs=codecs, max_message_bytes=limits.max_message_bytes,
-                                   overlap=self.overlap, drafters=self.choices, early_begin=self.early_begin)
+                                   overlap=self.overlap, drafters=self.choices, early_begin=self.early_begin,
+                                   offers=self.overlap)
         self._accepts = frozenset(codecs) | {"raw"}
         self.batcher = DraftBatcher(drafter, max_batch_size=max_batch_size, wait_ms=batch_wait_ms, on_call=on_call)
         self._ids = itertools.count()
@@ -211,6 +219,9 @@ class DrafterServer:
                 p = state.pipeline
                 if p is not None and p.wants_ahead:  # the Proposal is on its way: draft the next block meanwhile
                     p.speculate(lambda: inbox.makes_ahead_useless(p))
+                    offers = p.offers() if not inbox.pending() else []  # the verdict is still out: offer them
+                    if offers:
+                        yield from enc.encode(state.request_id, *self._offers(offers, state.choice))
             if state.begun:
                 log.info("session %s (%s) ended without Release", state.key, state.request_id)
         except grpc.RpcError:  # the verifier cancelled or went away: nothing to answer
@@ -226,12 +237,12 @@ class DrafterServer:
             yield from enc.encode(state.request_id, pb.Error(code=pb.Error.CODE_INTERNAL,
                                                              message=f"{type(e).__name__}: {e}"[:4096]))
         finally:
-            self._live.discard(state.key)
             if state.begun and not state.released:
                 try:
                     self.batcher.release([state.key])
                 except Exception:  # a broken drafter: nothing more to do for this session
                     log.exception("session %s: release failed", state.key)
+            self._live.discard(state.key)  # after its state is freed: live_sessions never undercounts held state
 
     def _handle(self, s: _Session, msg: Message, arrived_ns: int, enc: FrameEncoder) -> Iterator:
         kind = msg.kind
@@ -264,7 +275,7 @@ class DrafterServer:
             # the session's own drafter: with several, the pipeline drafts ahead when the chosen one can
             drafter = self.drafter.drafter_for(s.key) if isinstance(self.drafter, MultiDrafter) else self.drafter
             s.pipeline = Pipeline(BatchedView(self.batcher, drafter), s.key, overlap=self._overlap and wants,
-                                  predraft=branches)
+                                  predraft=branches, offers=bool(msg.body.offers))
             if early:
                 s.pipeline.prime(int(msg.body.gamma))  # the session loop drafts past the guess until the verdict
             return
@@ -273,7 +284,12 @@ class DrafterServer:
             return
         if not s.begun:
             raise SessionError(pb.Error.CODE_INVALID_FRAME, f"{kind} before Begin")
-        if kind == "propose_request":
+        if kind == "propose_request" and msg.body.HasField("offer"):  # the verifier took an Offer: no answer
+            try:
+                s.pipeline.take(int(msg.body.offer), int(msg.body.gamma))
+            except ValueError as e:
+                raise SessionError(pb.Error.CODE_INVALID_FRAME, str(e)) from None
+        elif kind == "propose_request":
             queued = time.perf_counter_ns() - arrived_ns
             yield from enc.encode(s.request_id, *self._proposal(s.pipeline.propose(int(msg.body.gamma)), queued,
                                                                 s.choice))
@@ -304,13 +320,23 @@ class DrafterServer:
 
     @staticmethod
     def _proposal(block: Block, queued_ns: int, drafter: str) -> tuple:
-        stats = pb.ProposalStats(speculative=block.speculative, dropped=block.dropped, queued_ns=max(queued_ns, 0),
-                                 draft_ns=block.draft_ns, ahead_ns=block.ahead_ns, drafter=drafter,
-                                 branch=block.branch)
         tensors = {}
         if block.q is not None and block.tokens:
             tensors["q"] = block.q.float().contiguous()  # [N, V] fp32
-        return pb.Proposal(tokens=block.tokens, parents=block.parents or [], stats=stats), tensors
+        return pb.Proposal(tokens=block.tokens, parents=block.parents or [],
+                           stats=_stats(block, queued_ns, drafter)), tensors
+
+    @staticmethod
+    def _offers(offers: list[Offer], drafter: str) -> tuple:
+        """One Offers message for the blocks drafted ahead after the same block; q of blocks[i] as "q.<i>"."""
+        body, tensors = pb.Offers(after=offers[0].after), {}
+        for i, o in enumerate(offers):
+            b = o.block
+            body.blocks.append(pb.Offer(id=o.id, accepted=list(o.accepted), next_token=o.next_token,
+                                        tokens=b.tokens, stats=_stats(b, 0, drafter)))
+            if b.q is not None and b.tokens:
+                tensors[f"q.{i}"] = b.q.float().contiguous()  # [N, V] fp32
+        return body, tensors
 
 
 _EOF = object()  # the verifier half-closed the stream
@@ -334,14 +360,18 @@ class _Inbox:
             raise item
         return item
 
-    def makes_ahead_useless(self, pipeline: Pipeline) -> bool:
-        """Has a message come that settles the block being drafted ahead against it (a disagreeing Verdict, the
-        end of the request, a broken stream)?"""
+    def pending(self) -> bool:
+        """Has a message come that is not handled yet?"""
         while True:
             try:
                 self._seen.append(self._q.get_nowait())
             except queue.Empty:
-                break
+                return bool(self._seen)
+
+    def makes_ahead_useless(self, pipeline: Pipeline) -> bool:
+        """Has a message come that settles the block being drafted ahead against it (a disagreeing Verdict, the
+        end of the request, a broken stream)?"""
+        self.pending()
         for item in self._seen:
             if item is _EOF or isinstance(item, BaseException):
                 return True
@@ -379,6 +409,11 @@ class _Servicer(_pb2_grpc.DrafterServiceServicer):
 
     def Session(self, request_iterator, context):  # noqa: N802
         return self._s.session(request_iterator, context)
+
+
+def _stats(block: Block, queued_ns: int, drafter: str):
+    return pb.ProposalStats(speculative=block.speculative, dropped=block.dropped, queued_ns=max(queued_ns, 0),
+                            draft_ns=block.draft_ns, ahead_ns=block.ahead_ns, drafter=drafter, branch=block.branch)
 
 
 def _early_capable(drafter) -> bool:

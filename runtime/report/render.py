@@ -181,7 +181,9 @@ def _overlap_md(sec, r):
             f"pipelined {_f(o.get('efficiency'), 3)}; pipelined vs sequential {_f(o.get('pipelined_vs_sequential'))}x "
             f"end to end, {_f(o.get('decode_pipelined_vs_sequential'))}x in the decode phase (after each request's "
             f"first token); with predraft (blocks drafted for rejections) vs pipelined "
-            f"{_f(o.get('predraft_vs_pipelined'))}x end to end, {_f(o.get('decode_predraft_vs_pipelined'))}x decode.",
+            f"{_f(o.get('predraft_vs_pipelined'))}x end to end, {_f(o.get('decode_predraft_vs_pipelined'))}x decode; "
+            f"with offers (predraft, blocks sent unasked) vs sequential {_f(o.get('offers_vs_sequential'))}x end to "
+            f"end, {_f(o.get('decode_offers_vs_sequential'))}x decode.",
             "", *_table(["config", "tau", "speedup vs plain", "decode-phase speedup", "ideal", "efficiency",
                          "transfer share", "greedy == plain"], rows)]
 

@@ -85,7 +85,7 @@ class VerifierEngine:
             remote = RemoteDrafter(vocab_size=target.info.vocab_size, codec_preference=d.codec_preference,
                                    limits=WireLimits(max_message_bytes=config.dataplane.max_message_bytes),
                                    propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s,
-                                   overlap=d.overlap)
+                                   overlap=d.overlap, offers=d.offers)
         return cls(target, remote, gamma=d.gamma, max_batch_size=settings.max_batch_size)
 
     # ------------------------------------------------------------------------------------------- callers' side

@@ -39,12 +39,12 @@ MAX_NAME_CHARS = 64
 MAX_REQUEST_ID_CHARS = 256
 KIND_OF = {  # oneof field name -> Kind enum value
     "begin": pb.KIND_BEGIN, "propose_request": pb.KIND_PROPOSE_REQUEST, "proposal": pb.KIND_PROPOSAL,
-    "verdict": pb.KIND_VERDICT, "release": pb.KIND_RELEASE, "error": pb.KIND_ERROR,
+    "verdict": pb.KIND_VERDICT, "release": pb.KIND_RELEASE, "error": pb.KIND_ERROR, "offers": pb.KIND_OFFERS,
 }
 BODY_OF = {v: k for k, v in KIND_OF.items()}
 _FIELD_OF_TYPE = {"Begin": "begin", "ProposeRequest": "propose_request", "Proposal": "proposal",
-                  "Verdict": "verdict", "Release": "release", "Error": "error"}
-LOSSLESS_ONLY = frozenset({"proposal"})  # drafter -> verifier tensors the target's decision depends on
+                  "Verdict": "verdict", "Release": "release", "Error": "error", "Offers": "offers"}
+LOSSLESS_ONLY = frozenset({"proposal", "offers"})  # drafter -> verifier tensors the target's decision uses
 _U32 = (1 << 32) - 1  # placeholder for size computations: the widest varint a uint32 field can take
 _PAYLOAD_TAG_AND_LEN = 1 + 5  # field 7 tag + length varint (< 2 GiB)
 
@@ -54,13 +54,14 @@ class Message:
     """One logical message of a session. ``body`` is a message of the generated module (``pb.Verdict(...)``)."""
 
     request_id: str
-    body: object  # pb.Begin | pb.ProposeRequest | pb.Proposal | pb.Verdict | pb.Release | pb.Error
+    body: object  # pb.Begin | pb.ProposeRequest | pb.Proposal | pb.Offers | pb.Verdict | pb.Release | pb.Error
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
     seq: int = 0
 
     @property
     def kind(self) -> str:
-        """The body's oneof field name: "begin", "propose_request", "proposal", "verdict", "release", "error"."""
+        """The body's oneof field name: "begin", "propose_request", "proposal", "offers", "verdict", "release",
+        "error"."""
         return _body_field(self.body)
 
 
@@ -75,8 +76,8 @@ def encode_message(
 ) -> list:
     """``msg`` -> its DataplaneFrames. Float tensors use ``codecs[name]`` or ``codec``; others travel raw.
 
-    Tensors of ``LOSSLESS_ONLY`` messages (``Proposal.q``) ignore a lossy session ``codec`` and travel raw (same
-    compression); asking for a lossy codec for them by name in ``codecs`` is a WireError.
+    Tensors of ``LOSSLESS_ONLY`` messages (``Proposal.q``, the Offers' q) ignore a lossy session ``codec`` and travel
+    raw (same compression); asking for a lossy codec for them by name in ``codecs`` is a WireError.
 
         >>> frames = encode_message(Message("r1", pb.Verdict(accepted=[0, 1], tokens=[5, 7], next_token=9),
         ...                                 {"hidden": torch.randn(3, 64)}, seq=4), codec="fp16")

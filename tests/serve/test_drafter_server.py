@@ -141,3 +141,51 @@ def test_an_early_begin_is_refused_where_the_replica_does_not_offer_it():
             channel.close()
         assert len(got) == 1 and got[0].error.code == pb.Error.CODE_UNSUPPORTED, got
         assert _wait_free(s)
+
+
+def _wait_offers(s: SessionStream, timeout=5.0) -> list:
+    deadline = time.monotonic() + timeout
+    got = []
+    while not got and time.monotonic() < deadline:
+        got = s.offers()
+        time.sleep(0.01)
+    return got
+
+
+def test_an_offer_taken_by_the_verifier_gets_no_proposal_and_is_the_block_it_would_have_asked_for(server, stub):
+    """Begin.offers: drafting ahead past the guess of the first token (ngram: 5 after "... 6 7"), the replica sends
+    the whole block as an Offer for the verdict "first token 5"; the verifier takes it (ProposeRequest.offer) and
+    no Proposal comes for it: the next message answers the next ProposeRequest. The offered block is what a Begin
+    with that first token would have been proposed."""
+    assert stub.Describe(pb.DescribeRequest(), timeout=5).offers
+    s = SessionStream(stub, "r1", "fp32", DEFAULT_LIMITS)
+    s.send(pb.Begin(prompt_ids=[5, 6, 7, 5, 6, 7], codec="fp32", early=True, gamma=3, offers=True))
+    offers = _wait_offers(s)
+    assert len(offers) == 1, offers
+    o, q = offers[0]
+    assert (list(o.accepted), o.next_token) == ([], 5) and len(o.tokens) >= 3
+    assert o.stats.speculative and not o.stats.branch and q is None  # ngram: deterministic, no q
+    s.send(pb.Verdict(accepted=[], tokens=[], next_token=5))
+    s.send(pb.ProposeRequest(gamma=3, offer=o.id))
+    s.blocks += 1
+    s.send(pb.Verdict(accepted=[0], tokens=[o.tokens[0]], next_token=1))  # a rejection at node 1
+    s.send(pb.ProposeRequest(gamma=3))
+    m = s.receive(5)
+    assert m.kind == "proposal" and not m.body.stats.speculative  # the answer to the second request, drafted anew
+    s.finish()
+    plain = _answer(stub, _frames(Message("r2", pb.Begin(prompt_ids=[5, 6, 7, 5, 6, 7], first_token=5,
+                                                         codec="fp32"), {}, 0),
+                                  Message("r2", pb.ProposeRequest(gamma=3), {}, 1)))
+    assert list(o.tokens)[:3] == list(plain[0].proposal.tokens)
+    assert _wait_free(server) and server.drafter._tokens == {}
+
+
+def test_taking_an_offer_the_verdict_did_not_keep_ends_the_session(server, stub):
+    s = SessionStream(stub, "r1", "fp32", DEFAULT_LIMITS)
+    s.send(pb.Begin(prompt_ids=[5, 6, 7, 5, 6, 7], codec="fp32", early=True, gamma=3, offers=True))
+    o = _wait_offers(s)[0][0]
+    s.send(pb.Verdict(accepted=[], tokens=[], next_token=9))  # not the guess: the offered block is dropped
+    s.send(pb.ProposeRequest(gamma=3, offer=o.id))
+    with pytest.raises(DrafterUnavailable, match="INVALID_FRAME.*not the block the last verdict kept"):
+        s.receive(5)
+    assert _wait_free(server) and server.drafter._tokens == {}

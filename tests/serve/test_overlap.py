@@ -308,15 +308,17 @@ class _Recorder:
         self.remote.release(ids)
 
 
-def test_sampled_blocks_drafted_ahead_carry_their_true_q(model_dir, processor):
-    """Every block's q (pre-drafted or not) equals softmax(LM(committed context + earlier drafts) / T)."""
+@pytest.mark.parametrize("offers", [False, True])
+def test_sampled_blocks_drafted_ahead_carry_their_true_q(model_dir, processor, offers):
+    """Every block's q (pre-drafted or not, asked for or taken as an Offer) equals softmax(LM(committed context +
+    earlier drafts) / T)."""
     T = 0.1  # peaked enough on the init-weight model that guesses hit, still a real sample
     drafter = _text_lm(model_dir)
     image = drafter.image_token_id
     lm = drafter.model
     reqs = world_requests(processor, 2, SamplingParams(temperature=T, seed=5, max_tokens=24), start=1)
-    target = load_target(model_dir)
-    remote = RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0)
+    target = _SlowVerify(load_target(model_dir), 0.03 if offers else 0.0)  # slowed: offers come before the verdict
+    remote = RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0, offers=offers)
     engine = SpecEngine(target, None, gamma=4)
     rec = _Recorder(remote, engine.rows)
     engine.drafter = rec
@@ -327,6 +329,8 @@ def test_sampled_blocks_drafted_ahead_carry_their_true_q(model_dir, processor):
     remote.close()
     prompts = {r.request_id: r.input_ids[r.input_ids != image].tolist() for r in reqs}
     assert any(spec for *_, spec in rec.log) and any(not spec for *_, spec in rec.log)
+    taken = sum(remote.pop_stats(r.request_id)["offers_taken"] for r in reqs)
+    assert (taken > 0) == offers, taken
     checked = 0
     with torch.no_grad():
         for rid, committed, tokens, q, spec in rec.log:
@@ -378,8 +382,8 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
                "--max-tokens", "12", "--gamma", "3", "--out", str(out)])
     assert rc == 0
     r = json.loads((out / "bench_distributed.json").read_text())
-    assert set(r["configs"]) >= {"plain", "single_process", "sequential", "pipelined", "predraft"}
-    for name in ("single_process", "sequential", "pipelined", "predraft"):
+    assert set(r["configs"]) >= {"plain", "single_process", "sequential", "pipelined", "predraft", "offers"}
+    for name in ("single_process", "sequential", "pipelined", "predraft", "offers"):
         assert r["configs"][name]["greedy_exact"] is True
         assert r["configs"][name]["speedup_vs_plain"] > 0
     assert r["configs"]["pipelined"]["spec_used"] + r["configs"]["pipelined"]["spec_dropped"] > 0
@@ -391,16 +395,14 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
     assert r["overlap"]["decode_pipelined_vs_sequential"] > 0 and r["overlap"]["decode_predraft_vs_pipelined"] > 0
     assert set(r["tokens_per_request"]) == {"vqa", "text"} and all(v >= 1 for v in r["tokens_per_request"].values())
     assert r["configs"]["predraft"]["spec_branch"] == 0  # ngram cannot rank rejections: nothing drafted for them
+    assert r["configs"]["predraft"]["offers_taken"] == 0 and r["overlap"]["decode_offers_vs_sequential"] > 0
+    assert r["configs"]["offers"]["offers_taken"] <= r["configs"]["offers"]["spec_used"]
     assert set(r["wire"]) >= {"fp32", "fp16", "int8"}
     assert (out / "bench_distributed.md").read_text().startswith("# ")
 
 
-@pytest.mark.parametrize("lockstep", [True, False])
-def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would(lockstep):
-    """The Pipeline on text_lm with predraft, message by message: branches open at the drafter's likeliest
-    rejection outcomes (lockstep: all at once, grown beside the block past the guess; else one after another);
-    a verdict with one of them gets that branch as its next block at once, exactly the block a sequential drafter
-    proposes after the same committed tokens; an unforeseen verdict drops every branch."""
+def _random_text_lm():
+    """A maker of text_lm drafters over one random 2-layer LM (V = 64, token 63 = image) with peaked outputs."""
     torch.manual_seed(0)
     from transformers import LlamaConfig
 
@@ -411,7 +413,16 @@ def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would(lockstep):
         for p in lm.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.3)
-    make = lambda: create({"kind": "text_lm", "model": lm, "image_token_id": 63})  # noqa: E731
+    return lambda: create({"kind": "text_lm", "model": lm, "image_token_id": 63})
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would(lockstep):
+    """The Pipeline on text_lm with predraft, message by message: branches open at the drafter's likeliest
+    rejection outcomes (lockstep: all at once, grown beside the block past the guess; else one after another);
+    a verdict with one of them gets that branch as its next block at once, exactly the block a sequential drafter
+    proposes after the same committed tokens; an unforeseen verdict drops every branch."""
+    make = _random_text_lm()
     ahead, seq = make(), make()
     prompt = torch.tensor([5, 9, 11, 2, 40, 7])
     ahead.begin([DraftContext("a", prompt, 3)])
@@ -499,3 +510,72 @@ def test_bench_outcomes_cli_writes_json_and_refuses_drafters_without_ranking(liv
     with pytest.raises(SystemExit, match="ranks rejection outcomes"):
         main(["bench", "outcomes", "--model", str(lively), "--drafter", "ngram", "--suite", "text", "--n", "1",
               "--out", str(tmp_path / "x")])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_pipeline_offers_are_the_blocks_a_verdict_keeps_and_only_that_one_can_be_taken(temperature):
+    """Offers, message by message: after drafting ahead, every chain (the block past the guess, each branch) is
+    offered once with the verdict it is for; after that verdict the offered chain is the kept block (same tokens,
+    same q), ``take`` of it sends nothing new and makes its node gamma the next guess, and taking any other offer,
+    or any offer after an unforeseen verdict, is refused."""
+    make = _random_text_lm()
+    d = make()
+    d.begin([DraftContext("a", torch.tensor([5, 9, 11, 2, 40, 7]), 3, temperature=temperature, seed=1)])
+    p = Pipeline(d, "a", threading.Lock(), overlap=True, predraft=3, offers=True)
+    b = p.propose(4)
+    assert p.blocks == 1 and p.offers() == []  # nothing drafted ahead yet
+    p.speculate(lambda: False)
+    offers = p.offers()
+    assert p.offers() == []  # each chain is offered once
+    guess = [o for o in offers if not o.block.branch]
+    branches = [o for o in offers if o.block.branch]
+    assert len(guess) == 1 and len(branches) == 3 and len({o.id for o in offers}) == 4
+    assert guess[0].accepted == (0, 1, 2, 3) and guess[0].next_token == p._guess  # noqa: SLF001
+    assert all(o.after == 1 and len(o.block.tokens) == 5 and o.block.speculative for o in offers)
+    assert {(len(o.accepted), o.next_token) for o in branches} == set(p._branches)  # noqa: SLF001
+    assert all((o.block.q is None) == (temperature == 0) for o in offers)
+    o = branches[-1]
+    k = len(o.accepted)
+    p.verdict(Verdict("a", o.accepted, tuple(b.tokens[:k]), o.next_token))
+    with pytest.raises(ValueError, match="not the block the last verdict kept"):
+        p.take(guess[0].id, 4)
+    kept_q = p._ready.q  # noqa: SLF001
+    nb = p.take(o.id, 4)
+    assert nb.tokens == o.block.tokens[:4] and nb.branch and p.blocks == 2 and p.offers_taken == 1
+    if temperature:
+        torch.testing.assert_close(o.block.q, kept_q, rtol=0, atol=0)
+    assert p._guess == o.block.tokens[4]  # noqa: SLF001
+    p.speculate(lambda: False)
+    later = p.offers()
+    assert later and all(x.after == 2 for x in later)
+    taken = {(x.accepted, x.next_token) for x in later}
+    miss = next(t for t in range(63) if ((), t) not in taken and t != nb.tokens[0])
+    p.verdict(Verdict("a", (), (), miss))
+    with pytest.raises(ValueError):
+        p.take(later[0].id, 4)
+    again = p.propose(4)
+    assert not again.speculative and again.dropped == 1 and p.blocks == 3
+
+
+def test_offers_skip_the_round_trip_and_greedy_output_is_unchanged(lively, processor):
+    """Offers over real gRPC: with a (slowed) verifier the drafter's blocks drafted ahead arrive before the verdict,
+    the verifier takes the matching one without asking (offers_taken, no transfer counted for it), and greedy
+    output equals plain decoding; with offers off nothing is taken and the output is the same."""
+    reqs = world_requests(processor, 3, SamplingParams(max_tokens=24))
+    plain = SpecEngine(load_target(lively), None)
+    want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
+    taken = {}
+    for offers in (True, False):
+        target = _SlowVerify(load_target(lively), 0.06)
+        verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0,
+                                                        offers=offers), gamma=4)
+        try:
+            with DrafterServer(_noisy_text_lm(lively), overlap=True, predraft=3) as server:
+                got = _run_batch(verifier, reqs, server.address)
+        finally:
+            verifier.close()
+        assert {rid: g["tokens"] for rid, g in got.items()} == want, offers
+        stats = [g["dataplane"] for g in got.values()]
+        assert all(s["offers_taken"] <= s["spec_used"] for s in stats)
+        taken[offers] = sum(s["offers_taken"] for s in stats)
+    assert taken[True] > 0 and taken[False] == 0, taken
