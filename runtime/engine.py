@@ -14,6 +14,7 @@ Host syncs per step: the accept decision (accepted counts and next tokens) comes
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,8 @@ class SpecEngine:
                 raise ValueError(f"request id {r.request_id!r} is already live")
             if r.params.stop and self.decode is None:
                 raise ValueError("stop strings need a decode function (SpecEngine(decode=...))")
+        tv = time.perf_counter()
+        requests = self._encode_once(requests)
         tp = time.perf_counter()
         if self.drafter is not None and self.gamma > 0 and hasattr(self.drafter, "prepare"):
             early = [c for r in requests if (c := self._early_context(r)) is not None]
@@ -124,7 +127,7 @@ class SpecEngine:
         events = []
         for b, (r, g, tok) in enumerate(zip(requests, gens, first)):
             m = RequestMetrics()
-            m.time["prefill"] += (t1 - t0) / len(requests)
+            m.time["prefill"] += (t1 - t0 + tp - tv) / len(requests)  # the vision tower run for both, if any
             m.time["sample"] += (t2 - t1) / len(requests)
             m.time["draft"] += (t0 - tp) / len(requests)  # early Begins (prepare), if any
             self.rows[r.request_id] = _Row(r, g, [], m)
@@ -167,6 +170,40 @@ class SpecEngine:
         return DraftContext(r.request_id, r.input_ids, first, r.params.temperature, r.params.seed,
                             pixel_values=r.pixel_values if "pixels" in needs else None, visual=visual,
                             hidden=hidden, extra=extra, drafter=r.drafter)
+
+    def _encode_once(self, requests: Sequence[GenerationRequest]) -> list[GenerationRequest]:
+        """When the drafter needs visual features ("visual", "pre_projector"), encode the images of the requests
+        that bring pixels here, in one vision-tower pass over the batch (as the prefill would), and hand the result
+        to the prefill and the drafter alike: otherwise the drafter's features cost a second tower pass. The
+        prefill then consumes the same projected features it would have computed itself. Input the target would
+        refuse is left as it is, for the prefill's own error."""
+        needs = set(self.drafter.spec.needs) if self.drafter is not None and self.gamma > 0 else set()
+        todo = [i for i, r in enumerate(requests) if r.pixel_values is not None and r.visual is None]
+        if not todo or not needs & {"visual", "pre_projector"}:
+            return list(requests)
+        grids = [requests[i].image_grid_thw for i in todo]
+        if any(g is None for g in grids) and any(g is not None for g in grids):
+            return list(requests)
+        variants = ("projected", "pre_projector") if "pre_projector" in needs else ("projected",)
+        try:
+            grid = None if grids[0] is None else torch.cat([torch.as_tensor(g).to(torch.long) for g in grids])
+            counts = [int(requests[i].pixel_values.shape[0]) if g is None else int(g.shape[0])
+                      for i, g in zip(todo, grids)]
+            outs = self.target.encode_image_variants(torch.cat([requests[i].pixel_values for i in todo]), variants,
+                                                     image_grid_thw=grid)
+        except (ValueError, RuntimeError, TypeError):
+            return list(requests)
+        proj, pre = outs[0], (outs[1] if len(outs) > 1 else None)
+        if sum(counts) != proj.num_images:
+            return list(requests)
+        out, a = list(requests), 0
+        for i, n in zip(todo, counts):
+            b = a + n
+            vf = VisualFeatures("projected", proj.features[a:b], proj.lengths[a:b], proj.grid_hw[a:b],
+                                None if grid is None else grid[a:b], None if pre is None else pre.features[a:b])
+            out[i] = dataclasses.replace(requests[i], visual=vf)
+            a = b
+        return out
 
     def _early_context(self, r: GenerationRequest) -> DraftContext | None:
         """The request's DraftContext before the prefill (first_token -1), when its drafter needs nothing the

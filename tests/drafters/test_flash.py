@@ -94,6 +94,30 @@ def test_greedy_equals_plain_decoding(kit, model, head, batch):
     assert not target.live_ids and not d._rows
 
 
+def test_the_vision_tower_runs_once_for_target_and_drafter(kit):
+    """A drafter that needs the projected visual features gets the very features the prefill consumes, from one
+    tower pass over the batch's images (the engine encodes them once and hands them to both), not a second pass."""
+    reqs = [r for r in requests(kit, 8, SamplingParams(max_tokens=6)) if r.pixel_values is not None][:3]
+    ref = plain(kit, "ctx", reqs, len(reqs))
+    target = load_target(kit["ctx"])
+    d = drafter(kit, "random", target)
+    begin = d.begin
+    d.begin = lambda cs: (seen.extend(cs), begin(cs))[1]
+    model = target.model.model  # the kit's model object: patched for this test only
+    tower = model.get_image_features
+    passes, seen = [], []
+    model.get_image_features = lambda *a, **k: (passes.append(1), tower(*a, **k))[1]
+    try:
+        out = SpecEngine(target, d, gamma=3, eos_token_ids=eos(kit)).generate(reqs)
+    finally:
+        del model.get_image_features  # the class's method again
+    assert {k: v.tokens for k, v in out.items()} == {k: v.tokens for k, v in ref.items()}
+    assert len(passes) == 1  # one batch of prompts: one tower pass, shared
+    for c, r in zip(seen, reqs):
+        want = target.encode_images(r.pixel_values, "projected").features
+        torch.testing.assert_close(c.visual, want, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------- exactness
 
 

@@ -348,3 +348,45 @@ def test_sampled_tokens_follow_the_target(kit, tree):
     assert len(torch.unique(plain[:, 1])) >= 3  # p is not a point mass
     for pos in (1, 2, 3):
         assert _chi2_same(plain[:, pos], spec[:, pos]) > 1e-3, pos
+
+
+class _SeeingDrafter(ScriptDrafter):
+    """ScriptDrafter that needs the images' features and keeps the contexts it was given."""
+
+    def __init__(self, script, needs):
+        from specula.drafters.protocol import DrafterSpec
+
+        super().__init__(script)
+        self.spec = DrafterSpec(kind="script", structure="chain", needs=frozenset(needs))
+        self.contexts = []
+
+    def begin(self, contexts):
+        self.contexts += list(contexts)
+        super().begin(contexts)
+
+
+@pytest.mark.parametrize("needs", [{"visual"}, {"visual", "pre_projector"}, {"pre_projector"}])
+def test_a_drafter_needing_image_features_gets_them_from_the_prefills_tower_pass(kit, needs):
+    """The engine encodes a batch's images once and gives the same features to the prefill and the drafter (the
+    projected ones, and the tower's pre-projector ones when asked): one tower pass, and output equal to plain."""
+    model, processor = kit
+    reqs = [r for r in requests(kit, 8, SamplingParams(max_tokens=8)) if r.pixel_values is not None][:3]
+    ref = SpecEngine(load_target(model), None).generate(reqs)
+    target = load_target(model)
+    d = _SeeingDrafter({r.request_id: ref[r.request_id].tokens for r in reqs}, needs)
+    tower = model.model.get_image_features
+    passes = []
+    model.model.get_image_features = lambda *a, **k: (passes.append(1), tower(*a, **k))[1]
+    try:
+        out = SpecEngine(target, d, gamma=3).generate(reqs)
+    finally:
+        del model.model.get_image_features
+    assert {k: v.tokens for k, v in out.items()} == {k: v.tokens for k, v in ref.items()}
+    assert len(passes) == 1
+    for c, r in zip(d.contexts, reqs):
+        if "visual" in needs:
+            torch.testing.assert_close(c.visual, target.encode_images(r.pixel_values).features, rtol=0, atol=0)
+        if "pre_projector" in needs:
+            torch.testing.assert_close(c.extra["pre_projector"],
+                                       target.encode_images(r.pixel_values, "pre_projector").features,
+                                       rtol=0, atol=0)
