@@ -115,6 +115,17 @@ def _verifier(model_dir, gamma=4, **remote) -> VerifierEngine:
                           gamma=gamma)
 
 
+def _serve_batch(target, drafter, reqs, **remote) -> dict:
+    """``reqs`` at once through a VerifierEngine over ``target`` and a DrafterServer (overlap, predraft 3)."""
+    verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0,
+                                                    **remote), gamma=4)
+    try:
+        with DrafterServer(drafter, overlap=True, predraft=3) as server:
+            return _run_batch(verifier, reqs, server.address)
+    finally:
+        verifier.close()
+
+
 def _run_batch(verifier, reqs, address) -> dict:
     """All requests at once (they share the verifier's batch and the drafter server)."""
     got = {}
@@ -175,15 +186,7 @@ def test_predraft_foreseen_rejections_get_their_block_at_once_and_output_is_unch
     reqs = world_requests(processor, 3, SamplingParams(max_tokens=24))
     plain = SpecEngine(load_target(lively), None)
     want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
-    drafter = _noisy_text_lm(lively)
-    target = _SlowVerify(load_target(lively), 0.08)
-    verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0),
-                              gamma=4)
-    try:
-        with DrafterServer(drafter, overlap=True, predraft=3) as server:
-            got = _run_batch(verifier, reqs, server.address)
-    finally:
-        verifier.close()
+    got = _serve_batch(_SlowVerify(load_target(lively), 0.08), _noisy_text_lm(lively), reqs)
     assert {rid: g["tokens"] for rid, g in got.items()} == want
     stats = [g["dataplane"] for g in got.values()]
     assert sum(s["spec_branch"] for s in stats) > 0, stats
@@ -209,14 +212,7 @@ def test_early_begin_drafts_the_first_block_during_the_prefill(lively, processor
     reqs = world_requests(processor, 3, SamplingParams(max_tokens=12), suites=["text"])
     plain = SpecEngine(load_target(lively), None)
     want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
-    target = _SlowPrefill(load_target(lively), 0.1)
-    verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0,
-                                                    overlap=overlap), gamma=4)
-    try:
-        with DrafterServer(_text_lm(lively), overlap=True, predraft=3) as server:
-            got = _run_batch(verifier, reqs, server.address)
-    finally:
-        verifier.close()
+    got = _serve_batch(_SlowPrefill(load_target(lively), 0.1), _text_lm(lively), reqs, overlap=overlap)
     assert {rid: g["tokens"] for rid, g in got.items()} == want
     stats = [g["dataplane"] for g in got.values()]
     assert all(s["early"] == overlap for s in stats), stats
@@ -566,14 +562,7 @@ def test_offers_skip_the_round_trip_and_greedy_output_is_unchanged(lively, proce
     want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
     taken = {}
     for offers in (True, False):
-        target = _SlowVerify(load_target(lively), 0.06)
-        verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0,
-                                                        offers=offers), gamma=4)
-        try:
-            with DrafterServer(_noisy_text_lm(lively), overlap=True, predraft=3) as server:
-                got = _run_batch(verifier, reqs, server.address)
-        finally:
-            verifier.close()
+        got = _serve_batch(_SlowVerify(load_target(lively), 0.06), _noisy_text_lm(lively), reqs, offers=offers)
         assert {rid: g["tokens"] for rid, g in got.items()} == want, offers
         stats = [g["dataplane"] for g in got.values()]
         assert all(s["offers_taken"] <= s["spec_used"] for s in stats)
