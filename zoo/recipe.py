@@ -73,7 +73,7 @@ DRAFTERS = (  # in dependency order: massv starts from text_lm; flash / aasd / t
     DrafterStep("text_lm", ("--data-samples", "4000", "--samples", "80000")),
     DrafterStep("eagle", ("--data-samples", "3000", "--samples", "12000")),
     DrafterStep("msd", ("--data-samples", "2000", "--text-samples", "1500", "--samples", "12000")),
-    DrafterStep("flash", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "8000")),
+    DrafterStep("flash", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "14000")),
     DrafterStep("aasd", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "16000")),
     DrafterStep("massv", ("--init-lm", "{zoo}/text_lm", "--data-samples", "2500", "--pretrain-samples", "6000",
                           "--samples", "16000")),
