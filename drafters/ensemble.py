@@ -23,7 +23,10 @@ request. ``observe`` applies each verdict to all of its request's rows. A reques
 member's context is then the same text, and so is every q_m.
 
 Captions are made once per request in ``begin`` (one batched greedy decode over all images of the call), timed,
-and reported by ``pop_begin_times`` (the engine books them as "caption" instead of "draft").
+and reported by ``pop_begin_times`` (the engine books them as "caption" instead of "draft"). An image seen before
+(the same features, by sha256: a chat re-sends its image every turn) takes its caption from a cache of the last
+``caption_cache`` images instead (LRU; 0 = off). A caption is a greedy decode of the image's features alone, so a
+cached one is the caption the captioner would make again.
 
     drafter = create({"kind": "ensemble", "path": "massv",
                       "members": ["multimodal", "text", "caption", {"kind": "pooled", "grid": 3}]}, target=target)
@@ -32,7 +35,9 @@ and reported by ``pop_begin_times`` (the engine books them as "caption" instead 
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -58,7 +63,8 @@ class EnsembleDrafter(TextLMDrafter):
     text-only members) or ``model`` (a ``MassvModel`` or a ``LlamaForCausalLM``); ``members`` (list of kind names
     or ``{"kind", "weight", "grid"}``, default all four, equal weights); ``weights`` (one per member); ``grid``
     (pooled members' default grid, an int or [g_h, g_w]; default 6 -> 36 tokens); ``captioner`` (a path or a
-    ``MassvModel``; default the drafting model); ``caption_max_tokens``; and ``text_lm``'s ``structure``,
+    ``MassvModel``; default the drafting model); ``caption_max_tokens``; ``caption_cache`` (images whose
+    captions are kept for later requests, LRU; default 256, 0 = off); and ``text_lm``'s ``structure``,
     ``branching``, ``depth``, ``seed``, ``image_token_id``, ``kv_policy``, ``device``, ``dtype``,
     ``attn_implementation``. ``vocab_size`` (if given) must match. Resources: ``target``, ``tokenizer`` (unused)."""
 
@@ -67,7 +73,8 @@ class EnsembleDrafter(TextLMDrafter):
 
     def __init__(self, path: str | Path = "massv", model: nn.Module | None = None, members: Sequence | None = None,
                  weights: Sequence[float] | None = None, grid=DEFAULT_GRID, captioner=None,
-                 caption_max_tokens: int | None = None, vocab_size: int | None = None, dtype: str | None = None,
+                 caption_max_tokens: int | None = None, caption_cache: int = 256, vocab_size: int | None = None,
+                 dtype: str | None = None,
                  attn_implementation: str = "sdpa", image_token_id: int | None = None, device: str | None = None,
                  target=None, tokenizer=None, **options):
         options.update(image_token_id=image_token_id, device=device, target=target, tokenizer=tokenizer)
@@ -119,6 +126,10 @@ class EnsembleDrafter(TextLMDrafter):
                                                or not isinstance(caption_max_tokens, int) or caption_max_tokens < 1):
             raise ValueError(f"{kind}: caption_max_tokens must be an integer >= 1, got {caption_max_tokens!r}")
         self.caption_max_tokens = caption_max_tokens
+        if isinstance(caption_cache, bool) or not isinstance(caption_cache, int) or caption_cache < 0:
+            raise ValueError(f"{kind}: caption_cache must be an integer >= 0, got {caption_cache!r}")
+        self.caption_cache = caption_cache
+        self._caption_lru: OrderedDict[bytes, list[int]] = OrderedDict()  # feature sha256 -> caption tokens
         self.spec = DrafterSpec(kind=kind, structure=self.spec.structure, needs=self._needs())
         self._groups_of: dict[str, list[str]] = {}  # request id -> its cache row keys, member order
         self._weights_of: dict[str, list[float]] = {}
@@ -266,21 +277,39 @@ class EnsembleDrafter(TextLMDrafter):
         return f.to(self.device, self.dtype)
 
     def _captions(self, contexts, feats) -> list[list[list[int]] | None]:
-        """One caption (token list) per image of each context that has images, in one batched greedy decode."""
+        """One caption (token list) per image of each context that has images: cached ones from the cache, the
+        others in one batched greedy decode per image size."""
         out: list[list[list[int]] | None] = [None] * len(contexts)
         todo = [i for i, f in enumerate(feats) if f is not None]
         if self.captioner is None or not todo:
             return out
         t0 = time.perf_counter()
-        by_len: dict[int, list[int]] = {}  # images with the same token count decode together
+        keys = {i: [_image_key(f) for f in feats[i]] if self.caption_cache else [None] * feats[i].shape[0]
+                for i in todo}
+        cached: dict[bytes, list[int]] = {}
+        first: dict[bytes, tuple[int, int]] = {}  # a key decoded in this call -> its (context, image)
+        by_len: dict[int, list[tuple[int, int]]] = {}  # images to decode, by token count
         for i in todo:
-            by_len.setdefault(feats[i].shape[1], []).append(i)
+            for j, key in enumerate(keys[i]):
+                if key is not None and key in self._caption_lru:
+                    self._caption_lru.move_to_end(key)
+                    cached[key] = self._caption_lru[key]
+                elif key is None or key not in first:
+                    if key is not None:
+                        first[key] = (i, j)
+                    by_len.setdefault(feats[i].shape[1], []).append((i, j))
+        fresh: dict[tuple[int, int], list[int]] = {}
         for group in by_len.values():
-            caps = self.captioner.caption(torch.cat([feats[i] for i in group]), self.caption_max_tokens)
-            k = 0
-            for i in group:
-                n = feats[i].shape[0]
-                out[i], k = caps[k:k + n], k + n
+            caps = self.captioner.caption(torch.stack([feats[i][j] for i, j in group]), self.caption_max_tokens)
+            for (i, j), cap in zip(group, caps):
+                fresh[i, j] = cap
+                if keys[i][j] is not None:
+                    self._caption_lru[keys[i][j]] = cap
+                    while len(self._caption_lru) > self.caption_cache:
+                        self._caption_lru.popitem(last=False)
+        for i in todo:
+            out[i] = [fresh[i, j] if (i, j) in fresh else cached[key] if key in cached else fresh[first[key]]
+                      for j, key in enumerate(keys[i])]
         spent = time.perf_counter() - t0
         n_img = sum(feats[i].shape[0] for i in todo)
         for i in todo:  # the batch's time, shared in proportion to each request's images
@@ -332,6 +361,14 @@ class EnsembleDrafter(TextLMDrafter):
         owner = torch.tensor([i for i, (_, n, _) in enumerate(groups) for _ in range(n)],
                              device=mixed.device)  # [Bc] request of each row
         return kids[owner], (q[owner] if q is not None else None)
+
+
+def _image_key(features: torch.Tensor) -> bytes:
+    """The cache key of one image: sha256 of its features' bytes ([T, D]) with their shape and dtype."""
+    f = features.detach().contiguous().cpu()
+    h = hashlib.sha256(f"{tuple(f.shape)}{f.dtype}".encode())
+    h.update(f.view(torch.uint8).numpy().tobytes() if f.numel() else b"")
+    return h.digest()
 
 
 def _load(path, dtype, attn_implementation) -> nn.Module:

@@ -29,7 +29,7 @@ class MassvDrafter(EnsembleDrafter):
 
     def __init__(self, target=None, tokenizer=None, vocab_size: int | None = None, image_token_id: int | None = None,
                  device: str | None = None, **options):
-        fixed = {"members", "weights", "grid", "captioner", "caption_max_tokens"} & set(options)
+        fixed = {"members", "weights", "grid", "captioner", "caption_max_tokens", "caption_cache"} & set(options)
         if fixed:
             raise ValueError(f"massv: unknown options {sorted(fixed)} (massv has one multimodal member)")
         super().__init__(**options, target=target, tokenizer=tokenizer, vocab_size=vocab_size,

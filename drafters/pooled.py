@@ -22,7 +22,7 @@ class PooledDrafter(EnsembleDrafter):
 
     def __init__(self, grid=DEFAULT_GRID, target=None, tokenizer=None, vocab_size: int | None = None,
                  image_token_id: int | None = None, device: str | None = None, **options):
-        fixed = {"members", "weights", "captioner", "caption_max_tokens"} & set(options)
+        fixed = {"members", "weights", "captioner", "caption_max_tokens", "caption_cache"} & set(options)
         if fixed:
             raise ValueError(f"pooled: unknown options {sorted(fixed)} (pooled has one pooled member)")
         super().__init__(grid=grid, **options, target=target, tokenizer=tokenizer, vocab_size=vocab_size,

@@ -12,6 +12,7 @@ one batched forward per draft level; sampled output must follow the target (slow
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -217,6 +218,33 @@ def test_drafting_ahead_equals_drafting_in_one_go(kit):
         assert ahead.branch([(rid, 1) for rid in ids]) == [None] * 3
         for d in (ahead, once):
             d.release(ids)
+
+
+@pytest.mark.parametrize("cache", [256, 1, 0])
+def test_an_image_seen_before_takes_its_caption_from_the_cache(kit, cache):
+    """The same image in later requests (a chat re-sends it every turn) is captioned once while it stays in the
+    LRU cache of ``caption_cache`` images, and the cached caption is the one the captioner makes; 0 turns it off."""
+    target = load_target(kit["target"])
+    d = drafter(kit, "caption", caption_cache=cache)
+    made = []
+    real = d.captioner.caption
+    d.captioner.caption = lambda f, n=None: made.append(f.shape[0]) or real(f, n)
+    a, b = requests(kit, 2, SamplingParams(max_tokens=4), suites=["vqa"])
+    fa = target.encode_images(a.pixel_values, "pre_projector").features  # [1, T, D]
+    fb = target.encode_images(b.pixel_values, "pre_projector").features
+    same = _contexts(kit, [a], 0.0, lambda r: fa)[0]
+    calls = [[same], [replace(same, request_id="again")], _contexts(kit, [b], 0.0, lambda r: fb),
+             [replace(same, request_id="third")]]
+    for cs in calls:
+        d.begin(cs)
+    want = {256: [1, 1], 1: [1, 1, 1], 0: [1, 1, 1, 1]}[cache]  # images captioned per begin that needed one
+    assert made == want, made
+    assert d.context("again") == d.context(a.request_id) == d.context("third")
+    assert len(d._caption_lru) == min(cache, 2)  # noqa: SLF001
+    with pytest.raises(ValueError, match="caption_cache"):
+        drafter(kit, "caption", caption_cache=-1)
+    with pytest.raises(ValueError, match="unknown options"):
+        drafter(kit, "massv", caption_cache=4)
 
 
 def test_captions_are_made_once_and_booked_as_caption_time(kit):
