@@ -39,7 +39,8 @@ from collections import defaultdict
 from pathlib import Path
 
 CONFIGS = ("plain", "single_process", "sequential", "pipelined", "predraft", "offers")
-REMOTE = {"sequential": dict(overlap=False, offers=False), "pipelined": dict(overlap=True, predraft=False, offers=False),
+REMOTE = {"sequential": dict(overlap=False, offers=False),
+          "pipelined": dict(overlap=True, predraft=False, offers=False),
           "predraft": dict(overlap=True, predraft=True, offers=False),
           "offers": dict(overlap=True, predraft=True, offers=True)}  # RemoteDrafter settings per remote config
 CODECS = ("fp32", "fp16", "int8", "int8+zstd")
@@ -262,8 +263,7 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
         if dps:
             agg = {k: sum(d[k] for d in dps) for k in ("draft_s", "transfer_s", "idle_s", "ahead_s", "spec_used",
                                                        "spec_dropped", "spec_branch", "offers_taken", "proposals",
-                                                       "bytes_out",
-                                                       "bytes_in", "early", "first_ahead")}
+                                                       "bytes_out", "bytes_in", "early", "first_ahead")}
             step = seconds[name] / blocks if blocks else 0.0
             c.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in agg.items()})
             c["block_step_s"] = round(step, 5)
@@ -348,7 +348,8 @@ def render_markdown(r: dict) -> str:
         lines.append(f"| {name} | {c.get('block_step_s')} | {c.get('decode_block_step_s')} | {ts.get('verify')} | "
                      f"{ts.get('draft')} | {ts.get('transfer')} | {ts.get('idle')} | {ts.get('ahead_overlapped')} | "
                      f"{c.get('transfer_share_of_block_step')} | {c.get('spec_used')} / {c.get('spec_dropped')} "
-                     f"({c.get('spec_branch')}) | {c.get('offers_taken')} | {c.get('first_ahead')} / {c.get('early')} |")
+                     f"({c.get('spec_branch')}) | {c.get('offers_taken')} | "
+                     f"{c.get('first_ahead')} / {c.get('early')} |")
     w = r["wire"]
     lines += ["", f"## Wire bytes per codec (target features as frames: prompt hidden {w['shapes']['begin_hidden']}, "
                   f"block hidden {w['shapes']['verdict_hidden']})", "",

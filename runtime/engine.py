@@ -199,8 +199,9 @@ class SpecEngine:
         out, a = list(requests), 0
         for i, n in zip(todo, counts):
             b = a + n
-            vf = VisualFeatures("projected", proj.features[a:b], proj.lengths[a:b], proj.grid_hw[a:b],
-                                None if grid is None else grid[a:b], None if pre is None else pre.features[a:b])
+            t = max(proj.lengths[a:b])  # padded to this request's longest image, as encoding it alone would be
+            vf = VisualFeatures("projected", proj.features[a:b, :t], proj.lengths[a:b], proj.grid_hw[a:b],
+                                None if grid is None else grid[a:b], None if pre is None else pre.features[a:b, :t])
             out[i] = dataclasses.replace(requests[i], visual=vf)
             a = b
         return out

@@ -26,10 +26,10 @@ round trip is ``transfer`` (encode, gRPC, decode, both ways). ``ahead`` is draft
 ``early``: the session began before the target's prefill; ``first_ahead``: its first block was ready when asked for.
 
 Offers (``offers``; ``DrafterInfo.offers``): the replica sends the blocks it drafted ahead as soon as drafting ahead
-is done (one Offers message), each with the verdict it is for. ``propose`` first looks at the Offers the session holds for the block just verified: one
-for the last verdict is verified at once, and its ProposeRequest names it (``offer``) so that no Proposal comes
-back: a pre-drafted block then costs no round trip (``offers_taken``; its transfer time is 0). Offers are checked
-like Proposals (vocabulary, q's shape and values) before they are used.
+is done (one Offers message), each with the verdict it is for. ``propose`` first looks at the Offers the session
+holds for the block just verified: one for the last verdict is verified at once, and its ProposeRequest names it
+(``offer``) so that no Proposal comes back: a pre-drafted block then costs no round trip (``offers_taken``; its
+transfer time is 0). Offers are checked like Proposals (vocabulary, q's shape and values) before they are used.
 
 A request's drafter choice (``DraftContext.drafter``, from ``GenerationRequest.drafter``) goes in its Begin; a
 replica that does not serve that name (``DrafterInfo.drafters``) is not asked, and the request decodes alone.

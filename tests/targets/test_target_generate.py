@@ -48,3 +48,50 @@ def test_generate_plain_equals_hf_generate_qwen(qwen_kit):
     mine = qwen_kit.target().generate_plain(reqs, max_new_tokens=12)
     for req, got in zip(reqs, mine):
         assert got == _hf_greedy(qwen_kit, req, 12)
+
+
+class _Watcher:
+    """A drafter that needs both image feature variants, keeps its contexts and never drafts (plain steps)."""
+
+    def __init__(self):
+        from specula.drafters.protocol import DrafterSpec
+
+        self.spec = DrafterSpec(kind="watcher", structure="chain", needs=frozenset({"visual", "pre_projector"}))
+        self.contexts = []
+
+    def begin(self, contexts):
+        self.contexts += list(contexts)
+
+    def propose(self, request_ids, gamma):
+        from specula.drafters.protocol import Proposal
+
+        return Proposal(tuple(request_ids), torch.zeros(len(request_ids), 1, dtype=torch.long),
+                        (0,) * len(request_ids))
+
+    def observe(self, verdicts):
+        pass
+
+    def release(self, ids):
+        pass
+
+
+def test_one_tower_pass_feeds_prefill_and_drafter_with_images_of_different_sizes(kit):
+    """The engine's shared tower pass over a batch whose images differ in size (Qwen: 16x16 and 16x24 px) gives
+    each request's drafter context its own images' features, padded only to its own longest image, and leaves the
+    output as plain decoding's."""
+    from specula.runtime.engine import GenerationRequest, SpecEngine
+    from specula.runtime.sampling import SamplingParams
+
+    reqs = [kit.request("a", [3, 4], [0], seed=70), kit.request("b", [2, 5, 1], [1, 0], seed=71),
+            kit.request("c", [4, 2], [1], seed=72)]
+    gen = [GenerationRequest(r.request_id, r.input_ids, r.pixel_values, SamplingParams(max_tokens=6),
+                             image_grid_thw=r.image_grid_thw) for r in reqs]
+    plain = SpecEngine(kit.target(), None, eos_token_ids=[-1]).generate(gen)
+    target, watcher = kit.target(), _Watcher()
+    spec = SpecEngine(target, watcher, gamma=2, eos_token_ids=[-1]).generate(gen)
+    assert {k: v.tokens for k, v in spec.items()} == {k: v.tokens for k, v in plain.items()}
+    for c, r in zip(watcher.contexts, reqs):
+        alone = target.encode_image_variants(r.pixel_values, ("projected", "pre_projector"),
+                                             image_grid_thw=r.image_grid_thw)
+        torch.testing.assert_close(c.visual, alone[0].features)
+        torch.testing.assert_close(c.extra["pre_projector"], alone[1].features)
