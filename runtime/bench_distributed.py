@@ -23,6 +23,7 @@ wire bytes per codec (fp32, fp16, int8, int8+zstd) of the target features a draf
 frames, and of the session traffic measured in the pipelined run. Greedy outputs are checked against plain decoding (``greedy_exact``).
 
     specula bench distributed --quick                 # the shipped target, a few prompts, a few minutes
+    specula bench distributed --pin-cores             # verifier and drafter on a core each, as on two devices
     specula bench distributed --model DIR --drafter ngram --n 4 --max-tokens 32
 """
 
@@ -81,8 +82,11 @@ def _make_drafter(spec: dict, model: str, target=None):
 
 # ------------------------------------------------------------------------------------------- the drafter process
 
-def serve_drafter(spec: dict, model: str, predraft: int = 3) -> None:
-    """Child process: serve ``spec`` on 127.0.0.1 (overlap allowed), print the address, stop when stdin closes."""
+def serve_drafter(spec: dict, model: str, predraft: int = 3, core: int | None = None) -> None:
+    """Child process: serve ``spec`` on 127.0.0.1 (overlap allowed), print the address and the CPU cores it runs on,
+    stop when stdin closes. ``core``: pin this process (every thread it starts) to that CPU core first."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     import torch
 
     torch.set_num_threads(1)
@@ -90,25 +94,28 @@ def serve_drafter(spec: dict, model: str, predraft: int = 3) -> None:
 
     server = DrafterServer(_make_drafter(spec, model), host="127.0.0.1", overlap=True, accept_codecs=CODECS,
                            predraft=predraft)
-    print(f"ADDRESS {server.start()}", flush=True)
+    print(f"ADDRESS {server.start()} {','.join(map(str, sorted(_cores())))}", flush=True)
     sys.stdin.read()  # the parent closes our stdin (or dies): stop
     server.stop(0)
 
 
 class _DrafterProcess:
-    def __init__(self, spec: dict, model: str, timeout_s: float = 300.0, predraft: int = 3) -> None:
+    def __init__(self, spec: dict, model: str, timeout_s: float = 300.0, predraft: int = 3,
+                 core: int | None = None) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        pin = [] if core is None else ["--core", str(core)]
         self.proc = subprocess.Popen([sys.executable, "-m", "specula.runtime.bench_distributed", "--serve-drafter",
-                                      json.dumps(spec), "--model", str(model), "--predraft", str(predraft)],
+                                      json.dumps(spec), "--model", str(model), "--predraft", str(predraft), *pin],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         deadline = time.monotonic() + timeout_s
-        self.address = None
+        self.address, self.cores = None, None
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
                 break
             if line.startswith("ADDRESS "):
-                self.address = line.split()[1]
+                _, self.address, cores = line.split()
+                self.cores = [int(c) for c in cores.split(",")]
                 break
         if self.address is None:
             self.close()
@@ -127,7 +134,26 @@ class _DrafterProcess:
 # ------------------------------------------------------------------------------------------- the run
 
 def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, temperature: float = 0.0,
-        seed: int = 0, log=print, predraft: int = 3) -> dict:
+        seed: int = 0, log=print, predraft: int = 3, pin_cores: bool = False) -> dict:
+    """Every config round robin on the same prompts. ``pin_cores``: the verifier (this thread and every thread it
+    starts here) on one CPU core, the drafter process on another, as on separate devices (needs 2 usable cores;
+    the affinity is restored at the end)."""
+    before = _cores()
+    pinned = sorted(before)[:2] if pin_cores and len(before) >= 2 else None
+    if pinned:
+        os.sched_setaffinity(0, {pinned[0]})
+    try:
+        return _run(model, drafter, gamma, suites, n, max_tokens, temperature, seed, log, predraft, pinned)
+    finally:
+        if pinned:
+            os.sched_setaffinity(0, before)
+
+
+def _cores() -> set[int]:
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def _run(model, drafter, gamma, suites, n, max_tokens, temperature, seed, log, predraft, pinned) -> dict:
     from specula.runtime.bench_spec import _prompts
     from specula.runtime.dataplane import RemoteDrafter
     from specula.runtime.engine import GenerationRequest, SpecEngine
@@ -143,7 +169,8 @@ def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, 
     eos = [processor.tokenizer.eos_token_id]
     prompts = _prompts(processor, suites, n, seed)
     params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
-    child = _DrafterProcess(drafter, str(path), predraft=predraft)
+    child = _DrafterProcess(drafter, str(path), predraft=predraft, core=pinned[1] if pinned else None)
+    cores = {"verifier": sorted(_cores()), "drafter": child.cores, "pinned": bool(pinned)}
     engines = {}
     try:
         engines["plain"] = SpecEngine(target, None, eos_token_ids=eos)
@@ -196,7 +223,8 @@ def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, 
         child.close()
     wire = _wire_bytes(target, prompts[0], gamma)
     return _summarize(dict(model=str(path), drafter=drafter, gamma=gamma, suites=list(suites), n_per_suite=n,
-                           max_tokens=max_tokens, temperature=temperature, predraft=predraft), seconds, rows, wire)
+                           max_tokens=max_tokens, temperature=temperature, predraft=predraft, cores=cores),
+                      seconds, rows, wire)
 
 
 def _wire_bytes(target, prompt, gamma: int) -> dict:
@@ -318,7 +346,8 @@ def render_markdown(r: dict) -> str:
              f"Model `{cfg['model']}`, drafter `{json.dumps(cfg['drafter'])}`, gamma {cfg['gamma']}, "
              f"{cfg['n_per_suite']} prompts per suite ({', '.join(cfg['suites'])}), max_tokens {cfg['max_tokens']}, "
              f"temperature {cfg['temperature']}; {r['machine']['cpu_count']} CPUs, verifier and drafter in separate "
-             "processes with one torch thread each, loopback gRPC. Ratios are measured in this run, round robin.", "",
+             f"processes with one torch thread each, loopback gRPC ({_cores_md(cfg.get('cores'))}). Ratios are "
+             "measured in this run, round robin.", "",
              "| config | tau | speedup vs plain | decode-phase speedup | ideal tau*T_decode/T_verify "
              "| overlap efficiency | greedy == plain |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -366,6 +395,14 @@ def render_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cores_md(cores: dict | None) -> str:
+    if not cores:
+        return "cores not recorded"
+    if cores.get("pinned"):
+        return f"verifier pinned to core {cores['verifier']}, drafter to core {cores['drafter']}"
+    return f"both on cores {cores['verifier']}"
+
+
 def write_report(r: dict, out: str | Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -386,6 +423,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="few prompts, few tokens: a few minutes")
     p.add_argument("--predraft", type=int, default=3,
                    help="blocks drafted per block for the likeliest rejections in the predraft config (default: 3)")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="run the verifier on one CPU core and the drafter process on another (Linux, 2+ cores), as "
+                        "on separate devices; default: both processes share every core")
     p.add_argument("--out", default="reports/bench-distributed", help="output directory for JSON + markdown")
 
 
@@ -401,7 +441,8 @@ def main(args) -> int:
     max_tokens = args.max_tokens if args.max_tokens is not None else (QUICK["max_tokens"] if args.quick else 64)
     if args.predraft < 0:
         raise SystemExit("--predraft must be >= 0")
-    r = run(args.model, drafter, args.gamma, suites, n, max_tokens, args.temperature, predraft=args.predraft)
+    r = run(args.model, drafter, args.gamma, suites, n, max_tokens, args.temperature, predraft=args.predraft,
+            pin_cores=args.pin_cores)
     out = write_report(r, args.out)
     print(render_markdown(r))
     print(f"wrote {out}")
@@ -413,5 +454,6 @@ if __name__ == "__main__":
     ap.add_argument("--serve-drafter", required=True, help="drafter config as JSON")
     ap.add_argument("--model", required=True)
     ap.add_argument("--predraft", type=int, default=3)
+    ap.add_argument("--core", type=int, default=None)
     a = ap.parse_args()
-    serve_drafter(json.loads(a.serve_drafter), a.model, a.predraft)
+    serve_drafter(json.loads(a.serve_drafter), a.model, a.predraft, a.core)

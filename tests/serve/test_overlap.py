@@ -397,6 +397,27 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
     assert (out / "bench_distributed.md").read_text().startswith("# ")
 
 
+def test_bench_distributed_pins_verifier_and_drafter_to_a_core_each(lively, tmp_path):
+    """``--pin-cores`` (in its own process: the pinning must not leak into other tests): the verifier's and the
+    drafter process's CPU affinity are one distinct core each, recorded in the JSON; output still equals plain."""
+    import os
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable cores")
+    out = tmp_path / "pinned"
+    subprocess.run([sys.executable, "-m", "specula.cli", "bench", "distributed", "--model", str(lively), "--drafter",
+                    "ngram", "--suite", "text", "--n", "1", "--max-tokens", "8", "--gamma", "3", "--pin-cores",
+                    "--out", str(out)], check=True, timeout=300, capture_output=True)
+    r = json.loads((out / "bench_distributed.json").read_text())
+    cores = r["config"]["cores"]
+    assert cores["pinned"] and len(cores["verifier"]) == 1 and len(cores["drafter"]) == 1
+    assert cores["verifier"] != cores["drafter"]
+    assert all(r["configs"][n]["greedy_exact"] for n in ("sequential", "pipelined", "predraft", "offers"))
+    assert "pinned to core" in (out / "bench_distributed.md").read_text()
+
+
 def _random_text_lm():
     """A maker of text_lm drafters over one random 2-layer LM (V = 64, token 63 = image) with peaked outputs."""
     torch.manual_seed(0)
