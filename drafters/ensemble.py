@@ -286,17 +286,16 @@ class EnsembleDrafter(TextLMDrafter):
         t0 = time.perf_counter()
         keys = {i: [_image_key(f) for f in feats[i]] if self.caption_cache else [None] * feats[i].shape[0]
                 for i in todo}
-        cached: dict[bytes, list[int]] = {}
-        first: dict[bytes, tuple[int, int]] = {}  # a key decoded in this call -> its (context, image)
-        by_len: dict[int, list[tuple[int, int]]] = {}  # images to decode, by token count
+        known: dict[bytes, list[int]] = {}  # captions of keyed images: from the cache, or decoded in this call
+        by_len: dict[int, list[tuple[int, int]]] = {}  # (context, image) to decode, by token count
         for i in todo:
             for j, key in enumerate(keys[i]):
                 if key is not None and key in self._caption_lru:
                     self._caption_lru.move_to_end(key)
-                    cached[key] = self._caption_lru[key]
-                elif key is None or key not in first:
+                    known[key] = self._caption_lru[key]
+                elif key is None or key not in known:
                     if key is not None:
-                        first[key] = (i, j)
+                        known[key] = []  # placeholder: a repeat of this image in the call reuses its decode
                     by_len.setdefault(feats[i].shape[1], []).append((i, j))
         fresh: dict[tuple[int, int], list[int]] = {}
         for group in by_len.values():
@@ -304,12 +303,11 @@ class EnsembleDrafter(TextLMDrafter):
             for (i, j), cap in zip(group, caps):
                 fresh[i, j] = cap
                 if keys[i][j] is not None:
-                    self._caption_lru[keys[i][j]] = cap
+                    known[keys[i][j]] = self._caption_lru[keys[i][j]] = cap
                     while len(self._caption_lru) > self.caption_cache:
                         self._caption_lru.popitem(last=False)
         for i in todo:
-            out[i] = [fresh[i, j] if (i, j) in fresh else cached[key] if key in cached else fresh[first[key]]
-                      for j, key in enumerate(keys[i])]
+            out[i] = [fresh[i, j] if (i, j) in fresh else known[key] for j, key in enumerate(keys[i])]
         spent = time.perf_counter() - t0
         n_img = sum(feats[i].shape[0] for i in todo)
         for i in todo:  # the batch's time, shared in proportion to each request's images

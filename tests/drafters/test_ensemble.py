@@ -221,14 +221,14 @@ def test_drafting_ahead_equals_drafting_in_one_go(kit):
 
 
 @pytest.mark.parametrize("cache", [256, 1, 0])
-def test_an_image_seen_before_takes_its_caption_from_the_cache(kit, cache):
+def test_an_image_seen_before_takes_its_caption_from_the_cache(kit, cache, monkeypatch):
     """The same image in later requests (a chat re-sends it every turn) is captioned once while it stays in the
     LRU cache of ``caption_cache`` images, and the cached caption is the one the captioner makes; 0 turns it off."""
     target = load_target(kit["target"])
     d = drafter(kit, "caption", caption_cache=cache)
     made = []
     real = d.captioner.caption
-    d.captioner.caption = lambda f, n=None: made.append(f.shape[0]) or real(f, n)
+    monkeypatch.setattr(d.captioner, "caption", lambda f, n=None: made.append(f.shape[0]) or real(f, n))
     a, b = requests(kit, 2, SamplingParams(max_tokens=4), suites=["vqa"])
     fa = target.encode_images(a.pixel_values, "pre_projector").features  # [1, T, D]
     fb = target.encode_images(b.pixel_values, "pre_projector").features
@@ -241,6 +241,12 @@ def test_an_image_seen_before_takes_its_caption_from_the_cache(kit, cache):
     assert made == want, made
     assert d.context("again") == d.context(a.request_id) == d.context("third")
     assert len(d._caption_lru) == min(cache, 2)  # noqa: SLF001
+    if cache:  # the same image twice in one call (not cached yet): decoded once, both get its caption
+        fresh = drafter(kit, "caption", caption_cache=cache)
+        assert fresh.captioner is d.captioner  # the kit's model: its counting wrapper is still in place
+        made.clear()
+        fresh.begin([replace(same, request_id="x"), replace(same, request_id="y")])
+        assert made == [1] and fresh.context("x") == fresh.context("y") == d.context(a.request_id)
     with pytest.raises(ValueError, match="caption_cache"):
         drafter(kit, "caption", caption_cache=-1)
     with pytest.raises(ValueError, match="unknown options"):
