@@ -9,7 +9,9 @@ greedy ensemble); their q is one-hot. Trees work too: a node's children are draw
 replacement, in draw order (the sibling law ``verify_tree`` assumes).
 
 Members (``drafters/ensemble_members.py``): multimodal, text, caption, pooled; from config with weights (equal by
-default). The model is a ``MassvModel`` (``drafters/massv_model.py``: a small Llama + its projector over the target's
+default). Past IbED, each request's weights adapt (``drafters/ensemble_weights.py``, option ``adapt``): the mixture
+leans towards the members that predicted the request's committed tokens best so far (a Bayesian mixture with a
+floor); the configured weights are the prior. The model is a ``MassvModel`` (``drafters/massv_model.py``: a small Llama + its projector over the target's
 vision features); its caption mode is the captioner unless another one is given. ``massv`` (one multimodal
 member), ``pooled`` and ``caption`` are this drafter with one member.
 
@@ -46,6 +48,7 @@ import torch
 from torch import nn
 
 from specula.drafters.ensemble_members import DEFAULT_GRID, Member, member_context, parse_members
+from specula.drafters.ensemble_weights import adapted_weights, check_adapt, committed_logprobs
 from specula.drafters.massv_model import CONFIG_FILE, MassvModel
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
@@ -66,7 +69,9 @@ class EnsembleDrafter(TextLMDrafter):
     ``MassvModel``; default the drafting model); ``caption_max_tokens``; ``caption_cache`` (images whose
     captions are kept for later requests, LRU; default 256, 0 = off); and ``text_lm``'s ``structure``,
     ``branching``, ``depth``, ``seed``, ``image_token_id``, ``kv_policy``, ``device``, ``dtype``,
-    ``attn_implementation``. ``vocab_size`` (if given) must match. Resources: ``target``, ``tokenizer`` (unused)."""
+    ``attn_implementation``. ``vocab_size`` (if given) must match. ``adapt`` (eta, default 1.0; 0 = the fixed
+    weights of the paper) and ``adapt_floor`` (default 0.1): per-request weights from each member's likelihood of
+    the committed tokens (``drafters/ensemble_weights.py``). Resources: ``target``, ``tokenizer`` (unused)."""
 
     KIND = "ensemble"
     DEFAULT_MEMBERS: tuple = ALL_MEMBERS
@@ -74,13 +79,14 @@ class EnsembleDrafter(TextLMDrafter):
     def __init__(self, path: str | Path = "massv", model: nn.Module | None = None, members: Sequence | None = None,
                  weights: Sequence[float] | None = None, grid=DEFAULT_GRID, captioner=None,
                  caption_max_tokens: int | None = None, caption_cache: int = 256, vocab_size: int | None = None,
-                 dtype: str | None = None,
+                 adapt: float = 1.0, adapt_floor: float = 0.1, dtype: str | None = None,
                  attn_implementation: str = "sdpa", image_token_id: int | None = None, device: str | None = None,
                  target=None, tokenizer=None, **options):
         options.update(image_token_id=image_token_id, device=device, target=target, tokenizer=tokenizer)
         kind = self.KIND
         self.members: tuple[Member, ...] = parse_members(
             list(self.DEFAULT_MEMBERS) if members is None else members, weights, grid, where=kind)
+        self.adapt, self.adapt_floor = check_adapt(adapt, adapt_floor, kind)
         if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             raise ValueError(f"{kind}: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
         torch_dtype = getattr(torch, str(dtype)) if dtype is not None else None
@@ -99,6 +105,7 @@ class EnsembleDrafter(TextLMDrafter):
         # the next node drawn once from the request's mixture; rejection branches (``branch``) are not offered:
         # their ranking would need the mixture of every node's member rows, which text_lm's rows do not keep
         self.predraft = False
+        self.keep_tree_logits = self.adapt > 0 and len(self.members) > 1  # ``_learn`` reads every node's row
         if self.massv is not None:
             self.massv.to(self.device, self.dtype)
             if self.massv.config.image_token_id != self.image_token_id:
@@ -132,7 +139,8 @@ class EnsembleDrafter(TextLMDrafter):
         self._caption_lru: OrderedDict[bytes, list[int]] = OrderedDict()  # feature sha256 -> caption tokens
         self.spec = DrafterSpec(kind=kind, structure=self.spec.structure, needs=self._needs())
         self._groups_of: dict[str, list[str]] = {}  # request id -> its cache row keys, member order
-        self._weights_of: dict[str, list[float]] = {}
+        self._weights_of: dict[str, list[float]] = {}  # request id -> configured member weights (the prior)
+        self._loglik_of: dict[str, list[float]] = {}  # request id -> per member, log-lik of the committed tokens
         self._call_groups: list[tuple[int, int, list[float]]] | None = None  # (first row, rows, weights) per request
         self._begin_times: dict[str, dict[str, float]] = {}
 
@@ -171,9 +179,18 @@ class EnsembleDrafter(TextLMDrafter):
                 rows.append((keys[-1], toks, vis))
             groups[c.request_id] = keys
             weights[c.request_id] = [m.weight for m in members] if f is not None else [1.0]
-        self._prefill(rows)
+        last = self._prefill(rows)  # [rows, V]
         self._groups_of.update(groups)
         self._weights_of.update(weights)
+        first_row = 0
+        for c in contexts:  # the first token is the target's: each member's likelihood of it is a free first point
+            n = len(groups[c.request_id])
+            ll = [0.0] * n
+            if n > 1 and self.adapt > 0 and all(len(rows[first_row + j][1]) for j in range(n)):
+                ll = [committed_logprobs([last[first_row + j]], [int(c.first_token)], float(c.temperature) or 1.0,
+                                         self.image_token_id) for j in range(n)]
+            self._loglik_of[c.request_id] = ll
+            first_row += n
         by_id = {c.request_id: (c, self._generator(c)) for c in contexts}  # one generator per request
         for key, toks, _ in rows:
             c, gen = by_id[key.split("\x00")[0]]
@@ -192,7 +209,7 @@ class EnsembleDrafter(TextLMDrafter):
         keys, groups = [], []
         for rid in ids:
             ks = self._keys(rid)
-            groups.append((len(keys), len(ks), self._weights_of[rid]))
+            groups.append((len(keys), len(ks), self.member_weights(rid)))
             keys += ks
         self._call_groups = groups  # extend regroups the rows it grows (``_grouping``)
         try:
@@ -205,14 +222,18 @@ class EnsembleDrafter(TextLMDrafter):
         return Proposal(ids, prop.tokens[first], tuple(prop.counts[g[0]] for g in groups), parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
+        learnt = self._learn(verdicts)
         super().observe([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
+        self._apply(learnt)
 
     def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
         """Draft ``n`` more nodes of each request's outstanding chain (``Lookahead``), every member row in lockstep."""
         return self._per_request(request_ids, "extend", lambda keys: super(EnsembleDrafter, self).extend(keys, n))
 
     def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
+        learnt = self._learn(verdicts)
         super().observe_ahead([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
+        self._apply(learnt)
 
     def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
         for rid, _ in rows:
@@ -229,7 +250,7 @@ class EnsembleDrafter(TextLMDrafter):
                 s, n, w = groups[-1]
                 groups[-1] = (s, n + 1, w)
             else:
-                groups.append((i, 1, self._weights_of[rid]))
+                groups.append((i, 1, self.member_weights(rid)))
         for s, n, w in groups:
             if n != len(w):
                 raise RuntimeError(f"{self.KIND}: request {row_ids[s]!r} drafts ahead with {n} of its {len(w)} "
@@ -241,12 +262,20 @@ class EnsembleDrafter(TextLMDrafter):
         for r in request_ids:
             self._groups_of.pop(r, None)
             self._weights_of.pop(r, None)
+            self._loglik_of.pop(r, None)
             self._begin_times.pop(r, None)
         super().release(keys)
 
     def context(self, request_id: str, member: int = 0) -> list[int]:
         """The committed context of one member row of a request (its prompt form + committed tokens)."""
         return super().context(self._keys(request_id)[member])
+
+    def member_weights(self, request_id: str) -> list[float]:
+        """The weights the request's next draft is mixed with (sum 1; member order; one weight without images)."""
+        prior = self._weights_of.get(request_id)
+        if prior is None:
+            raise ValueError(f"{self.KIND}: unknown request id {request_id!r}")
+        return adapted_weights(prior, self._loglik_of[request_id], self.adapt, self.adapt_floor)
 
     def pop_begin_times(self) -> dict[str, dict[str, float]]:
         """Drafter-side parts of the last ``begin`` calls per request (seconds, e.g. {"caption": 0.02}); cleared."""
@@ -260,6 +289,43 @@ class EnsembleDrafter(TextLMDrafter):
         if keys is None:
             raise ValueError(f"{self.KIND}: unknown request id {request_id!r}")
         return keys
+
+    def _learn(self, verdicts: Sequence[Verdict]) -> dict[str, list[float]]:
+        """Each member's log-likelihood of what each verdict commits (``ensemble_weights``), read from the member
+        rows' outstanding drafts (every node keeps the member's logits it was drawn from). Nothing changes here:
+        ``_apply`` adds it once the verdicts are known to be valid. A verdict that does not fit its draft is left
+        to the base class to refuse."""
+        out: dict[str, list[float]] = {}
+        if self.adapt == 0:
+            return out
+        for v in verdicts:
+            keys = self._groups_of.get(v.request_id)
+            if keys is None or len(keys) < 2:
+                continue
+            path, toks = [int(i) for i in v.accepted], [int(t) for t in v.tokens]
+            gains = []
+            for key in keys:
+                row = self._rows[key]
+                d = row.draft
+                if d is None or len(path) != len(toks) or any(not 0 <= i < len(d.logits) or d.logits[i] is None
+                                                               for i in path):
+                    break  # no draft (a plain step) or a malformed verdict
+                rows = [d.logits[i] for i in path]
+                counted = list(toks)
+                last = path[-1] if path else -1
+                nxt = next((i for i, p in enumerate(d.parents) if p == last and i < len(d.logits)
+                            and d.logits[i] is not None), None)  # a node drawn where the next token lands
+                if nxt is not None:
+                    rows.append(d.logits[nxt])
+                    counted.append(int(v.next_token))
+                gains.append(committed_logprobs(rows, counted, row.temperature or 1.0, self.image_token_id))
+            else:
+                out[v.request_id] = gains
+        return out
+
+    def _apply(self, learnt: dict[str, list[float]]) -> None:
+        for rid, gains in learnt.items():
+            self._loglik_of[rid] = [a + b for a, b in zip(self._loglik_of[rid], gains)]
 
     def _features(self, c: DraftContext) -> torch.Tensor | None:
         """The target features of the request's images [N_img, T, D], or None (no image, or no member reads them)."""
@@ -315,8 +381,9 @@ class EnsembleDrafter(TextLMDrafter):
             self._begin_times.setdefault(rid, {})["caption"] = spent * feats[i].shape[0] / n_img
         return out
 
-    def _prefill(self, rows: list[tuple[str, list[int], torch.Tensor | None]]) -> None:
-        """One forward over every new row's context (input embeddings: the projector's output at image tokens)."""
+    def _prefill(self, rows: list[tuple[str, list[int], torch.Tensor | None]]) -> torch.Tensor:
+        """One forward over every new row's context (input embeddings: the projector's output at image tokens) ->
+        each row's logits after its context [B, V] fp32 (an empty context's row is meaningless)."""
         b, seq = len(rows), max([len(t) for _, t, _ in rows] + [1])  # an empty prompt gets one invalid slot
         tokens = torch.zeros(b, seq, dtype=torch.long)  # [B, L]
         for i, (_, t, _) in enumerate(rows):
@@ -332,9 +399,12 @@ class EnsembleDrafter(TextLMDrafter):
         else:
             embeds = self._body.get_input_embeddings()(tokens)
         cache = self._kv.new_cache()
-        self._body(inputs_embeds=embeds, position_ids=pos.to(self.device), past_key_values=cache, use_cache=True,
-                   attention_mask=attention_mask(allowed[:, None].to(self.device), self._attn, self.dtype))
+        out = self._body(inputs_embeds=embeds, position_ids=pos.to(self.device), past_key_values=cache,
+                         use_cache=True,
+                         attention_mask=attention_mask(allowed[:, None].to(self.device), self._attn, self.dtype))
         self._kv.join(cache, valid.to(self.device))
+        last = out.last_hidden_state[torch.arange(b), (lengths - 1).clamp_min(0).to(self.device)]  # [B, H]
+        return self._head(last).float()  # [B, V]
 
     def _children(self, logits, k: int, temps, greedy, gens):
         """``text_lm``'s children, drawn from each request's mixture (module docstring).

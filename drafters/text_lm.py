@@ -78,7 +78,8 @@ class _Draft:
     closed: bool = False  # the tip found no successor (no mass left): extend adds nothing
     main: int = 0  # chains: nodes 0 .. main-1 are the main chain
     tip: int = -1  # chains: the node extend grows (-1: the last main node)
-    logits: list[torch.Tensor | None] = field(default_factory=list)  # chains: per node [V] fp32, None = a branch's first
+    # per node [V] fp32, None = a branch's first; chains always, trees if the drafter ``keep_tree_logits``
+    logits: list[torch.Tensor | None] = field(default_factory=list)
     ranked: dict[int, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)  # node -> (own, alts)
     opened: set[tuple[int, int]] = field(default_factory=set)  # branch outcomes (k, t) opened so far
     lanes: list[int] | None = None  # chains: the tips ``grow`` feeds (the main chain's, each open branch's)
@@ -145,6 +146,7 @@ class TextLMDrafter:
         self.spec = DrafterSpec(kind="text_lm", structure=structure)
         self.lookahead = structure == "chain"
         self.predraft = self.lookahead  # ``branch``: drafting ahead for rejection outcomes too
+        self.keep_tree_logits = False  # a subclass that reads a tree node's drawing row after the verdict sets it
         if isinstance(branching, int):
             if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
                 raise ValueError(f"text_lm: depth must be an integer >= 1, got {depth!r}")
@@ -249,10 +251,13 @@ class TextLMDrafter:
         parent_ok = torch.ones(bc, 1, dtype=torch.bool)  # [Bc, W_prev]
         chain = self.spec.structure == "chain"
         level_logits = []  # chains: per level [Bc, V], kept for ``branch``'s ranking
+        node_logits = []  # trees, if ``keep_tree_logits``: per level [Bc, W, V], the row each node was drawn from
         for level, k in enumerate(widths):
             kids, probs = self._children(logits, k, temps, greedy, gens)  # [Bc, W_prev, k], [Bc, W_prev, V]
             if chain:
                 level_logits.append(logits[:, 0])
+            elif self.keep_tree_logits:
+                node_logits.append(logits.repeat_interleave(k, dim=1))
             w = kids.shape[1] * k
             kids = kids.reshape(bc, w).cpu()  # [Bc, W] BFS: a node's children contiguous, in draw order
             ok = (kids >= 0) & parent_ok.repeat_interleave(k, dim=1)  # [Bc, W] bool (-1: no mass left)
@@ -276,6 +281,9 @@ class TextLMDrafter:
             q = torch.where(greedy.to(self.device)[:, None, None], one_hot, torch.cat(qs, 1))  # [Bc, N, V]
         parents = torch.tensor(tree.parents, dtype=torch.long).expand(bc, n_nodes)  # [Bc, N]
         cols = torch.where(torch.arange(n_nodes) < fed, draft_start + torch.arange(n_nodes), -1).expand(bc, n_nodes)
+        lg = torch.cat(node_logits, 1) if node_logits else None  # [Bc, N, V] trees: each node's drawing row
+        if lg is not None:
+            lg = _compact(tokens, parents, lg, cols, ok)[2]
         tokens, parents, q, cols, counts = _compact(tokens, parents, q, cols, ok)
         for b, (r, t, p, c, n) in enumerate(zip(rows, tokens.tolist(), parents.tolist(), cols.tolist(), counts)):
             r.draft = _Draft(t[:n], p[:n], c[:n])
@@ -283,6 +291,8 @@ class TextLMDrafter:
                 r.draft.main, r.draft.tip = n, n - 1
                 r.draft.closed = n > 0 and t[n - 1] in self._stop_set  # extend draws nothing after a stop token
                 r.draft.logits = [level_logits[i][b] for i in range(n)]
+            elif lg is not None:
+                r.draft.logits = list(lg[b, :n])
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:

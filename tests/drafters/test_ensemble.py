@@ -12,6 +12,7 @@ one batched forward per draft level; sampled output must follow the target (slow
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import replace
 
 import pytest
@@ -125,37 +126,61 @@ def _contexts(kit, reqs, temperature, feats_of):
             for r in reqs]
 
 
+def _expected_weights(prior: list[float], loglik: list[float], floor: float = 0.1) -> list[float]:
+    """The adapted weights written out (Bayesian posterior over members, mixed with the prior by ``floor``)."""
+    base = [w / sum(prior) for w in prior]
+    post = [b * math.exp(ll - max(loglik)) for b, ll in zip(base, loglik)]
+    return [(1 - floor) * p / sum(post) + floor * b for p, b in zip(post, base)]
+
+
+@pytest.mark.parametrize("adapt", [True, False])
 @pytest.mark.parametrize("structure", ["chain", "tree"])
-def test_q_is_the_weighted_mixture_of_the_members(kit, structure):
-    """Every node's q equals mix_distributions of each member's q over its own context + the node's ancestors."""
+def test_q_is_the_weighted_mixture_of_the_members(kit, structure, adapt):
+    """Every node's q equals mix_distributions of each member's q over its own context + the node's ancestors,
+    with the configured weights (``adapt=0``) or with weights adapted to each member's likelihood of the tokens
+    committed so far, both recomputed here from full forwards of every member's context."""
     target = load_target(kit["target"])
     m = kit["noisy"]
     image = kit["target"].config.image_token_id
     weights = [3.0, 1.0, 1.0, 2.0]
-    d = drafter(kit, structure=structure, branching=[2, 1], weights=weights, grid=3)
+    d = drafter(kit, structure=structure, branching=[2, 1], weights=weights, grid=3, adapt=1.0 if adapt else 0)
     reqs = requests(kit, 2, SamplingParams(), suites=["multi_image", "chart"])
     feats = {r.request_id: target.encode_images(r.pixel_values, "pre_projector").features for r in reqs}
     d.begin(_contexts(kit, reqs, 0.8, lambda r: feats[r.request_id]))
-    for rnd in range(2):
+
+    def member_q(rid, j, member, extra, drop_last=False):
+        f = feats[rid]
+        vis = {"multimodal": f.reshape(-1, f.shape[-1]),
+               "pooled": pool_features(f, (3, 3)).reshape(-1, f.shape[-1])}.get(member.kind)
+        ctx = d.context(rid, j)
+        return _member_logp(m, (ctx[:-1] if drop_last else ctx) + extra, vis, image, 0.8)
+
+    # the first token (7, the target's) is the first point each member is scored on
+    loglik = {rid: [math.log(float(member_q(rid, j, mb, [], drop_last=True)[7])) if adapt else 0.0
+                    for j, mb in enumerate(d.members)] for rid in ("r0", "r1")}
+
+    for rnd in range(3):
         prop = d.propose(["r0", "r1"], gamma=3)
         verdicts = []
         for b, rid in enumerate(["r0", "r1"]):
             toks, _, paths = node_paths(prop, b)
-            f = feats[rid]
+            want_w = _expected_weights(weights, loglik[rid]) if adapt else weights
+            torch.testing.assert_close(torch.tensor(d.member_weights(rid)),
+                                       torch.tensor(want_w) / sum(want_w), atol=1e-6, rtol=1e-5)
             for i, path in enumerate(paths):
-                qs = []
-                for j, member in enumerate(d.members):
-                    ctx = d.context(rid, j)
-                    vis = {"multimodal": f.reshape(-1, f.shape[-1]),
-                           "pooled": pool_features(f, (3, 3)).reshape(-1, f.shape[-1])}.get(member.kind)
-                    qs.append(_member_logp(m, ctx + [toks[k] for k in path], vis, image, 0.8))
-                want = mix_distributions(qs, weights)
+                qs = [member_q(rid, j, member, [toks[k] for k in path]) for j, member in enumerate(d.members)]
+                want = mix_distributions(qs, want_w)
                 torch.testing.assert_close(prop.q[b, i], want, atol=2e-5, rtol=1e-4)
-            verdicts.append(Verdict(rid, tuple(path[:1]) if rnd else (), tuple(toks[k] for k in path[:1])
-                                    if rnd else (), 11))
+            kept = [toks[k] for k in path[:rnd % 2]]  # nothing accepted, then the first node, ...
+            for j, member in enumerate(d.members):  # each committed token (and the next one) under each member
+                for n, t in enumerate(kept + [11]):
+                    loglik[rid][j] += math.log(float(member_q(rid, j, member, kept[:n])[t]))
+            verdicts.append(Verdict(rid, tuple(path[:rnd % 2]), tuple(kept), 11))
         d.observe(verdicts)
-    # the members really differ: the mixture is not any one of them
+    # the members really differ: the mixture is not any one of them, and the weights moved
     assert len({len(d.context("r0", j)) for j in range(4)}) == 4
+    assert (max(loglik["r0"]) - min(loglik["r0"]) > 0.1) and (d.member_weights("r0") != [w / 7 for w in weights]) \
+        == adapt
 
 
 def test_member_rows_run_as_one_batched_forward(kit):
@@ -186,11 +211,12 @@ def test_drafting_ahead_equals_drafting_in_one_go(kit):
     """``extend`` grows every request's chain from its mixture with all member rows in lockstep: gamma + n nodes
     drafted as propose(gamma) then extend(n) are the nodes (and the q) of one propose(gamma + n); after
     ``observe_ahead`` (a prefix accepted, the target's token = the next node) the rest stays the outstanding chain,
-    and drafting on from it equals a drafter that observed the same verdict and proposed afresh."""
+    and drafting on from it equals a drafter that observed the same verdict and proposed afresh (with fixed
+    weights: adapted ones move at the verdict, after the nodes drafted ahead were drawn)."""
     target = load_target(kit["target"])
     feats = lambda r: target.encode_images(r.pixel_values, "pre_projector").features  # noqa: E731
     reqs = requests(kit, 3, SamplingParams(), suites=["vqa", "text", "multi_image"])
-    ahead, once = drafter(kit, grid=3), drafter(kit, grid=3)
+    ahead, once = drafter(kit, grid=3, adapt=0), drafter(kit, grid=3, adapt=0)
     assert supports_lookahead(ahead) and not supports_predraft(ahead)
     ids = [r.request_id for r in reqs]
     for temperature in (0.0, 1.0):
@@ -218,6 +244,30 @@ def test_drafting_ahead_equals_drafting_in_one_go(kit):
         assert ahead.branch([(rid, 1) for rid in ids]) == [None] * 3
         for d in (ahead, once):
             d.release(ids)
+
+
+def test_weights_learnt_from_a_block_drafted_ahead_equal_those_of_a_plain_verdict(kit):
+    """``observe_ahead`` learns from a verdict on a chain grown by ``extend`` exactly what ``observe`` learns from
+    the same verdict on one proposal of the same nodes; a member the tokens favour gains weight."""
+    target = load_target(kit["target"])
+    feats = lambda r: target.encode_images(r.pixel_values, "pre_projector").features  # noqa: E731
+    reqs = requests(kit, 2, SamplingParams(), suites=["caption", "multi_image"])
+    ids = [r.request_id for r in reqs]
+    ahead, once = drafter(kit, grid=3), drafter(kit, grid=3)
+    for d in (ahead, once):
+        d.begin(_contexts(kit, reqs, 0.0, feats))
+    ahead.propose(ids, gamma=2)
+    ahead.extend(ids, 3)
+    chain = once.propose(ids, gamma=5).tokens.tolist()
+    verdicts = [Verdict(rid, (0, 1), tuple(chain[i][:2]), chain[i][2]) for i, rid in enumerate(ids)]
+    ahead.observe_ahead(verdicts)
+    once.observe(verdicts)
+    for rid in ids:
+        got, want = ahead.member_weights(rid), once.member_weights(rid)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=1e-4)
+        assert got != [0.25] * 4 and abs(sum(got) - 1) < 1e-6
+    with pytest.raises(ValueError, match="unknown request"):
+        ahead.member_weights("nobody")
 
 
 @pytest.mark.parametrize("cache", [256, 1, 0])
@@ -318,6 +368,9 @@ def test_bad_config_and_missing_features_are_refused(kit):
         ("massv", {"vocab_size": 10}, "vocabulary"),
         ("ensemble", {"caption_max_tokens": 0}, "caption_max_tokens"),
         ("massv", {"structure": "graph"}, "structure"),
+        ("ensemble", {"adapt": -1}, "adapt must"),
+        ("ensemble", {"adapt": True}, "adapt must"),
+        ("ensemble", {"adapt_floor": 1.5}, "adapt_floor"),
     ]:
         with pytest.raises(ValueError, match=match):
             drafter(kit, kind, **opts)
