@@ -15,6 +15,10 @@ temperatures (``temperatures``, sample i at temperatures[i % n]; 0 = greedy), "d
 full response distribution"; the drafter (projector + LM) fine-tunes on those answers: eq. 2, CE on the target's
 tokens. ``sdvit_total`` samples, ``sdvit_lr``. Ablation ``sdvit=False`` ("MASSV w/o SDViT", Appendix C): the same
 phase on the world's reference answers to the same prompts (vanilla visual instruction tuning).
+Every ``text_every``-th phase-2 sample (0 = none) is instead the target's answer to a text-only conversation (the
+world's ``text`` training split, ``data_samples // text_every`` of them, sampled the same way; reference answers in
+the ablation): SDViT on visual instructions alone makes the LM forget plain text, which the ensemble's text member
+and text-only requests need (not in the paper: its drafter keeps a text-only teacher's weights).
 Every ``pool_every``-th phase-2 sample reads its images average-pooled (grids ``pool_grids`` in turn), IbED's
 "fine-tuned through pooling", so one model serves the ``pooled`` member too (0 = never).
 
@@ -75,6 +79,7 @@ class MassvTrainConfig:
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)  # the target's sampling temperatures, in turn
     top_p: float = 0.9
     pool_every: int = 4  # every n-th phase-2 sample reads pooled features (0 = never)
+    text_every: int = 0  # every n-th phase-2 sample is a text-only conversation (0 = never)
     pool_grids: tuple[int, ...] = (6, 3, 1)
     data_start: int = 3_000_000  # first training-stream index (apart from the target's and other recipes')
     eval_samples: int = 64
@@ -100,7 +105,7 @@ class MassvTrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"MassvTrainConfig.{name} must be an integer >= 1, got {v!r}")
-        for name in ("data_start", "eval_samples", "warmup_samples", "seed", "pool_every"):
+        for name in ("data_start", "eval_samples", "warmup_samples", "seed", "pool_every", "text_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"MassvTrainConfig.{name} must be an integer >= 0, got {v!r}")
@@ -124,6 +129,11 @@ class MassvTrainConfig:
         if not 0 <= self.weight_decay:
             raise ValueError(f"MassvTrainConfig.weight_decay must be >= 0, got {self.weight_decay!r}")
 
+    @property
+    def text_samples(self) -> int:
+        """Text-only conversations answered for phase 2 (``text_every``)."""
+        return max(self.data_samples // self.text_every, 1) if self.text_every else 0
+
     def data_key(self) -> dict:
         """What defines the cached answers besides the target's weights."""
         return {"target": self.target, "temperatures": list(self.temperatures), "top_p": self.top_p}
@@ -131,7 +141,7 @@ class MassvTrainConfig:
     def resume_key(self) -> dict:
         """What a checkpoint must share with a run that resumes it (the sample order and the model depend on it)."""
         keys = ("init_lm", "arch", "feature", "pretrain_total", "data_samples", "sdvit_total", "sdvit", "pool_every",
-                "pool_grids", "data_start", "seed")
+                "pool_grids", "data_start", "seed", "text_every")
         return {k: (list(v) if isinstance(v := getattr(self, k), tuple) else v) for k in keys}
 
 
@@ -166,15 +176,17 @@ def reference_answer(processor, sample) -> tuple[torch.Tensor, torch.Tensor | No
 
 
 @torch.no_grad()
-def sampled_answers(target, processor, indices: list[int], cfg: MassvTrainConfig) -> list[Answer]:
-    """The target's answers to "vision" prompts ``indices``, sampled (top-p) at ``cfg.temperatures`` in turn, via the
-    engine's plain decoding (seeded per prompt: a rerun makes the same answers)."""
+def sampled_answers(target, processor, indices: list[int], cfg: MassvTrainConfig, split: str = "vision"
+                    ) -> list[Answer]:
+    """The target's answers to ``split`` prompts ``indices`` ("vision" or "text"), sampled (top-p) at
+    ``cfg.temperatures`` in turn, via the engine's plain decoding (seeded per prompt: a rerun makes the same
+    answers)."""
     from specula.runtime.engine import GenerationRequest, SpecEngine
     from specula.runtime.sampling import SamplingParams
 
     eos = [processor.tokenizer.eos_token_id]
     engine = SpecEngine(target, None, eos_token_ids=eos)
-    encoded = {i: encode(processor, world_sample("vision", i, cfg.seed)) for i in indices}
+    encoded = {i: encode(processor, world_sample(split, i, cfg.seed)) for i in indices}
     out = []
     for g in range(0, len(indices), cfg.gen_batch):
         reqs = []
@@ -184,7 +196,7 @@ def sampled_answers(target, processor, indices: list[int], cfg: MassvTrainConfig
                                     max_tokens=cfg.max_new_tokens)
             reqs.append(GenerationRequest(f"v{i}", encoded[i][0], encoded[i][1], params))
         res = engine.generate(reqs)
-        out += [Answer("vision", i, encoded[i][0], torch.tensor(res[f"v{i}"].tokens, dtype=torch.long))
+        out += [Answer(split, i, encoded[i][0], torch.tensor(res[f"v{i}"].tokens, dtype=torch.long))
                 for i in indices[g:g + cfg.gen_batch]]
     return out
 
@@ -213,6 +225,16 @@ def make_sdvit_data(folder: Path, target, processor, cfg: MassvTrainConfig, fing
         n = min(cfg.chunk, cfg.data_samples - s)
         answers = sampled_answers(target, processor, list(range(cfg.data_start + s, cfg.data_start + s + n)), cfg)
         write_answers(folder / f"vision-{s:08d}.safetensors", answers, key)
+        bar.update(n)
+    bar.close()
+    todo, done = chunks_to_make(folder, "text", cfg.text_samples, cfg.chunk) if cfg.text_samples else ([], 0)
+    bar = tqdm(total=cfg.text_samples, initial=done, unit="sample", desc="massv data (text)", mininterval=5.0,
+               disable=not todo)
+    for s in todo:
+        n = min(cfg.chunk, cfg.text_samples - s)
+        answers = sampled_answers(target, processor, list(range(cfg.data_start + s, cfg.data_start + s + n)), cfg,
+                                  split="text")
+        write_answers(folder / f"text-{s:08d}.safetensors", answers, key)
         bar.update(n)
     bar.close()
     return folder
@@ -369,6 +391,7 @@ def train(cfg: MassvTrainConfig, log=print, stop_at: int | None = None) -> Path:
     fingerprint = target_fingerprint(target_dir)
     data_dir = make_sdvit_data(run / "data", target, processor, cfg, fingerprint, log)
     sdvit = load_answers(data_dir, "vision", cfg.data_samples) if cfg.sdvit else []
+    texts = load_answers(data_dir, "text", cfg.text_samples) if cfg.sdvit and cfg.text_samples else []
     held_out = load_answers(data_dir / "eval", "eval", cfg.eval_samples) if cfg.eval_samples else []
     model = build(cfg, target, tok)
     total = cfg.pretrain_total + cfg.sdvit_total
@@ -400,12 +423,19 @@ def train(cfg: MassvTrainConfig, log=print, stop_at: int | None = None) -> Path:
         f"{'the target' if cfg.sdvit else 'the world (w/o SDViT)'}'s answers to {cfg.data_samples} prompts")
 
     orders: dict = {}
+    text_orders: dict = {}
 
     def pick(j: int) -> Item:
         if phase_of(j, cfg) == 1:
             ids, pix, ref = reference_answer(processor, caption_sample(cfg.data_start + j, cfg.seed))
             return Item(ids, ref, pix)
         k = j - cfg.pretrain_total
+        if cfg.text_every and k % cfg.text_every == cfg.text_every - 1:  # a text-only conversation
+            i = epoch_order(k // cfg.text_every, cfg.text_samples, cfg.seed + 1, text_orders)
+            if cfg.sdvit:
+                return Item(texts[i].prompt, texts[i].response, None)
+            ids, _, ref = reference_answer(processor, world_sample("text", cfg.data_start + i, cfg.seed))
+            return Item(ids, ref, None)
         i = epoch_order(k, cfg.data_samples, cfg.seed, orders)
         grid = cfg.pool_grids[(k // cfg.pool_every) % len(cfg.pool_grids)] \
             if cfg.pool_every and k % cfg.pool_every == cfg.pool_every - 1 else None
@@ -528,6 +558,7 @@ def train_massv_cli(args) -> int:
                            init_lm=None if str(args.init_lm).lower() == "none" else args.init_lm, arch=args.arch,
                            feature=args.feature, pretrain_total=args.pretrain_samples, data_samples=args.data_samples,
                            sdvit_total=args.samples, max_new_tokens=args.max_new_tokens, sdvit=not args.no_sdvit,
+                           text_every=args.text_every,
                            seed=args.seed, threads=args.threads, device=args.device, ckpt_every_s=args.ckpt_every,
                            eval_every_s=args.eval_every)
     ckpt = train(cfg)

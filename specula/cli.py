@@ -325,6 +325,9 @@ def _add_train(sub) -> None:
     mv.add_argument("--feature", default="pre_projector", choices=["pre_projector", "projected"],
                     help="which target features the projector reads (default: pre_projector, as MASSV)")
     mv.add_argument("--no-sdvit", action="store_true", help="ablation: phase 2 on the world's reference answers")
+    mv.add_argument("--text-every", type=int, default=0,
+                    help="every n-th phase-2 sample is the target's answer to a text-only conversation (data_samples "
+                         "/ n of them), so the LM keeps plain text (default: 0 = none)")
     mv.set_defaults(func=lambda a: __import__("specula.drafters.train_massv", fromlist=["x"]).train_massv_cli(a))
 
     f = tsub.add_parser("flash", help="train the FLASH head: latent visual compression + a k-token semi-autoregressive "
