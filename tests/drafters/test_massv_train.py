@@ -104,6 +104,33 @@ def test_without_sdvit_trains_on_reference_answers(tmp_path, target_dir, monkeyp
         train(small(tmp_path, target_dir, sdvit=True, pretrain_total=8, sdvit_total=8), log=lambda m: None)
 
 
+def test_text_every_mixes_the_targets_answers_to_text_conversations(tmp_path, target_dir, monkeypatch):
+    """``text_every``: data_samples // n text-only conversations answered by the target (greedy ones equal plain
+    decoding) and every n-th phase-2 sample is one of them (no image); the others keep their images."""
+    seen = []
+    real = tm.losses
+    monkeypatch.setattr(tm, "losses", lambda model, target, items, *a: seen.extend(items) or real(model, target, items,
+                                                                                                 *a))
+    cfg = small(tmp_path, target_dir, text_every=2, pretrain_total=4, sdvit_total=8, eval_every_s=1e9)
+    assert cfg.text_samples == 4
+    train(cfg, log=lambda m: None)
+    texts = load_answers(tmp_path / "run" / "data", "text", 4)
+    processor = load_processor(TOKENIZER_DIR)
+    image = load_target(target_dir).info.image_token_id
+    assert all(a.split == "text" and not (a.prompt == image).any() for a in texts)
+    greedy = next(a for a in texts if cfg.temperatures[a.index % 3] == 0)
+    from specula.targets import PrefillRequest
+    ref = load_target(target_dir).generate_plain([PrefillRequest("g", greedy.prompt, None)], 8,
+                                                  [processor.tokenizer.eos_token_id])[0]
+    assert greedy.response.tolist() == ref
+    assert len(seen) == 12  # 4 caption samples, then 8 of phase 2 (batched by length, not in order)
+    prompts = {tuple(a.prompt.tolist()) for a in texts}
+    no_image = [it for it in seen if it.pixel_values is None]
+    assert len(no_image) == 4 and all(tuple(it.prompt.tolist()) in prompts for it in no_image)
+    with pytest.raises(ValueError, match="text_every"):
+        small(tmp_path, target_dir, text_every=-1)
+
+
 def test_reference_answers_follow_the_chat_template():
     processor = load_processor(TOKENIZER_DIR)
     s = generate("caption", "train", 3)
