@@ -537,7 +537,8 @@ def export_massv(ckpt: Path, out: Path = MASSV_DIR, tokenizer_dir: Path | str = 
             "image_token_id": model.config.image_token_id, "feature": model.config.feature,
             "target": c["target"], "target_sha256": state["target_sha256"], "init_lm": c["init_lm"],
             "sdvit": c["sdvit"], "pretrain_samples": c["pretrain_total"], "sdvit_samples": c["sdvit_total"],
-            "data_samples": c["data_samples"], "trained_samples": state["samples"],
+            "data_samples": c["data_samples"], "text_every": c.get("text_every", 0),
+            "trained_samples": state["samples"],
             "train_minutes": round(state["elapsed_s"] / 60, 1), "eval_tau_g4": last.get("eval_tau_g4"),
             "eval_tau_g4_text": last.get("eval_tau_g4_text"), "history": state["history"],
             "storage_dtype": "float16"}

@@ -75,14 +75,15 @@ DRAFTERS = (  # in dependency order: massv starts from text_lm; flash / aasd / t
     DrafterStep("msd", ("--data-samples", "2000", "--text-samples", "1500", "--samples", "12000")),
     DrafterStep("flash", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "14000")),
     DrafterStep("aasd", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "16000")),
-    DrafterStep("massv", ("--init-lm", "{zoo}/text_lm", "--data-samples", "2500", "--pretrain-samples", "6000",
-                          "--samples", "16000")),
+    DrafterStep("massv", ("--init-lm", "{zoo}/text_lm", "--data-samples", "4000", "--pretrain-samples", "6000",
+                          "--samples", "32000", "--text-every", "5")),
     DrafterStep("msd-no-decouple", ("--no-decouple", "--data-dir", "{run}/msd/data", "--data-samples", "2000",
                                     "--text-samples", "1500", "--samples", "12000"), kind="msd"),
     DrafterStep("msd-no-stage1", ("--no-stage1", "--data-dir", "{run}/msd/data", "--data-samples", "2000",
                                   "--text-samples", "1500", "--samples", "12000"), kind="msd"),
-    DrafterStep("massv-no-sdvit", ("--no-sdvit", "--init-lm", "{zoo}/text_lm", "--data-samples", "2500",
-                                   "--pretrain-samples", "6000", "--samples", "16000"), kind="massv"),
+    DrafterStep("massv-no-sdvit", ("--no-sdvit", "--init-lm", "{zoo}/text_lm", "--data-samples", "4000",
+                                   "--pretrain-samples", "6000", "--samples", "32000", "--text-every", "5"),
+                kind="massv"),
 )
 _COUNT_FLAGS = {"--data-samples", "--text-samples", "--samples", "--pretrain-samples"}
 
