@@ -50,6 +50,7 @@ from torch import nn
 from specula.drafters.ensemble_members import DEFAULT_GRID, Member, member_context, parse_members
 from specula.drafters.ensemble_weights import adapted_weights, check_adapt, committed_logprobs
 from specula.drafters.massv_model import CONFIG_FILE, MassvModel
+from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registry import register
 from specula.drafters.text_lm import TextLMDrafter, _Row
@@ -101,10 +102,9 @@ class EnsembleDrafter(TextLMDrafter):
             if own is not None:
                 options["image_token_id"] = own
         super().__init__(model=lm, dtype=dtype, **options)
-        # drafting ahead (chains): ``extend`` / ``observe_ahead`` run text_lm's on every member row of a request,
-        # the next node drawn once from the request's mixture; rejection branches (``branch``) are not offered:
-        # their ranking would need the mixture of every node's member rows, which text_lm's rows do not keep
-        self.predraft = False
+        # drafting ahead (chains): ``extend`` / ``observe_ahead`` / ``branch`` / ``grow`` run text_lm's on every
+        # member row of a request, each next node drawn once from the request's mixture; a rejection outcome is
+        # ranked by the mixture of the members' rows at its node (every member row keeps its own per node)
         self.keep_tree_logits = self.adapt > 0 and len(self.members) > 1  # ``_learn`` reads every node's row
         if self.massv is not None:
             self.massv.to(self.device, self.dtype)
@@ -236,9 +236,81 @@ class EnsembleDrafter(TextLMDrafter):
         self._apply(learnt)
 
     def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
+        """text_lm's ``branch``, ranked by each request's mixture (at the weights of now: the ranking only picks
+        which outcome to draft for) and opened on every member row of the request alike."""
+        rows = [(rid, int(last)) for rid, last in rows]
         for rid, _ in rows:
             self._keys(rid)
-        return [None] * len(rows)  # no rejection branches (``__init__``)
+        out: list[tuple[int, int] | None] = []
+        for rid, last in rows:
+            members = [self._rows[k] for k in self._keys(rid)]
+            d = members[0].draft
+            best = None
+            if self.predraft and d is not None:
+                temp, w = members[0].temperature or 1.0, self.member_weights(rid)
+                best = best_outcome(lambda k: self._mixed_rank(members, k, temp, w), min(last, d.main - 1),
+                                    d.opened)
+            if best is not None:
+                for r in members:
+                    self._open_branch(r.draft, *best)
+            out.append(best)
+        return out
+
+    def grow(self, request_ids: Sequence[str]) -> list[list[tuple[tuple[int, int] | None, int, torch.Tensor | None]]]:
+        """text_lm's ``grow`` over every member row of each request (one forward), each lane's next node drawn once
+        from the request's mixture (``_grow_children``); one list per request."""
+        ids = tuple(request_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{self.KIND}.grow: duplicate request ids {list(ids)}")
+        keys, first = [], []
+        for rid in ids:
+            first.append(len(keys))
+            keys += self._keys(rid)
+        out = super().grow(keys)
+        return [out[i] for i in first]
+
+    def _mixed_rank(self, members: list[_Row], k: int, temperature: float, weights: list[float]
+                    ) -> tuple[float, list[tuple[int, float]]]:
+        """Main node k's ``outcomes.node_rank`` under the mixture of the members' rows at k (cached on the first
+        member row's draft). A branch's first node ranks as (1, [])."""
+        d = members[0].draft
+        if k not in d.ranked:
+            rows = [r.draft.logits[k] for r in members]
+            if rows[0] is None:
+                d.ranked[k] = (1.0, [])
+            else:
+                lg = torch.stack(rows).float()  # [M, V]
+                lg[:, self.image_token_id] = float("-inf")
+                mixed = mix_distributions(torch.softmax(lg / temperature, dim=-1), weights)  # [V]
+                # node_rank takes logits: temperature * log(mixture) gives back the mixture under its softmax
+                d.ranked[k] = node_rank(temperature * torch.log(mixed), d.tokens[k], temperature, self.image_token_id)
+        return d.ranked[k]
+
+    def _grow_children(self, row_ids: Sequence[str], rows: list[_Row], logits: torch.Tensor, widths: list[int]
+                       ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``grow``'s draws per request: its member rows (contiguous, the same lanes) draw each lane's next node
+        once from the request's mixture (``_children``) and all get the same tokens and q."""
+        out: list = [None] * len(rows)
+        j = 0
+        while j < len(rows):
+            rid = row_ids[j].split("\x00")[0]
+            e = j
+            while e < len(rows) and row_ids[e].split("\x00")[0] == rid:
+                e += 1
+            n = widths[j]
+            if any(widths[x] != n for x in range(j, e)):
+                raise RuntimeError(f"{self.KIND}: request {rid!r}'s member rows grow different lanes")
+            self._grouping(row_ids[j:e])
+            try:
+                kids, probs = self._children(
+                    logits[j:e, :n], 1, torch.tensor([r.temperature or 1.0 for r in rows[j:e]], device=self.device),
+                    torch.tensor([r.temperature == 0 for r in rows[j:e]]), [r.generator for r in rows[j:e]])
+            finally:
+                self._call_groups = None
+            for x in range(j, e):
+                out[x] = (kids[x - j, :, 0], probs[x - j] if probs is not None else None)
+            j = e
+        return out
 
     def _grouping(self, row_ids: Sequence[str]) -> None:
         """``extend``'s rows -> ``_call_groups``: a request's member rows are contiguous and grow together (they

@@ -420,21 +420,22 @@ class TextLMDrafter:
                 temp = row.temperature or 1.0
                 best = best_outcome(lambda k: _node_rank(d, k, temp, self.image_token_id), min(last, d.main - 1),
                                     d.opened)
-            if best is None:
-                out.append(None)
-                continue
-            k, t = best
-            lanes = _lanes(d)  # before ``closed`` below stops meaning the main chain's
-            d.opened.add((k, t))
-            d.tokens.append(t)
-            d.parents.append(k - 1)
-            d.cols.append(-1)
-            d.logits.append(None)
-            d.tip, d.closed = len(d.tokens) - 1, t in self._stop_set  # a stop token has no successor to draft
-            if not d.closed:
-                lanes.append(d.tip)
-            out.append((k, t))
+            if best is not None:
+                self._open_branch(d, *best)
+            out.append(best)
         return out
+
+    def _open_branch(self, d: _Draft, k: int, t: int) -> None:
+        """Open rejection outcome (k, t) on a draft: its first node, token t after main node k - 1."""
+        lanes = _lanes(d)  # before ``closed`` below stops meaning the main chain's
+        d.opened.add((k, t))
+        d.tokens.append(t)
+        d.parents.append(k - 1)
+        d.cols.append(-1)
+        d.logits.append(None)
+        d.tip, d.closed = len(d.tokens) - 1, t in self._stop_set  # a stop token has no successor to draft
+        if not d.closed:
+            lanes.append(d.tip)
 
     @torch.no_grad()
     def grow(self, request_ids: Sequence[str]) -> list[list[tuple[tuple[int, int] | None, int, torch.Tensor | None]]]:
@@ -458,16 +459,15 @@ class TextLMDrafter:
         sub = [rows[i] for i in grow]
         sel = torch.tensor([index[ids[i]] for i in grow], dtype=torch.long)  # [Bc] cache rows
         logits = self._feed_lanes(sub, sel, [lanes[i] for i in grow])  # [Bc, W, V]
+        drawn = self._grow_children([ids[i] for i in grow], sub, logits, [len(lanes[i]) for i in grow])
         for j, i in enumerate(grow):
-            d, row, n = sub[j].draft, sub[j], len(lanes[i])
-            # per row, over its own lanes only: a seeded row consumes the same draws alone or batched
-            kids, probs = self._children(logits[j:j + 1, :n], 1, torch.tensor([row.temperature or 1.0],
-                                         device=self.device), torch.tensor([row.temperature == 0]), [row.generator])
+            d, row = sub[j].draft, sub[j]
+            kids, probs = drawn[j]
             main_tip = d.main - 1
             new = []  # (lane tip, token, q): the main chain's last, since inserting it renumbers the branches
             for w, tip in enumerate(lanes[i]):
-                t = int(kids[0, w, 0])  # -1 = no mass left
-                q = None if probs is None or row.temperature == 0 else probs[0, w]
+                t = int(kids[w])  # -1 = no mass left
+                q = None if probs is None or row.temperature == 0 else probs[w]
                 new.append((tip, t, q, logits[j, w]))
             new.sort(key=lambda x: x[0] == main_tip)
             d.lanes = []
@@ -487,6 +487,18 @@ class TextLMDrafter:
                     out[i].append(((d.parents[first] + 1, d.tokens[first]), int(t), q))
                 if int(t) not in self._stop_set:  # a stop token ends its lane
                     d.lanes.append(node)
+        return out
+
+    def _grow_children(self, row_ids: Sequence[str], rows: list[_Row], logits: torch.Tensor, widths: list[int]
+                       ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``grow``'s draws: logits [Bc, W, V] over the rows' lanes (row j's first ``widths[j]``) -> per row (tokens
+        [W_j] int64, -1 = no mass left; probs [W_j, V] the law each was drawn from, or None if greedy). Per row, over
+        its own lanes only: a seeded row consumes the same draws alone or batched."""
+        out = []
+        for j, (row, n) in enumerate(zip(rows, widths)):
+            kids, probs = self._children(logits[j:j + 1, :n], 1, torch.tensor([row.temperature or 1.0],
+                                         device=self.device), torch.tensor([row.temperature == 0]), [row.generator])
+            out.append((kids[0, :, 0], probs[0] if probs is not None else None))
         return out
 
     def release(self, request_ids: Sequence[str]) -> None:

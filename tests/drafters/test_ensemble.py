@@ -217,7 +217,7 @@ def test_drafting_ahead_equals_drafting_in_one_go(kit):
     feats = lambda r: target.encode_images(r.pixel_values, "pre_projector").features  # noqa: E731
     reqs = requests(kit, 3, SamplingParams(), suites=["vqa", "text", "multi_image"])
     ahead, once = drafter(kit, grid=3, adapt=0), drafter(kit, grid=3, adapt=0)
-    assert supports_lookahead(ahead) and not supports_predraft(ahead)
+    assert supports_lookahead(ahead) and supports_predraft(ahead)
     ids = [r.request_id for r in reqs]
     for temperature in (0.0, 1.0):
         for d in (ahead, once):
@@ -241,7 +241,6 @@ def test_drafting_ahead_equals_drafting_in_one_go(kit):
                    for j in range(len(ahead._groups_of[rid])))
         with pytest.raises(ValueError, match="unknown request"):
             ahead.branch([("nobody", 0)])
-        assert ahead.branch([(rid, 1) for rid in ids]) == [None] * 3
         for d in (ahead, once):
             d.release(ids)
 
@@ -268,6 +267,62 @@ def test_weights_learnt_from_a_block_drafted_ahead_equal_those_of_a_plain_verdic
         assert got != [0.25] * 4 and abs(sum(got) - 1) < 1e-6
     with pytest.raises(ValueError, match="unknown request"):
         ahead.member_weights("nobody")
+
+
+@pytest.mark.parametrize("temperature", [0.8, 0.0])
+def test_rejection_branches_draw_from_the_mixture_and_a_matching_verdict_adopts_one(kit, temperature):
+    """Predraft for the ensemble: ``branch`` opens the same rejection outcome (k, t) on every member row of a
+    request, ``grow`` draws each lane's next node once from the request's mixture (every member row gets it), and
+    each node's q is the mixture of the members' distributions over their own contexts + the lane's prefix,
+    recomputed here by full forwards (greedy: the mixture's argmax); a verdict landing on a branch adopts its
+    nodes in every member row."""
+    target = load_target(kit["target"])
+    m = kit["noisy"]
+    image = kit["target"].config.image_token_id
+    d = drafter(kit, grid=3)
+    reqs = requests(kit, 2, SamplingParams(), suites=["caption", "multi_image"])
+    feats = {r.request_id: target.encode_images(r.pixel_values, "pre_projector").features for r in reqs}
+    d.begin(_contexts(kit, reqs, temperature, lambda r: feats[r.request_id]))
+    ids = ["r0", "r1"]
+
+    def mixture(rid, prefix):
+        f = feats[rid]
+        qs = []
+        for j, member in enumerate(d.members):
+            vis = {"multimodal": f.reshape(-1, f.shape[-1]),
+                   "pooled": pool_features(f, (3, 3)).reshape(-1, f.shape[-1])}.get(member.kind)
+            qs.append(_member_logp(m, d.context(rid, j) + prefix, vis, image, temperature or 1.0))
+        return mix_distributions(qs, d.member_weights(rid))
+
+    prop = d.propose(ids, gamma=3)
+    chains = {rid: prop.tokens[b, : prop.counts[b]].tolist() for b, rid in enumerate(ids)}
+    opened = d.branch([(rid, 2) for rid in ids])
+    for rid, o in zip(ids, opened):
+        assert o is not None and 0 <= o[0] <= 2 and o[1] != chains[rid][o[0]]
+    lanes = {rid: {None: list(chains[rid]), o: chains[rid][: o[0]] + [o[1]]} for rid, o in zip(ids, opened)}
+    for _ in range(2):
+        for rid, nodes in zip(ids, d.grow(ids)):
+            assert nodes and {o for o, _, _ in nodes} <= set(lanes[rid])
+            for outcome, tok, q in nodes:
+                want = mixture(rid, lanes[rid][outcome])
+                if temperature > 0:
+                    torch.testing.assert_close(q, want, atol=2e-5, rtol=1e-4)
+                else:
+                    assert q is None and tok == int(want.argmax())
+                lanes[rid][outcome].append(tok)
+        for rid in ids:  # every member row holds the same drafts
+            drafts = [(d._rows[k].draft.tokens, d._rows[k].draft.parents) for k in d._groups_of[rid]]
+            assert all(x == drafts[0] for x in drafts)
+    k, t = opened[0]
+    before = [d.context("r0", j) for j in range(4)]
+    d.observe_ahead([Verdict("r0", tuple(range(k)), tuple(chains["r0"][:k]), t)])
+    for j in range(4):  # the branch is every member row's proposal now
+        assert d.context("r0", j) == before[j] + chains["r0"][:k] + [t]
+        assert d._rows[d._groups_of["r0"][j]].draft.tokens == lanes["r0"][(k, t)][k + 1:]
+    d.observe([Verdict("r0", (), (), 11), Verdict("r1", (), (), 11)])  # then plain misses
+    assert d.propose(ids, gamma=2).counts == (2, 2)
+    d.release(ids)
+    assert not d._rows
 
 
 @pytest.mark.parametrize("cache", [256, 1, 0])

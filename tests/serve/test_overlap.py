@@ -179,14 +179,29 @@ class _SlowVerify:
         return self._target.verify(*args, **kwargs)
 
 
-def test_predraft_foreseen_rejections_get_their_block_at_once_and_output_is_unchanged(lively, processor):
-    """SSD / Saguaro on the data plane: text_lm = the target's own LM with a little noise, so where it is wrong the
-    target's token is often its runner-up; with predraft the drafter drafts blocks for those rejections while the
-    (slowed) verifier works, some verdicts land on one (spec_branch), and greedy output equals plain decoding."""
+def _noisy_ensemble(model_dir, scale: float = 0.05):
+    """``_ensemble`` with a little noise on its LM's matrices (both members read it)."""
+    drafter = _ensemble(model_dir)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in drafter.massv.lm.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    return drafter
+
+
+@pytest.mark.parametrize("kind", ["text_lm", "ensemble"])
+def test_predraft_foreseen_rejections_get_their_block_at_once_and_output_is_unchanged(lively, processor, kind):
+    """SSD / Saguaro on the data plane: text_lm = the target's own LM with a little noise (the ensemble: its
+    multimodal and text members over that LM, each rejection outcome ranked and each branch drawn from their
+    mixture), so where it is wrong the target's token is often its runner-up; with predraft the drafter drafts
+    blocks for those rejections while the (slowed) verifier works, some verdicts land on one (spec_branch), and
+    greedy output equals plain decoding."""
     reqs = world_requests(processor, 3, SamplingParams(max_tokens=24))
     plain = SpecEngine(load_target(lively), None)
     want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
-    got = _serve_batch(_SlowVerify(load_target(lively), 0.08), _noisy_text_lm(lively), reqs)
+    drafter = _noisy_text_lm(lively) if kind == "text_lm" else _noisy_ensemble(lively)
+    got = _serve_batch(_SlowVerify(load_target(lively), 0.08), drafter, reqs)
     assert {rid: g["tokens"] for rid, g in got.items()} == want
     stats = [g["dataplane"] for g in got.values()]
     assert sum(s["spec_branch"] for s in stats) > 0, stats
