@@ -11,9 +11,9 @@ replacement, in draw order (the sibling law ``verify_tree`` assumes).
 Members (``drafters/ensemble_members.py``): multimodal, text, caption, pooled; from config with weights (equal by
 default). Past IbED, each request's weights adapt (``drafters/ensemble_weights.py``, option ``adapt``): the mixture
 leans towards the members that predicted the request's committed tokens best so far (a Bayesian mixture with a
-floor); the configured weights are the prior. The model is a ``MassvModel`` (``drafters/massv_model.py``: a small Llama + its projector over the target's
-vision features); its caption mode is the captioner unless another one is given. ``massv`` (one multimodal
-member), ``pooled`` and ``caption`` are this drafter with one member.
+floor); the configured weights are the prior. The model is a ``MassvModel`` (``drafters/massv_model.py``: a small
+Llama + its projector over the target's vision features); its caption mode is the captioner unless another one is
+given. ``massv`` (one multimodal member), ``pooled`` and ``caption`` are this drafter with one member.
 
 Batching. The runner is ``text_lm``'s (``drafters/text_lm.py``): one ``BatchedKV`` over every cache row, one
 forward per draft level over all rows. Here a row is (request, member): rows = requests x members, each with its

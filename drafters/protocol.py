@@ -167,7 +167,8 @@ class Predraft(Protocol):
 def supports_lockstep(drafter) -> bool:
     """True when a ``Predraft`` drafter can also grow every open chain of a row at once: ``grow(request_ids)`` ->
     per row [(outcome, token, q)], outcome None for the main chain or the (k, t) of the branch the node extends
-    (text_lm, eagle and msd chains: ``TextLMDrafter.grow``, ``EagleDrafter.grow``). The overlap then opens its branches first and drafts them side by side."""
+    (text_lm, eagle and msd chains and the IbED family's: ``TextLMDrafter.grow``, ``EagleDrafter.grow``,
+    ``EnsembleDrafter.grow``). The overlap then opens its branches first and drafts them side by side."""
     return supports_predraft(drafter) and callable(getattr(drafter, "grow", None))
 
 
