@@ -187,8 +187,8 @@ class EnsembleDrafter(TextLMDrafter):
             n = len(groups[c.request_id])
             ll = [0.0] * n
             if n > 1 and self.adapt > 0 and all(len(rows[first_row + j][1]) for j in range(n)):
-                ll = [committed_logprobs([last[first_row + j]], [int(c.first_token)], float(c.temperature) or 1.0,
-                                         self.image_token_id) for j in range(n)]
+                ll = committed_logprobs(last[first_row:first_row + n, None], [int(c.first_token)],
+                                        float(c.temperature) or 1.0, self.image_token_id)
             self._loglik_of[c.request_id] = ll
             first_row += n
         by_id = {c.request_id: (c, self._generator(c)) for c in contexts}  # one generator per request
@@ -375,24 +375,20 @@ class EnsembleDrafter(TextLMDrafter):
             if keys is None or len(keys) < 2:
                 continue
             path, toks = [int(i) for i in v.accepted], [int(t) for t in v.tokens]
-            gains = []
-            for key in keys:
-                row = self._rows[key]
-                d = row.draft
-                if d is None or len(path) != len(toks) or any(not 0 <= i < len(d.logits) or d.logits[i] is None
-                                                               for i in path):
-                    break  # no draft (a plain step) or a malformed verdict
-                rows = [d.logits[i] for i in path]
-                counted = list(toks)
-                last = path[-1] if path else -1
-                nxt = next((i for i, p in enumerate(d.parents) if p == last and i < len(d.logits)
-                            and d.logits[i] is not None), None)  # a node drawn where the next token lands
-                if nxt is not None:
-                    rows.append(d.logits[nxt])
-                    counted.append(int(v.next_token))
-                gains.append(committed_logprobs(rows, counted, row.temperature or 1.0, self.image_token_id))
-            else:
-                out[v.request_id] = gains
+            rows = [self._rows[k] for k in keys]
+            drafts = [r.draft for r in rows]  # the member rows draft in lockstep: the same nodes
+            d = drafts[0]
+            if any(x is None for x in drafts) or len(path) != len(toks) \
+                    or any(not 0 <= i < len(d.logits) or d.logits[i] is None for i in path):
+                continue  # no draft (a plain step) or a malformed verdict
+            last = path[-1] if path else -1
+            nxt = next((i for i, p in enumerate(d.parents) if p == last and i < len(d.logits)
+                        and d.logits[i] is not None), None)  # a node drawn where the next token lands
+            nodes, counted = (path + [nxt], toks + [int(v.next_token)]) if nxt is not None else (path, toks)
+            if not nodes:
+                continue
+            logits = torch.stack([torch.stack([x.logits[i] for i in nodes]) for x in drafts])  # [M, P, V]
+            out[v.request_id] = committed_logprobs(logits, counted, rows[0].temperature or 1.0, self.image_token_id)
         return out
 
     def _apply(self, learnt: dict[str, list[float]]) -> None:

@@ -50,14 +50,15 @@ def adapted_weights(prior: Sequence[float], loglik: Sequence[float], eta: float,
     return [(1 - floor) * p / z + floor * b for p, b in zip(post, base)]
 
 
-def committed_logprobs(rows: Sequence[torch.Tensor], tokens: Sequence[int], temperature: float,
-                       image_token_id: int) -> float:
-    """log prod_i softmax(rows[i] / T)[tokens[i]] with the image token masked, as the mixture draws: one member's
-    rows [P, V] (its logits at each counted position) and the committed token at each."""
+def committed_logprobs(rows: torch.Tensor, tokens: Sequence[int], temperature: float,
+                       image_token_id: int) -> list[float]:
+    """Per member, log prod_i softmax(rows[m, i] / T)[tokens[i]] with the image token masked, as the mixture draws:
+    rows [M, P, V] (each member's logits at each counted position), tokens [P] the committed token at each."""
     if not len(tokens):
-        return 0.0
-    logits = torch.stack(list(rows)).float()  # [P, V]
-    logits[:, image_token_id] = float("-inf")
-    logp = torch.log_softmax(logits / temperature, dim=-1)  # [P, V]
-    idx = torch.tensor(list(tokens), dtype=torch.long, device=logp.device)
-    return float(logp.gather(1, idx[:, None]).sum())
+        return [0.0] * rows.shape[0]
+    logits = rows.float().clone()  # [M, P, V]
+    logits[..., image_token_id] = float("-inf")
+    logp = torch.log_softmax(logits / temperature, dim=-1)  # [M, P, V]
+    idx = torch.tensor(list(tokens), dtype=torch.long, device=logp.device)  # [P]
+    picked = logp.gather(2, idx[None, :, None].expand(logp.shape[0], -1, 1))[..., 0]  # [M, P]
+    return picked.sum(1).tolist()
