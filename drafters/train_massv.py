@@ -379,7 +379,9 @@ def train(cfg: MassvTrainConfig, log=print, stop_at: int | None = None) -> Path:
     run.mkdir(parents=True, exist_ok=True)
     if (ckpt / "state.json").exists():
         old = json.loads((ckpt / "state.json").read_text())["config"]
-        theirs = {k: (list(old[k]) if isinstance(old.get(k), (list, tuple)) else old.get(k)) for k in cfg.resume_key()}
+        # a key the checkpoint predates had its default then (e.g. text_every = 0)
+        old = {k: old.get(k, getattr(MassvTrainConfig, k, None)) for k in cfg.resume_key()}
+        theirs = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in old.items()}
         if theirs != cfg.resume_key():
             raise ValueError(f"{ckpt} was trained with {theirs}; this run asks for {cfg.resume_key()}: use another "
                              f"run_dir")

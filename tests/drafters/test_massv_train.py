@@ -100,6 +100,10 @@ def test_without_sdvit_trains_on_reference_answers(tmp_path, target_dir, monkeyp
     ckpt = train(cfg, log=lambda m: None)
     assert not made and not list((tmp_path / "run" / "data").glob("vision-*"))  # the target answers nothing
     assert json.loads((ckpt / "state.json").read_text())["samples"] == 16
+    state = json.loads((ckpt / "state.json").read_text())  # a checkpoint from before text_every resumes as text_every 0
+    del state["config"]["text_every"]
+    (ckpt / "state.json").write_text(json.dumps(state))
+    assert json.loads((train(cfg, log=lambda m: None) / "state.json").read_text())["samples"] == 16
     with pytest.raises(ValueError, match="another run_dir"):  # a checkpoint refuses another recipe
         train(small(tmp_path, target_dir, sdvit=True, pretrain_total=8, sdvit_total=8), log=lambda m: None)
 
