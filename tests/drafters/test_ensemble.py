@@ -299,6 +299,15 @@ def test_rejection_branches_draw_from_the_mixture_and_a_matching_verdict_adopts_
     opened = d.branch([(rid, 2) for rid in ids])
     for rid, o in zip(ids, opened):
         assert o is not None and 0 <= o[0] <= 2 and o[1] != chains[rid][o[0]]
+        # the outcome opened is the likeliest under the mixture: P(d_0 .. d_{k-1}) * P_k(t), recomputed here
+        best, reach = None, 1.0
+        for k in range(3):
+            mix = mixture(rid, chains[rid][:k])
+            for t in mix.topk(6).indices.tolist():
+                if t != chains[rid][k] and (best is None or reach * float(mix[t]) > best[0]):
+                    best = (reach * float(mix[t]), k, t)
+            reach *= float(mix[chains[rid][k]])
+        assert o == best[1:], (o, best)
     lanes = {rid: {None: list(chains[rid]), o: chains[rid][: o[0]] + [o[1]]} for rid, o in zip(ids, opened)}
     for _ in range(2):
         for rid, nodes in zip(ids, d.grow(ids)):
