@@ -51,6 +51,7 @@ import torch
 
 from specula.drafters.protocol import FEATURES, DraftContext, DrafterSpec, Proposal, Verdict
 from specula.protos import load
+from specula.runtime.dataplane.backlog import Backlog
 from specula.runtime.wire import (
     DEFAULT_LIMITS,
     FrameEncoder,
@@ -95,6 +96,8 @@ class SessionStream:
         self._in: queue.SimpleQueue = queue.SimpleQueue()
         self._enc = FrameEncoder(codec, send_limits)
         self._recv_limits = recv_limits
+        self._backlog = Backlog(recv_limits.max_backlog_messages, recv_limits.max_backlog_bytes)  # bounds _in + _offers
+        self._broken: str | None = None  # set by the reader when the drafter overran the backlog: nothing more is read
         self.bytes_out = self.bytes_in = 0  # serialized frames, each way
         self.arrived_ns = 0  # when the last message received was complete (reader thread clock)
         self._offers: queue.SimpleQueue = queue.SimpleQueue()  # Offers messages, apart from what ``receive`` gets
@@ -111,6 +114,8 @@ class SessionStream:
 
     def receive(self, timeout: float) -> Message:
         """The next message from the drafter; DrafterUnavailable on a timeout, an Error or a broken stream."""
+        if self._broken is not None:  # what is still queued came with the flood: none of it is used
+            raise DrafterUnavailable(self._broken)
         try:
             item = self._in.get(timeout=max(timeout, 0.0))
         except queue.Empty:
@@ -119,6 +124,7 @@ class SessionStream:
             self._in.put(item)  # stays closed for any later receive
             raise DrafterUnavailable(item.reason)
         item, self.arrived_ns = item
+        self._backlog.take(item)
         if item.kind == "error":
             raise DrafterUnavailable(f"drafter error {pb.Error.Code.Name(item.body.code)}: {item.body.message}")
         return item
@@ -127,17 +133,19 @@ class SessionStream:
         """The offers received so far for the next block, as (pb.Offer, its q or None); older ones are dropped.
         WireError for an Offers message whose tensors are not one "q.<i>" per offered block at most."""
         out = []
-        while True:
+        while self._broken is None:
             try:
                 m = self._offers.get_nowait()
             except queue.Empty:
                 return out
+            self._backlog.take(m)
             n = len(m.body.blocks)
             names = {f"q.{i}" for i in range(n)}
             if set(m.tensors) - names:
                 raise WireError(f"unexpected Offers tensors {sorted(set(m.tensors) - names)[:4]}")
             if m.body.after == self.blocks:
                 out += [(o, m.tensors.get(f"q.{i}")) for i, o in enumerate(m.body.blocks)]
+        return []
 
     def finish(self, reason: str = "") -> None:
         """Release the session and half-close; the drafter frees its state and ends the stream."""
@@ -162,6 +170,11 @@ class SessionStream:
             for f in self._call:
                 self.bytes_in += f.ByteSize()
                 m = r.feed(f)
+                if m is not None and (why := self._backlog.add(m)) is not None:
+                    self._broken = f"invalid stream from the drafter: {why}"
+                    self._in.put(_Closed(self._broken))
+                    self._call.cancel()
+                    return
                 if m is not None and m.kind == "offers":
                     self._offers.put(m)
                 elif m is not None:

@@ -70,6 +70,7 @@ from specula.protos import load
 from specula.runtime.wire import DEFAULT_LIMITS, FrameEncoder, Message, Reassembler, WireError, WireLimits, pb
 from specula.runtime.wire.codecs import parse_codec
 
+from .backlog import Backlog
 from .batcher import BatchedView, DraftBatcher
 from .overlap import Block, Offer, Pipeline
 
@@ -209,7 +210,8 @@ class DrafterServer:
         """Serve one stream: request frames in, response frames out (the Session RPC's body)."""
         state = _Session(f"s{next(self._ids)}")
         enc = FrameEncoder("raw", self.limits)  # Proposal.q must be exact; nothing else carries floats this way
-        inbox = _Inbox(Reassembler(self.limits, device=self.device), frames)
+        inbox = _Inbox(Reassembler(self.limits, device=self.device), frames,
+                       Backlog(self.limits.max_backlog_messages, self.limits.max_backlog_bytes))
         self._live.add(state.key)
         try:
             while (item := inbox.get()) is not _EOF:
@@ -345,19 +347,25 @@ _EOF = object()  # the verifier half-closed the stream
 class _Inbox:
     """A stream's messages, read on a thread of their own, so a session can look at what came while it drafts."""
 
-    def __init__(self, reassembler: Reassembler, frames: Iterator) -> None:
+    def __init__(self, reassembler: Reassembler, frames: Iterator, backlog: Backlog) -> None:
         self._q: queue.Queue = queue.Queue()
         self._seen: list = []  # taken off the queue by a peek, not yet handled
+        self._backlog = backlog  # messages in _q and _seen: a verifier sending unasked ends the session
+        self._broken: WireError | None = None  # the backlog overran: raised before anything still queued
         self._thread = threading.Thread(target=self._read, args=(reassembler, frames), daemon=True,
                                         name="drafter-session-reader")
         self._thread.start()
 
     def get(self):
         """(message, arrival ns) in order, then _EOF; re-raises what broke the stream."""
+        if self._broken is not None:
+            raise self._broken
         item = self._seen.pop(0) if self._seen else self._q.get()
         if isinstance(item, BaseException):
             self._seen.insert(0, item)  # stays broken
             raise item
+        if item is not _EOF:
+            self._backlog.take(item[0])
         return item
 
     def pending(self) -> bool:
@@ -385,6 +393,10 @@ class _Inbox:
     def _read(self, reassembler: Reassembler, frames: Iterator) -> None:
         try:
             for msg in reassembler.feed_all(frames):
+                if (why := self._backlog.add(msg)) is not None:
+                    self._broken = WireError(why)
+                    self._q.put(self._broken)  # wakes a get() that waits
+                    return
                 self._q.put((msg, time.perf_counter_ns()))
             self._q.put(_EOF)
         except BaseException as e:  # WireError, grpc.RpcError (cancelled), anything: the session sees it

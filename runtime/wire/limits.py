@@ -20,10 +20,12 @@ class WireLimits:
     max_chunks: int = 4096  # frames in one message
     max_header_bytes: int = 1 << 16  # the msgpack header of one message
     max_tensors: int = 64  # tensors in one message
+    max_backlog_messages: int = 64  # messages a stream's reader holds unhandled (more = a peer sending unasked)
+    max_backlog_bytes: int = 2 << 30  # their bytes together (tensors + bodies)
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_total_bytes", "max_tensor_bytes", "max_chunks",
-                     "max_header_bytes", "max_tensors"):
+                     "max_header_bytes", "max_tensors", "max_backlog_messages", "max_backlog_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"WireLimits.{name} must be a positive int, got {v!r}")

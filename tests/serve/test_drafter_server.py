@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from specula.drafters import create
+from specula.drafters.ngram import NgramDrafter
 from specula.protos import load
 from specula.runtime.dataplane import DrafterServer, DrafterUnavailable, SessionStream
-from specula.runtime.wire import DEFAULT_LIMITS, encode_message, Message, pb
+from specula.runtime.wire import DEFAULT_LIMITS, WireLimits, encode_message, Message, pb
 
 pb2_grpc = load("specula_dataplane").pb2_grpc
 
@@ -189,3 +190,31 @@ def test_taking_an_offer_the_verdict_did_not_keep_ends_the_session(server, stub)
     with pytest.raises(DrafterUnavailable, match="INVALID_FRAME.*not the block the last verdict kept"):
         s.receive(5)
     assert _wait_free(server) and server.drafter._tokens == {}
+
+
+class _SlowBegin(NgramDrafter):
+    """An ngram drafter whose begin takes a while: whatever the verifier sends meanwhile waits unhandled."""
+
+    def begin(self, contexts) -> None:
+        time.sleep(0.5)
+        super().begin(contexts)
+
+
+def test_a_verifier_sending_far_ahead_of_the_session_is_cut_off_at_the_backlog_bound():
+    """The drafter reads each stream on its own thread (to see the next Verdict while it drafts ahead); a verifier
+    that sends far more than the lock-step protocol has in flight must not grow that backlog without end: past
+    ``max_backlog_messages`` the session ends with INVALID_FRAME and its state is freed."""
+    with DrafterServer(_SlowBegin(max_n=3), limits=WireLimits(max_backlog_messages=4)) as server:
+        channel = grpc.insecure_channel(server.address, options=DEFAULT_LIMITS.grpc_options())
+        stub = pb2_grpc.DrafterServiceStub(channel)
+        flood = [Message("r1", pb.ProposeRequest(gamma=2), {}, 1 + i) for i in range(100)]
+        got = _answer(stub, _frames(_begin(), *flood))
+        assert len(got) == 1 and got[0].kind == pb.KIND_ERROR, [f.kind for f in got]
+        assert got[0].error.code == pb.Error.CODE_INVALID_FRAME and "not yet handled" in got[0].error.message
+        assert _wait_free(server) and server.drafter._tokens == {}
+        # three messages ahead of a slow begin (what the protocol can have in flight) stay within the same bound
+        ok = _answer(stub, _frames(_begin(rid="r2"), Message("r2", pb.ProposeRequest(gamma=2), {}, 1),
+                                   Message("r2", pb.Verdict(accepted=[0], tokens=[5], next_token=6), {}, 2),
+                                   Message("r2", pb.ProposeRequest(gamma=2), {}, 3)))
+        assert [f.kind for f in ok] == [pb.KIND_PROPOSAL] * 2
+        channel.close()

@@ -16,7 +16,7 @@ import torch
 from specula.drafters.protocol import DraftContext, Verdict
 from specula.protos import load
 from specula.runtime.dataplane import RemoteDrafter
-from specula.runtime.wire import DEFAULT_LIMITS, FrameEncoder, Reassembler, pb
+from specula.runtime.wire import DEFAULT_LIMITS, FrameEncoder, Reassembler, WireLimits, pb
 
 rpc = load("specula_dataplane").pb2_grpc
 V = 32  # the verifier's vocabulary
@@ -24,10 +24,11 @@ V = 32  # the verifier's vocabulary
 
 class ScriptedDrafter(rpc.DrafterServiceServicer):
     """Answers each ProposeRequest without ``offer`` with Proposal [1, 2]; after each Verdict sends ``offers(verdict,
-    after)`` -> (pb.Offers body, tensors) unasked (as if it had foreseen the verdict). Records the requests."""
+    after)`` -> (pb.Offers body, tensors) unasked (as if it had foreseen the verdict), ``flood`` times over.
+    Records the requests."""
 
-    def __init__(self, offers) -> None:
-        self.offers, self.requests = offers, queue.SimpleQueue()
+    def __init__(self, offers, flood: int = 1) -> None:
+        self.offers, self.requests, self.flood = offers, queue.SimpleQueue(), flood
 
     def Describe(self, request, context):  # noqa: N802
         return pb.DrafterInfo(kind="scripted", structure="chain", accepted_codecs=["fp32"], overlap=True,
@@ -45,8 +46,9 @@ class ScriptedDrafter(rpc.DrafterServiceServicer):
                 if not msg.body.HasField("offer"):
                     yield from out.encode(msg.request_id, pb.Proposal(tokens=[1, 2]), {})
             elif msg.kind == "verdict":
-                body, tensors = self.offers(msg.body, blocks)
-                yield from out.encode(msg.request_id, body, tensors)
+                for _ in range(self.flood):
+                    body, tensors = self.offers(msg.body, blocks)
+                    yield from out.encode(msg.request_id, body, tensors)
             elif msg.kind == "release":
                 return
 
@@ -55,8 +57,8 @@ class ScriptedDrafter(rpc.DrafterServiceServicer):
 def serve():
     servers = []
 
-    def start(offers) -> tuple[str, ScriptedDrafter]:
-        d = ScriptedDrafter(offers)
+    def start(offers, flood: int = 1) -> tuple[str, ScriptedDrafter]:
+        d = ScriptedDrafter(offers, flood)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=DEFAULT_LIMITS.grpc_options())
         rpc.add_DrafterServiceServicer_to_server(d, server)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -77,8 +79,8 @@ def _offer(v, after, tokens=(3, 4, 5), q=None, name="q.0", accepted=None, next_t
     return body, ({} if q is None else {name: q})
 
 
-def _session(address):
-    remote = RemoteDrafter(vocab_size=V, propose_timeout_s=5.0, max_nodes=8)
+def _session(address, limits: WireLimits = DEFAULT_LIMITS):
+    remote = RemoteDrafter(vocab_size=V, propose_timeout_s=5.0, max_nodes=8, limits=limits)
     assert remote.attach("r", address) is None
     remote.begin([DraftContext("r", torch.tensor([1, 2, 3]), 4)])
     first = remote.propose(["r"], 2)
@@ -144,4 +146,33 @@ def test_a_malformed_offer_drops_the_session_with_its_reason(serve, case, why):
     block = remote.propose(["r"], 2)
     assert block.counts == (0,)  # this step decodes alone; the output cannot change
     assert why in remote.fallbacks["r"], remote.fallbacks
+    remote.close()
+
+
+def test_a_drafter_flooding_offers_is_cut_off_at_the_backlog_bound(serve):
+    """The verifier reads Offers on its own thread; a drafter that sends them faster than they are used (here 200
+    per verdict) must not grow that backlog without end: past ``max_backlog_messages`` the reader stops, and the
+    session is dropped with the reason (the step decodes alone) instead of taking any of the flood."""
+    address, _ = serve(lambda v, after: _offer(v, after), flood=200)
+    remote = _session(address, WireLimits(max_backlog_messages=8))
+    stream = remote._streams["r"]  # noqa: SLF001
+    deadline = time.monotonic() + 5
+    while stream._broken is None and time.monotonic() < deadline:  # noqa: SLF001
+        time.sleep(0.01)
+    assert stream._backlog.messages <= 8  # noqa: SLF001 (what it held when it stopped)
+    block = remote.propose(["r"], 2)
+    assert block.counts == (0,)
+    assert "not yet handled" in remote.fallbacks["r"], remote.fallbacks
+    remote.close()
+
+
+def test_offers_in_step_with_the_verifier_never_reach_the_bound(serve):
+    """A correct drafter (one Offers message per verdict) stays far below even a tight bound over many blocks."""
+    address, _ = serve(lambda v, after: _offer(v, after))
+    remote = _session(address, WireLimits(max_backlog_messages=3))
+    for _ in range(20):
+        block = remote.propose(["r"], 2)
+        assert block.counts == (2,)  # an offer or a proposal, never a fallback
+        remote.observe([Verdict("r", (0,), (1,), 9)])
+    assert not remote.fallbacks
     remote.close()
