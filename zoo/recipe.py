@@ -72,7 +72,7 @@ class DrafterStep:
 DRAFTERS = (  # in dependency order: massv starts from text_lm; flash / aasd / the msd ablations reuse cached data
     DrafterStep("text_lm", ("--data-samples", "4000", "--samples", "80000")),
     DrafterStep("eagle", ("--data-samples", "3000", "--samples", "12000")),
-    DrafterStep("msd", ("--data-samples", "2000", "--text-samples", "1500", "--samples", "12000")),
+    DrafterStep("msd", ("--data-samples", "3000", "--text-samples", "1500", "--samples", "36000")),
     DrafterStep("flash", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "14000")),
     DrafterStep("aasd", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "16000")),
     DrafterStep("massv", ("--init-lm", "{zoo}/text_lm", "--data-samples", "4000", "--pretrain-samples", "6000",
