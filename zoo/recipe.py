@@ -74,7 +74,7 @@ DRAFTERS = (  # in dependency order: massv starts from text_lm; flash / aasd / t
     DrafterStep("eagle", ("--data-samples", "3000", "--samples", "12000")),
     DrafterStep("msd", ("--data-samples", "3000", "--text-samples", "1500", "--samples", "36000")),
     DrafterStep("flash", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "14000")),
-    DrafterStep("aasd", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "16000")),
+    DrafterStep("aasd", ("--data-dir", "{run}/eagle/data", "--data-samples", "3000", "--samples", "32000")),
     DrafterStep("massv", ("--init-lm", "{zoo}/text_lm", "--data-samples", "4000", "--pretrain-samples", "6000",
                           "--samples", "32000", "--text-every", "5")),
     DrafterStep("msd-no-decouple", ("--no-decouple", "--data-dir", "{run}/msd/data", "--data-samples", "3000",
