@@ -217,7 +217,12 @@ def _add_train(sub) -> None:
                         "exact zeros, so the LM learns to ignore the tower's small errors there (default: 0)")
     t.add_argument("--export", action="store_true", help="when done, export the weights into the shipped zoo")
     t.add_argument("--init-from", default=None,
-                   help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint")
+                   help="exported weights (e.g. zoo/weights/target) to continue from when --run-dir has no checkpoint; "
+                        "with the word-code flags the code LM, vision and projector-fit stages count as done and only "
+                        "the joint stage runs (the vision heads start fresh: see --vis-weight)")
+    t.add_argument("--vis-weight", type=float, default=0.5,
+                   help="joint stage: weight of the dense vision-head loss on the tower's features (default: 0.5; 0 "
+                        "= off, e.g. after --init-from, whose vision heads start untrained)")
     t.add_argument("--mix", default="base", choices=MIX_NAMES,
                    help="training mix (world/suites.py): base (one question per sample), dialogue (12-turn scene "
                         "dialogues per image, ~10x the grounded answers per forward), lookup (mostly scenes "

@@ -68,7 +68,7 @@ def train_config_from_args(args):
                        code_lm_samples=args.code_lm_samples, code_lm_layers=args.code_lm_layers,
                        code_lm_lr=args.code_lm_lr, code_token_budget=args.code_token_budget, vision_lr=args.vision_lr,
                        referent_attention=args.referent_attention, vision_from=args.vision_from, lm_from=args.lm_from,
-                       caption_referents=args.caption_referents,
+                       caption_referents=args.caption_referents, vis_weight=args.vis_weight,
                        code_lm_mix=args.code_lm_mix, code_lm_stop=args.code_lm_stop,
                        vision_pos_lr_mult=args.vision_pos_lr_mult,
                        vision_place_weight=args.vision_place_weight, freeze_vision=args.freeze_vision,

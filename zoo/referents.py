@@ -14,12 +14,14 @@ dialogues, 614 steps of 4) this took colour and shape questions from 0.22 / 0.43
 (``runs/exp/oracle_lm.py``, ``ATTN=1 ATTN1=1``). The targets come from the question text and the image's patch
 words, so they need nothing the world does not already say.
 
-Captions get the same supervision (``caption_referents``): a scene caption lists its objects in reading order,
-and a small LM's captions fail by naming one object twice and skipping another ("a large purple cross in the top
-left, a large purple cross in the top left, ..."), i.e. by attending to the wrong object. So at every position
-that predicts a word of object k's phrase (after its article, through its last place word), head 0 of
-``PATCH_LAYER`` is asked to attend to object k's patches. No word hop: a caption has no question to fetch from.
-Off unless asked for (``--caption-referents``): in a 4.5k-sample joint stage it did not move caption recall.
+Captions get the same supervision (``caption_referents``): a scene caption scans the nine cells in reading order
+("top left, no object; top, a large black diamond; ..."), so each object phrase is a lookup by place. At every
+position that predicts a word of object k's phrase (from the separator before its article through its last word),
+head 0 of ``WORD_LAYER`` is asked to attend to the cell's place words just before it and head 0 of ``PATCH_LAYER``
+to object k's patches: the two hops of a "where" question, run backwards. Off unless asked for
+(``--caption-referents``). On the earlier free-form captions (objects only, in reading order, no cell names) a
+patch hop alone in a 4.5k-sample joint stage did not move caption recall: choosing the next object was the failure,
+and there was no place word to fetch.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specula.world.sample import Sample
-from specula.world.vocab import COLOUR_NAMES, SHAPES
+from specula.world.vocab import COLOUR_NAMES, POSITIONS, SHAPES
 
 WORD_LAYER = 0  # the head that fetches the question's referent words
 PATCH_LAYER = 1  # the head that attends to the referent's patches
@@ -104,12 +106,15 @@ def referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, i
 def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
                       word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
     """Attention targets for a one-image scene caption: one per position that predicts a word of an object's phrase
-    in the listing, pointing at that object's patches; () for anything else (charts, signs, several images).
+    in the cell-by-cell listing, pointing at that object's patches and at its cell's place words; () for anything
+    else (charts, signs, several images).
 
     An object's phrase is found by its "colour shape" token pair inside the first assistant turn; it runs from its
-    article ("a" / "an", up to 3 tokens before the colour) to the token before the next "," / "and" / ".". The
-    listing ends at the first object named twice (the relation sentences after it name objects again). Objects
-    whose (colour, shape) has no visible patch (fully covered) get no target.
+    article ("a" / "an", up to 3 tokens before the colour) to the token before the next "," / ";" / "and" / "."; the
+    first query is the token before the article (whose logits say that the cell holds something). Its place words
+    are the place tokens since the last ";" / ":" before it. The listing ends at the first object named twice (the
+    relation sentences after it name objects again). Objects whose (colour, shape) has no visible patch (fully
+    covered) get no target.
 
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
     """
@@ -131,7 +136,9 @@ def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, 
     start = inside[0]
     end = next((j for j in range(start, len(lab)) if lab[j] == -100), len(lab))  # first turn only
     articles = {word_id("a"), word_id("an")} - {-1}
-    stops = {word_id(","), word_id("and"), word_id(".")} - {-1}
+    stops = {word_id(","), word_id(";"), word_id("and"), word_id(".")} - {-1}
+    cell_starts = {word_id(";"), word_id(":")} - {-1}
+    places = {word_id(w) for name in POSITIONS.values() for w in name.split()} - {-1}
     seen: set[tuple[int, int]] = set()
     out = []
     for c in range(start, end - 1):
@@ -143,10 +150,12 @@ def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, 
         seen.add(key)
         first = next((j for j in range(c - 1, max(start, c - 4) - 1, -1) if ids[j] in articles), None)
         last = next((j - 1 for j in range(c + 2, end) if ids[j] in stops), end - 1)
-        if first is None:
+        if first is None or first - 1 < start - 1:
             continue
+        since = next((j for j in range(first - 1, start - 2, -1) if ids[j] in cell_starts), start - 1)
+        words = tuple(j for j in range(since + 1, first) if ids[j] in places)
         pos = tuple(image_pos[t] for t in patches[key])
-        out.extend(ReferentTarget(q, pos, ()) for q in range(first, last))  # q predicts token q + 1 of the phrase
+        out.extend(ReferentTarget(q, pos, words) for q in range(first - 1, last))  # q predicts token q + 1
     return tuple(out)
 
 

@@ -39,7 +39,7 @@ from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
-from specula.zoo.quality import chance_level, short_answer_accuracy
+from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
@@ -224,6 +224,7 @@ def _param_groups(model, cfg: TrainConfig):
 
 def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
     samples = [generate("vqa", "eval", 10_000 + i, cfg.seed) for i in range(cfg.eval_n)]
+    captions = [generate("caption", "eval", 10_000 + i, cfg.seed) for i in range(max(1, cfg.eval_n // 4))]
     model.eval()
     described = [s for s in (generate("text", "eval", 10_000 + i, cfg.seed) for i in range(4 * cfg.eval_n))
                  if s.kind == "text/scene"][: cfg.eval_n]
@@ -233,6 +234,7 @@ def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
         "chance": chance_level(samples),
         # the same lookup over a scene described in words: the LM's own skill, without the vision path
         "text_scene_exact": short_answer_accuracy(model, processor, described),
+        "caption_attribute_recall": caption_attribute_recall(model, processor, captions),
     }
     model.train()
     return res
@@ -347,7 +349,15 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         state["elapsed_s"] = 60.0 * float(info.get("train_minutes", 0.0))
         state["history"] = list(info.get("history", []))
         state["warm_restart_at"] = state["samples"]
-        log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts)")
+        if cfg.uses_codes:  # exported weights are past the code LM, vision and fit stages: only the joint stage runs
+            state.update(code_lm_samples=cfg.code_lm_samples, code_lm_done=True, vision_images_done=cfg.vision_images,
+                         vision_stage_at=0)
+            if cfg.code_lm_layers:
+                state["code_lm_grown_from"] = cfg.code_lm_layers
+            if cfg.projector_fit_images:
+                state["projector_fit"] = {"from": str(src)}  # the exported projector is the fit: no refit
+        log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts"
+            f"{'; the vision heads start fresh' if cfg.vis_weight else ''})")
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents)

@@ -82,27 +82,34 @@ def test_caption_targets_follow_the_listing_object_by_object(processor):
         e = enc.encode(s)
         img = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
         objects: dict[tuple[str, str], list[int]] = {}
+        cells: dict[tuple[str, str], tuple[str, ...]] = {}
         for t, w in enumerate(s.patch_words[0]):
             if w:
                 objects.setdefault(w[:2], []).append(img[t])
-        assert e.referents and all(not t.words for t in e.referents)  # no word hop in a caption
-        groups: list[tuple[tuple[int, ...], list[int]]] = []  # consecutive queries that share one object
+                cells[w[:2]] = w[3:]  # the object's place words
+        assert e.referents
+        groups: list[tuple[tuple[int, ...], list[int], tuple[int, ...]]] = []  # consecutive queries on one object
         for t in e.referents:
             if groups and groups[-1][0] == t.patches:
                 groups[-1][1].append(t.query)
+                assert t.words == groups[-1][2]
             else:
-                groups.append((t.patches, [t.query]))
+                groups.append((t.patches, [t.query], t.words))
         assert len(groups) == len(objects)  # every visible object once: the listing names each object once
-        for patches, queries in groups:
+        for patches, queries, words in groups:
             assert queries == list(range(queries[0], queries[-1] + 1))  # one contiguous phrase
             said = [tok.decode([int(e.input_ids[q + 1])]).strip() for q in queries]  # the words the queries predict
             (colour, shape), = [k for k, v in objects.items() if tuple(v) == patches]
             assert colour in said and shape in said
-            assert tok.decode([int(e.input_ids[queries[0]])]).strip() in ("a", "an")  # starts at the article
-            assert not {",", ".", "and"} & set(said)  # ends before the separator
+            assert said[0] in ("a", "an")  # the first query predicts the article: "this cell holds something"
+            assert tok.decode([int(e.input_ids[queries[0]])]).strip() in (",", "and")  # the separator before it
+            assert not {",", ";", ".", "and"} & set(said)  # ends before the separator
             assert all(e.labels[q + 1] != -100 for q in queries)  # inside the answer
+            # the word hop: the place words of the object's own cell, named just before its phrase
+            assert tuple(tok.decode([int(e.input_ids[j])]).strip() for j in words) == cells[(colour, shape)]
+            assert all(j < queries[0] for j in words)
         groups_seen += len(groups)
-        order = [min(p) for p, _ in groups]
+        order = [min(p) for p, _, _ in groups]
         assert len(set(order)) == len(order)
     assert groups_seen >= 30
     assert Encoder(processor, referents=True).encode(s).referents == ()  # captions only when asked for
