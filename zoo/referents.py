@@ -103,18 +103,22 @@ def referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, i
     return tuple(out)
 
 
+SINK = 0  # the sequence's first token (BOS): where a place lookup that finds no object puts its attention
+
+
 def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
                       word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
-    """Attention targets for a one-image scene caption: one per position that predicts a word of an object's phrase
-    in the cell-by-cell listing, pointing at that object's patches and at its cell's place words; () for anything
-    else (charts, signs, several images).
+    """Attention targets for a one-image scene caption's cell-by-cell listing ("top left, no object; top, a large
+    black diamond; ..."); () for anything else (charts, signs, several images).
 
-    An object's phrase is found by its "colour shape" token pair inside the first assistant turn; it runs from its
-    article ("a" / "an", up to 3 tokens before the colour) to the token before the next "," / ";" / "and" / "."; the
-    first query is the token before the article (whose logits say that the cell holds something). Its place words
-    are the place tokens since the last ";" / ":" before it. The listing ends at the first object named twice (the
-    relation sentences after it name objects again). Objects whose (colour, shape) has no visible patch (fully
-    covered) get no target.
+    Per cell segment (between the listing's ":" / ";" separators, up to its first "."), three kinds of target:
+    - an object's phrase (found by its "colour shape" token pair; from the token before its article through the
+      token before the next "," / ";" / "and" / "."): head 0 of ``PATCH_LAYER`` on the object's patches, head 0 of
+      ``WORD_LAYER`` on the cell's place words (objects with no visible patch get none);
+    - an empty cell (", no object"): the positions predicting "no" and "object" put the patch hop on ``SINK`` (the
+      lookup finds nothing) and the word hop on the place words;
+    - the next cell's name (the separator and any place token before the ","): the word hop on the previous cell's
+      place words, so the scan knows where it is (no patch hop).
 
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
     """
@@ -124,10 +128,8 @@ def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, 
     for t, w in enumerate(s.patch_words[0]):
         if len(w) >= 2 and w[0] in COLOUR_NAMES and w[1] in SHAPES:
             patches.setdefault((word_id(w[0]), word_id(w[1])), []).append(t)
-    if not patches:
-        return ()
     image_pos = (input_ids == image_id).nonzero()[:, 0].tolist()
-    if len(image_pos) != len(s.patch_words[0]):
+    if not patches or len(image_pos) != len(s.patch_words[0]):
         return ()
     ids, lab = input_ids.tolist(), labels.tolist()
     inside = [j for j in range(len(lab)) if lab[j] != -100]
@@ -135,27 +137,37 @@ def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, 
         return ()
     start = inside[0]
     end = next((j for j in range(start, len(lab)) if lab[j] == -100), len(lab))  # first turn only
+    colon = next((j for j in range(start, end) if ids[j] == word_id(":")), None)
+    if colon is None:
+        return ()
+    stop = next((j for j in range(colon, end) if ids[j] == word_id(".")), end)  # the listing's sentence ends
     articles = {word_id("a"), word_id("an")} - {-1}
-    stops = {word_id(","), word_id(";"), word_id("and"), word_id(".")} - {-1}
-    cell_starts = {word_id(";"), word_id(":")} - {-1}
+    ends = {word_id(","), word_id(";"), word_id("and"), word_id(".")} - {-1}
     places = {word_id(w) for name in POSITIONS.values() for w in name.split()} - {-1}
-    seen: set[tuple[int, int]] = set()
-    out = []
-    for c in range(start, end - 1):
-        key = (ids[c], ids[c + 1])
-        if key not in patches:
-            continue
-        if key in seen:
-            break  # the listing is over
-        seen.add(key)
-        first = next((j for j in range(c - 1, max(start, c - 4) - 1, -1) if ids[j] in articles), None)
-        last = next((j - 1 for j in range(c + 2, end) if ids[j] in stops), end - 1)
-        if first is None or first - 1 < start - 1:
-            continue
-        since = next((j for j in range(first - 1, start - 2, -1) if ids[j] in cell_starts), start - 1)
-        words = tuple(j for j in range(since + 1, first) if ids[j] in places)
-        pos = tuple(image_pos[t] for t in patches[key])
-        out.extend(ReferentTarget(q, pos, words) for q in range(first - 1, last))  # q predicts token q + 1
+    comma, no = word_id(","), word_id("no")
+    seps = [colon] + [j for j in range(colon + 1, stop) if ids[j] == word_id(";")] + [stop]
+    out: list[ReferentTarget] = []
+    prev_words: tuple[int, ...] = ()
+    for a, b in zip(seps, seps[1:]):  # a cell's segment: tokens a + 1 .. b - 1
+        cut = next((j for j in range(a + 1, b) if ids[j] == comma), None)
+        if cut is None:
+            return tuple(out)  # not a scan listing
+        words = tuple(j for j in range(a + 1, cut) if ids[j] in places)
+        if prev_words:  # naming this cell: the separator and the place tokens before the last one
+            out.extend(ReferentTarget(q, (), prev_words) for q in range(a, cut - 1))
+        if cut + 1 < b and ids[cut + 1] == no:
+            out.extend(ReferentTarget(q, (SINK,), words) for q in (cut, cut + 1))
+        for c in range(cut + 1, b - 1):
+            key = (ids[c], ids[c + 1])
+            if key not in patches:
+                continue
+            first = next((j for j in range(c - 1, max(cut, c - 4), -1) if ids[j] in articles), None)
+            if first is None:
+                continue
+            last = next((j - 1 for j in range(c + 2, b + 1) if ids[j] in ends), b - 1)
+            pos = tuple(image_pos[t] for t in patches[key])
+            out.extend(ReferentTarget(q, pos, words) for q in range(first - 1, last))  # q predicts token q + 1
+        prev_words = words
     return tuple(out)
 
 
@@ -182,7 +194,7 @@ def referent_attention_loss(attentions: Sequence[torch.Tensor], targets: Sequenc
     terms = []
     for b, row in enumerate(targets):
         for t in row:
-            if len(attentions) > PATCH_LAYER:
+            if t.patches and len(attentions) > PATCH_LAYER:
                 terms.append(attentions[PATCH_LAYER][b, HEAD, t.query, list(t.patches)].sum())
             if t.words:
                 terms.append(attentions[WORD_LAYER][b, HEAD, t.query, list(t.words)].sum())

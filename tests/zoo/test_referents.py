@@ -73,23 +73,29 @@ def test_dialogue_targets_point_at_the_answer_the_referent_and_its_words(process
 
 def test_caption_targets_follow_the_listing_object_by_object(processor):
     from specula.world.scene import make
+    from specula.world.vocab import POSITIONS
+    from specula.zoo.referents import SINK
 
     enc = Encoder(processor, referents=True, caption_referents=True)
     tok = processor.tokenizer
-    groups_seen = 0
+    groups_seen = empty_seen = 0
     for seed in range(12):
         s = make(random.Random(f"caption-referents/{seed}"), "caption", "caption", n_min=2, n_max=5)
         e = enc.encode(s)
         img = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
+        word = lambda j: tok.decode([int(e.input_ids[j])]).strip()  # noqa: E731
         objects: dict[tuple[str, str], list[int]] = {}
         cells: dict[tuple[str, str], tuple[str, ...]] = {}
         for t, w in enumerate(s.patch_words[0]):
             if w:
                 objects.setdefault(w[:2], []).append(img[t])
                 cells[w[:2]] = w[3:]  # the object's place words
-        assert e.referents
-        groups: list[tuple[tuple[int, ...], list[int], tuple[int, ...]]] = []  # consecutive queries on one object
+        assert e.referents and all(t.words for t in e.referents)
+        # object phrases: consecutive queries on one object's patches
+        groups: list[tuple[tuple[int, ...], list[int], tuple[int, ...]]] = []
         for t in e.referents:
+            if t.patches in ((), (SINK,)):
+                continue
             if groups and groups[-1][0] == t.patches:
                 groups[-1][1].append(t.query)
                 assert t.words == groups[-1][2]
@@ -98,20 +104,35 @@ def test_caption_targets_follow_the_listing_object_by_object(processor):
         assert len(groups) == len(objects)  # every visible object once: the listing names each object once
         for patches, queries, words in groups:
             assert queries == list(range(queries[0], queries[-1] + 1))  # one contiguous phrase
-            said = [tok.decode([int(e.input_ids[q + 1])]).strip() for q in queries]  # the words the queries predict
+            said = [word(q + 1) for q in queries]  # the words the queries predict
             (colour, shape), = [k for k, v in objects.items() if tuple(v) == patches]
             assert colour in said and shape in said
             assert said[0] in ("a", "an")  # the first query predicts the article: "this cell holds something"
-            assert tok.decode([int(e.input_ids[queries[0]])]).strip() in (",", "and")  # the separator before it
+            assert word(queries[0]) in (",", "and")  # the separator before it
             assert not {",", ";", ".", "and"} & set(said)  # ends before the separator
             assert all(e.labels[q + 1] != -100 for q in queries)  # inside the answer
             # the word hop: the place words of the object's own cell, named just before its phrase
-            assert tuple(tok.decode([int(e.input_ids[j])]).strip() for j in words) == cells[(colour, shape)]
+            assert tuple(word(j) for j in words) == cells[(colour, shape)]
             assert all(j < queries[0] for j in words)
+        # empty cells: "no" and "object" look up the place and find nothing (the sink)
+        empty = [t for t in e.referents if t.patches == (SINK,)]
+        occupied = {c for c in cells.values()}
+        named_empty = {tuple(word(j) for j in t.words) for t in empty}
+        assert named_empty == {tuple(n.split()) for n in POSITIONS.values()} - occupied
+        assert all(word(t.query + 1) in ("no", "object") for t in empty)
+        empty_seen += len(named_empty)
+        # naming the next cell: the word hop reads the previous cell's name (the scan's own position)
+        steps = [t for t in e.referents if t.patches == ()]
+        names = [tuple(n.split()) for n in POSITIONS.values()]
+        for t in steps:
+            before = tuple(word(j) for j in t.words)
+            nxt = names[names.index(before) + 1]
+            assert word(t.query + 1) in nxt and all(j < t.query for j in t.words)
+        assert len({t.words for t in steps}) == 8  # every cell after the first one is reached from its predecessor
         groups_seen += len(groups)
         order = [min(p) for p, _, _ in groups]
         assert len(set(order)) == len(order)
-    assert groups_seen >= 30
+    assert groups_seen >= 30 and empty_seen >= 40
     assert Encoder(processor, referents=True).encode(s).referents == ()  # captions only when asked for
 
 
