@@ -15,7 +15,7 @@ import argparse
 import sys
 
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
-MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable"]
+MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan"]
 
 
 def _threads(args) -> None:
@@ -227,8 +227,10 @@ def _add_train(sub) -> None:
                    help="training mix (world/suites.py): base (one question per sample), dialogue (12-turn scene "
                         "dialogues per image, ~10x the grounded answers per forward), lookup (mostly scenes "
                         "described in words, as dialogues: the LM's copy-from-context skill, cheaply), scenes "
-                        "(almost only scene dialogues), describe (dialogue with twice the scene captions) or confusable "
-                        "(describe plus dialogues about scenes whose objects share colours and shapes)")
+                        "(almost only scene dialogues), describe (dialogue with twice the scene captions), confusable "
+                        "(describe plus dialogues about scenes whose objects share colours and shapes), "
+                        "scenes_confusable (scenes plus those dialogues) or confusable_scan (confusable with scene "
+                        "captions that name all nine cells in reading order)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "
@@ -260,8 +262,9 @@ def _add_train(sub) -> None:
                         "of layer 0 attends to the question's referent words and head 0 of layer 1 to the "
                         "referent's image tokens (default: 0 = off)")
     t.add_argument("--caption-referents", action="store_true",
-                   help="with --referent-attention: captions too (each phrase of a scene caption's listing asks "
-                        "head 0 of layer 1 to attend to the object it names); tried in stop 24 without gain")
+                   help="with --referent-attention: captions that scan the cells too (--mix confusable_scan): each "
+                        "object phrase attends to its cell's place words and the object's patches, an empty cell's "
+                        "\"no object\" to the sequence's first token, each next cell name to the previous cell's name")
     t.add_argument("--vision-from", default=None,
                    help="a run's ckpt directory: a fresh run starts its tower, projector and vision heads from it "
                         "and counts its vision images as done, and its projector fit when it has one (same seed "

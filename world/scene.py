@@ -198,28 +198,39 @@ def scan_listing(scene: Scene) -> str:
                      for cell, name in POSITIONS.items())
 
 
-SCAN_OPENERS = ("in the image", "this picture shows", "cell by cell", "from the top left to the bottom right",
-                "we can see", "the scene, cell by cell")
+SCAN_OPENERS = ("in the image", "this picture shows", "the image shows", "we can see", "in this picture",
+                "the scene shows")
 
 
-def caption(rng: random.Random, scene: Scene) -> tuple[str, tuple[str, ...]]:
+def caption(rng: random.Random, scene: Scene, scan: bool = False) -> tuple[str, tuple[str, ...]]:
     """A detailed caption naming every object's colour, shape, size and place, with optional relations.
 
-    The listing scans the image cell by cell in reading order and says what each of the nine cells holds
-    (``scan_listing``). A small LM that lists only the objects has to know which ones it has already named, or which
-    occupied cell comes next, and the 8-layer target's captions failed exactly there: they named one object again
-    and again and skipped others (attribute recall 0.70; zoo/TRAINING.md, "Captions that scan the cells"). With
-    the cell named first, every object phrase is a lookup by place, the skill short "where" answers already use.
+    ``scan``: the listing names all nine cells in reading order with what each holds (``scan_listing``) instead of
+    the objects alone. A small LM that lists only the objects has to know which ones it has named already, and the
+    8-layer target's captions fail exactly there: they name one object again and again and skip others (attribute
+    recall 0.70; zoo/TRAINING.md, "Captions that scan the cells"). With the cell named first, every object phrase is
+    a lookup by place. Both forms draw the same random numbers, so every pick after the caption (the prompt's
+    included) is the same either way.
     """
     objs = list(scene.objects)
     order = objs[:]
     rng.shuffle(order)
-    # the free-form phrasing's draws are kept, so every random number after the caption (the prompt's included)
-    # stays what it was and the evaluation suites keep their prompts and images
-    join_list(rng, [_describe(rng, o) for o in order])
-    opener = pick(rng, SCAN_OPENERS)
-    text = sentence(f"{opener}: {scan_listing(scene)}.")
+    phrases = {id(o): _describe(rng, o) for o in order}  # drawn in the shuffled order: the random stream is unchanged
+    # ...but listed in reading order (cell by cell, top row first): a small LM that has to name every object once can
+    # then scan the image instead of remembering which objects it has named (zoo/TRAINING.md, "Captions in reading
+    # order").
     n = len(objs)
+    be = "is" if n == 1 else "are"
+    listed = join_list(rng, [phrases[id(o)] for o in sorted(objs, key=lambda o: o.cell)])
+    count = f"{NUMBER_WORDS[n]} object{'s' if n > 1 else ''}"
+    k = rng.randrange(6)
+    if scan:
+        text = sentence(f"{SCAN_OPENERS[k]}: {scan_listing(scene)}.")
+    else:
+        text = sentence((
+            "The image shows {l}.", "This picture contains {l}.", "In this image there {be} {l}.",
+            "There {be} {k} in this image: {l}.", "We can see {l}.", "The scene has {k}: {l}.",
+        )[k].format(l=listed, be=be, k=count))
     if rng.random() < 0.6:
         text += " " + sentence(pick(rng, ("the background is {b}.", "everything sits on a {b} background.",
                                            "the objects are on a {b} background."))).format(b=scene.background)
@@ -300,7 +311,8 @@ def reasoning(rng: random.Random, scene: Scene) -> tuple[str, str, str]:
 
 # ----------------------------------------------------------------------------------------------- samplers
 
-def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int = 5) -> Sample:
+def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int = 5, scan: bool = False) -> Sample:
+    """One scene sample of ``task`` (vqa, caption, reasoning); ``scan``: captions scan the cells (``caption``)."""
     scene = sample_scene(rng, n_min, n_max)
     img, pw = render_scene(scene, rng)
     if task == "vqa":
@@ -308,7 +320,7 @@ def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int =
         prompt = f"<image>{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.8 else f"<image>{q}"
         return Sample(suite, f"vqa/{qtype}", (img,), prompt, a, a, k, (), (pw,))
     if task == "caption":
-        text, attrs = caption(rng, scene)
+        text, attrs = caption(rng, scene, scan=scan)
         return Sample(suite, "caption", (img,), "<image>" + pick(rng, CAPTION_PROMPTS), text, None, None, attrs, (pw,))
     if task == "reasoning":
         q, resp, a = reasoning(rng, scene)

@@ -56,6 +56,14 @@ def _few_object_caption(rng: random.Random, suite: str, task: str) -> Sample:
     return scene.make(rng, suite, "caption", n_min=1, n_max=2)
 
 
+def _scan_caption(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make(rng, suite, "caption", scan=True)
+
+
+def _few_object_scan_caption(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make(rng, suite, "caption", n_min=1, n_max=2, scan=True)
+
+
 # (name, maker, task, weight): what the target's training draws from. Captions of charts, signs, image sets and
 # videos are training-only tasks; the curriculum entries (single-object VQA, short captions) start heavy and fade.
 TRAIN_MIX: tuple[tuple[str, Maker, str, float], ...] = (
@@ -146,8 +154,15 @@ CONFUSABLE_MIX: tuple[tuple[str, Maker, str, float], ...] = DESCRIBE_MIX + (
 SCENES_CONFUSABLE_MIX: tuple[tuple[str, Maker, str, float], ...] = SCENES_MIX + (
     ("vqa_dialogue_confusable", _confusable_dialogue, "vqa", 3.0),)
 
+# The selection mix with captions that scan the nine cells (world/scene.py ``caption``, ``scan``): the same entries
+# and weights, the scene captions (the evaluation suite's prompts) answered cell by cell.
+_SCAN = {"caption": _scan_caption, "caption_short": _few_object_scan_caption}
+CONFUSABLE_SCAN_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
+    (name, _SCAN.get(name, maker), task, w) for name, maker, task, w in CONFUSABLE_MIX)
+
 MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX, "lookup": LOOKUP_MIX, "scenes": SCENES_MIX,
-         "describe": DESCRIBE_MIX, "confusable": CONFUSABLE_MIX, "scenes_confusable": SCENES_CONFUSABLE_MIX}
+         "describe": DESCRIBE_MIX, "confusable": CONFUSABLE_MIX, "scenes_confusable": SCENES_CONFUSABLE_MIX,
+         "confusable_scan": CONFUSABLE_SCAN_MIX}
 
 
 def suite_names() -> list[str]:

@@ -109,7 +109,8 @@ SINK = 0  # the sequence's first token (BOS): where a place lookup that finds no
 def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
                       word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
     """Attention targets for a one-image scene caption's cell-by-cell listing ("top left, no object; top, a large
-    black diamond; ..."); () for anything else (charts, signs, several images).
+    black diamond; ...", world/scene.py ``caption`` with ``scan``); () for anything else (free-form captions,
+    charts, signs, several images).
 
     Per cell segment (between the listing's ":" / ";" separators, up to its first "."), three kinds of target:
     - an object's phrase (found by its "colour shape" token pair; from the token before its article through the
@@ -146,6 +147,8 @@ def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, 
     places = {word_id(w) for name in POSITIONS.values() for w in name.split()} - {-1}
     comma, no = word_id(","), word_id("no")
     seps = [colon] + [j for j in range(colon + 1, stop) if ids[j] == word_id(";")] + [stop]
+    if len(seps) != len(POSITIONS) + 1:
+        return ()  # not a listing of the nine cells (a free-form caption): no targets
     out: list[ReferentTarget] = []
     prev_words: tuple[int, ...] = ()
     for a, b in zip(seps, seps[1:]):  # a cell's segment: tokens a + 1 .. b - 1

@@ -87,7 +87,7 @@ class TrainConfig:
     code_lm_mix: str = "dialogue"  # world.suites.MIXES entry the code LM stage draws from
     code_lm_stop: int = 0  # end this run's code stage at this many samples, on code_lm_samples' schedule (0 = off)
     referent_attention: float = 0.0  # weight of the referent-attention loss (zoo/referents.py) in the LM stages; 0 = off
-    caption_referents: bool = False  # with referent_attention: scene captions get targets too (caption_referents)
+    caption_referents: bool = False  # with referent_attention: scan captions get targets too (caption_referents)
     vision_from: str | None = None  # a run's ckpt dir whose tower, projector and vision heads a fresh run starts from
     lm_from: str | None = None  # a run's ckpt dir whose LM (and code-stage progress) a fresh run starts from
 

@@ -86,6 +86,36 @@ def test_unknown_suite_and_split_rejected():
         generate("vqa", "test")
 
 
+def test_captions_scan_every_cell_in_reading_order():
+    """The listing names the nine cells in reading order, each with exactly the objects in it (``scan_listing``)."""
+    import random
+
+    from specula.world.scene import SCAN_OPENERS, sample_scene, scan_listing
+    from specula.world.vocab import POSITIONS
+
+    for i in range(40):
+        scene = sample_scene(random.Random(f"scan/{i}"))
+        entries = scan_listing(scene).split("; ")
+        assert [e.split(", ")[0] for e in entries] == list(POSITIONS.values())
+        for (cell, _), entry in zip(POSITIONS.items(), entries):
+            here = [o for o in scene.objects if o.cell == cell]
+            said = entry.split(", ", 1)[1]
+            assert (said == "no object") == (not here)
+            assert all(f"{o.size} {o.colour} {o.shape}" in said for o in here) and said.count(" and ") == max(0, len(here) - 1)
+    # the scan mix answers the evaluation suite's caption prompts cell by cell, with the same random stream
+    from specula.world.suites import MIXES
+
+    scan = {name: maker for name, maker, _, _ in MIXES["confusable_scan"]}
+    plain = {name: maker for name, maker, _, _ in MIXES["confusable"]}
+    assert scan.keys() == plain.keys()
+    for i in range(20):
+        a = scan["caption"](random.Random(f"scan-mix/{i}"), "caption", "caption")
+        b = plain["caption"](random.Random(f"scan-mix/{i}"), "caption", "caption")
+        assert a.prompt == b.prompt and a.attributes == b.attributes and a.response != b.response
+        assert any(a.response.lower().startswith(f"{o}: top left, ") for o in SCAN_OPENERS), a.response
+        assert a.response.split(". ", 1)[1:] == b.response.split(". ", 1)[1:]  # background and relations as before
+
+
 def test_captions_list_objects_in_reading_order():
     """Scene captions name their objects cell by cell, top row first (world/scene.py ``caption``)."""
     from specula.world.vocab import POSITIONS

@@ -80,7 +80,7 @@ def test_caption_targets_follow_the_listing_object_by_object(processor):
     tok = processor.tokenizer
     groups_seen = empty_seen = 0
     for seed in range(12):
-        s = make(random.Random(f"caption-referents/{seed}"), "caption", "caption", n_min=2, n_max=5)
+        s = make(random.Random(f"caption-referents/{seed}"), "caption", "caption", n_min=2, n_max=5, scan=True)
         e = enc.encode(s)
         img = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
         word = lambda j: tok.decode([int(e.input_ids[j])]).strip()  # noqa: E731
@@ -133,6 +133,8 @@ def test_caption_targets_follow_the_listing_object_by_object(processor):
         order = [min(p) for p, _, _ in groups]
         assert len(set(order)) == len(order)
     assert groups_seen >= 30 and empty_seen >= 40
+    free = make(random.Random("caption-referents/free"), "caption", "caption", n_min=2, n_max=5)
+    assert enc.encode(free).referents == ()  # a free-form caption has no cells to scan
     assert Encoder(processor, referents=True).encode(s).referents == ()  # captions only when asked for
 
 
@@ -148,6 +150,10 @@ def test_loss_is_zero_when_the_heads_look_at_the_targets_and_large_when_uniform(
 
     assert float(referent_attention_loss(uniform, t)) == pytest.approx(-0.5 * (math.log(0.2) + math.log(0.1)), rel=1e-4)
     assert referent_attention_loss(uniform, [[], []]) is None
+    # a word hop alone (a caption naming its next cell): no patch term, not a -log(0) one
+    word_only = [[ReferentTarget(8, (), (6,))], []]
+    assert float(referent_attention_loss(sharp, word_only)) < 1e-4
+    assert float(referent_attention_loss(uniform, word_only)) == pytest.approx(-math.log(0.1), rel=1e-4)
 
 
 def test_code_lm_loss_adds_the_referent_term_and_it_reaches_the_first_layer(processor):

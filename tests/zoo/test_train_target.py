@@ -154,6 +154,33 @@ def test_training_continues_from_exported_weights(tmp_path, processor):
     assert state["samples"] >= 96 and state["warm_restart_at"] >= 48
 
 
+@pytest.mark.slow
+def test_exported_word_code_target_continues_with_its_joint_stage_only(tmp_path, processor):
+    """--init-from with the word-code flags: the exported weights are past the code LM, vision and fit stages, so
+    none of them runs again (the code stage would overwrite the LM, the fit the projector); the joint stage goes on."""
+    base = dict(arch="tiny", pool=8, token_budget=2048, warmup_samples=4, eval_n=4, eval_every_s=1e9,
+                ckpt_every_s=1e9, threads=1, code_lm_samples=8, code_lm_layers=1, code_token_budget=2048,
+                vision_images=8, projector_fit_images=8, freeze_projector=True)
+    quiet = lambda m: None  # noqa: E731
+    out = export(train(TrainConfig(run_dir=str(tmp_path / "a"), total_samples=8, **base), processor, log=quiet),
+                 tmp_path / "zoo" / "target")
+    exported = LlavaForConditionalGeneration.from_pretrained(str(out), dtype=torch.float32).state_dict()
+    logs = []
+    cfg = TrainConfig(run_dir=str(tmp_path / "b"), total_samples=24, init_from=str(out), vis_weight=0.0, **base)
+    ckpt = train(cfg, processor, log=logs.append)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["code_lm_done"] and state["vision_images_done"] == 8 and state["projector_fit"] == {"from": str(out)}
+    assert not any(h.get("stage") == "code_lm" for h in state["history"][-1:])  # no code stage ran here
+    assert not any("projector fit" in m.lower() or "vision stage" in m.lower() for m in logs), logs
+    assert state["samples"] >= 24 and state["warm_restart_at"] >= 8
+    from safetensors.torch import load_file
+
+    after = load_file(ckpt / "model.safetensors")
+    proj = [k for k in after if k.startswith("model.multi_modal_projector.")]
+    assert proj and all(torch.equal(after[k], exported[k]) for k in proj)  # the fitted projector is kept
+    assert any(not torch.equal(after[k], exported[k]) for k in after if ".language_model." in k)  # the LM trained
+
+
 @pytest.mark.parametrize("entry", ["vqa_dialogue", "text_scene_dialogue"])
 def test_dialogue_labels_cover_every_assistant_turn(processor, entry):
     from specula.world.suites import MIXES
