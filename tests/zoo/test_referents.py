@@ -202,12 +202,13 @@ def test_cli_flags(processor):
     from specula.zoo.build import train_config_from_args
 
     args = build_parser().parse_args(["train", "target", "--referent-attention", "0.5", "--vision-from", "x/ckpt",
-                                      "--code-lm-mix", "scenes", "--caption-referents"])
+                                      "--code-lm-mix", "scenes", "--caption-referents", "--mix", "confusable_scan",
+                                      "--vis-weight", "0"])
     cfg = train_config_from_args(args)
     assert (cfg.referent_attention, cfg.vision_from, cfg.code_lm_mix) == (0.5, "x/ckpt", "scenes")
-    assert cfg.caption_referents
+    assert cfg.caption_referents and cfg.mix == "confusable_scan" and cfg.vis_weight == 0.0
     default = train_config_from_args(build_parser().parse_args(["train", "target"]))
-    assert default.code_lm_mix == "dialogue" and not default.caption_referents
+    assert default.code_lm_mix == "dialogue" and not default.caption_referents and default.vis_weight == 0.5
 
 
 def test_scenes_mix_is_almost_only_scene_dialogues():
