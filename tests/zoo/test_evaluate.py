@@ -195,3 +195,13 @@ def test_a_mid_stage_shallow_checkpoint_is_read_through_its_trained_layers_only(
     assert shallow_layers({"config": {"code_lm_layers": 2}, "code_lm_grown_from": 2}) == 0
     assert shallow_layers({"config": {"code_lm_layers": 0}}) == 0
     assert shallow_layers({"config": {}}) == 0
+
+
+def test_caption_words_ignore_every_punctuation_mark():
+    """A caption names "cross" whether a comma, a full stop or a semicolon follows it (scan captions separate their
+    cells with ";": the recall read "cross;" as a word of its own before)."""
+    from specula.zoo.quality import caption_words
+
+    words = caption_words("We can see: top left, a large purple cross; top, no object; center, a red star.")
+    assert {"cross", "star", "purple", "red", "top", "left"} <= words
+    assert not any(set(w) & set(";:,.") for w in words)
