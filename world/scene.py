@@ -220,13 +220,12 @@ def caption(rng: random.Random, scene: Scene, scan: bool = False) -> tuple[str, 
     # then scan the image instead of remembering which objects it has named (zoo/TRAINING.md, "Captions in reading
     # order").
     n = len(objs)
-    be = "is" if n == 1 else "are"
-    listed = join_list(rng, [phrases[id(o)] for o in sorted(objs, key=lambda o: o.cell)])
-    count = f"{NUMBER_WORDS[n]} object{'s' if n > 1 else ''}"
+    listed = join_list(rng, [phrases[id(o)] for o in sorted(objs, key=lambda o: o.cell)])  # drawn in both forms
     k = rng.randrange(6)
     if scan:
         text = sentence(f"{SCAN_OPENERS[k]}: {scan_listing(scene)}.")
     else:
+        be, count = ("is" if n == 1 else "are"), f"{NUMBER_WORDS[n]} object{'s' if n > 1 else ''}"
         text = sentence((
             "The image shows {l}.", "This picture contains {l}.", "In this image there {be} {l}.",
             "There {be} {k} in this image: {l}.", "We can see {l}.", "The scene has {k}: {l}.",

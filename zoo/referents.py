@@ -154,7 +154,7 @@ def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, 
     for a, b in zip(seps, seps[1:]):  # a cell's segment: tokens a + 1 .. b - 1
         cut = next((j for j in range(a + 1, b) if ids[j] == comma), None)
         if cut is None:
-            return tuple(out)  # not a scan listing
+            return ()  # a cell without its "," is not a scan listing
         words = tuple(j for j in range(a + 1, cut) if ids[j] in places)
         if prev_words:  # naming this cell: the separator and the place tokens before the last one
             out.extend(ReferentTarget(q, (), prev_words) for q in range(a, cut - 1))

@@ -173,6 +173,7 @@ def test_exported_word_code_target_continues_with_its_joint_stage_only(tmp_path,
     assert not any(h.get("stage") == "code_lm" for h in state["history"][-1:])  # no code stage ran here
     assert not any("projector fit" in m.lower() or "vision stage" in m.lower() for m in logs), logs
     assert state["samples"] >= 24 and state["warm_restart_at"] >= 8
+    assert "caption_attribute_recall" in state["history"][-1]  # the training check reads captions too
     from safetensors.torch import load_file
 
     after = load_file(ckpt / "model.safetensors")
