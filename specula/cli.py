@@ -410,9 +410,10 @@ def _add_zoo(sub) -> None:
                         "`zoo export` would store them")
     e.add_argument("--suites", default=None, help="comma-separated suites to run (default: all)")
     e.add_argument("--codes", action="store_true",
-                   help="with --checkpoint of a word-code run: also answer each short-answer suite's questions with "
-                        "exact word codes in place of the image tokens (what the LM reads from a perfect tower) and "
-                        "with zero codes (<suite>_codes; VQA also gets the tower's attribute readout)")
+                   help="with --checkpoint of a word-code run: also answer each image suite's questions (and "
+                        "write its captions) with exact word codes in place of the image tokens (what the LM reads "
+                        "from a perfect tower) and with zero codes (<suite>_codes; VQA also gets the tower's "
+                        "attribute readout)")
     e.add_argument("--n", type=int, default=100, help="samples per suite (default: 100)")
     e.add_argument("--json", action="store_true", help="print JSON")
     e.add_argument("--threads", type=int, default=2)

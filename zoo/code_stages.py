@@ -144,6 +144,24 @@ def code_answer_hits(model, processor, codes: WordCodes, samples, blank: bool = 
     return hits
 
 
+def code_captions(model, processor, codes: WordCodes, samples, blank: bool = False, max_new_tokens: int = 96,
+                  layers: int = 0) -> list[str]:
+    """Greedy captions with codes (or a blank image's codes, ``blank``) in the image positions: what the LM
+    describes from a perfect tower."""
+    from specula.zoo.probe import answer_with_visual
+
+    was_training = model.training
+    model.eval()
+    out = []
+    with shallow(model.model.language_model, layers):
+        for s in samples:
+            c = codes.images(s.patch_words).flatten(0, 1)  # [n_img * T, H]
+            out.append(answer_with_visual(model, processor, s, codes.blank(1, len(c)).flatten(0, 1) if blank else c,
+                                          max_new_tokens))
+    model.train(was_training)
+    return out
+
+
 def code_lm_lr(done: int, cfg) -> float:
     warm = max(1, cfg.warmup_samples // 4)
     if done < warm:

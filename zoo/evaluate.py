@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from specula.world.suites import SUITES, generate
-from specula.zoo.quality import (blank_like, by_question_type, caption_attribute_recall, chance_level,
-                                 short_answer_accuracy, short_answer_hits)
+from specula.zoo.quality import (attribute_recall, blank_like, by_question_type, caption_attribute_recall,
+                                 chance_level, short_answer_accuracy, short_answer_hits)
 
 GATES = {"vqa_exact_min": 0.90, "blank_margin_max": 0.10, "caption_attribute_recall_min": 0.85}
 EVAL_OFFSET = 20_000  # eval indices used by gates; training-time tracking uses 10_000.. of the same split
@@ -64,16 +64,23 @@ def shallow_layers(state: dict) -> int:
 def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0, suite: str = "vqa") -> dict:
     """The LM's reading of exact word codes in place of the image tokens (its ceiling: a perfect tower), and of zero
     codes, on the same held-out questions of ``suite`` as ``evaluate``; for VQA beside it ``tower_readout`` on the
-    first 40 of their images (``tower_<attribute>``). Only for word-code checkpoints."""
-    from specula.zoo.code_stages import code_answer_hits
+    first 40 of their images (``tower_<attribute>``); for captions their attribute recall. Only for word-code
+    checkpoints."""
+    from specula.zoo.code_stages import code_answer_hits, code_captions
     from specula.zoo.word_codes import WordCodes
 
     cfg = state["config"]
     if not cfg.get("code_lm_samples"):
         raise ValueError("--codes needs a word-code checkpoint (trained with --code-lm-samples)")
     codes = WordCodes(model.config.text_config.hidden_size, cfg["seed"], background=cfg.get("background_code", False))
-    samples = [s for s in (generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)) if s.answer]
     layers = shallow_layers(state)
+    if suite == "caption":  # the captions' attribute recall from exact codes and from zero codes
+        samples = [generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)]
+        return {"caption_attribute_recall": attribute_recall(samples, code_captions(model, processor, codes, samples,
+                                                                                    layers=layers)),
+                "caption_attribute_recall_zero_codes": attribute_recall(
+                    samples, code_captions(model, processor, codes, samples, blank=True, layers=layers))}
+    samples = [s for s in (generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)) if s.answer]
     hits = code_answer_hits(model, processor, codes, samples, layers=layers)
     blank = code_answer_hits(model, processor, codes, samples, blank=True, layers=layers)
     out = {"exact": sum(hits) / max(1, len(samples)), "exact_zero_codes": sum(blank) / max(1, len(samples))}
@@ -173,8 +180,8 @@ def eval_cli(args) -> int:
             raise SystemExit("--codes needs --checkpoint (a word-code training checkpoint)")
         model, processor = load_model(args.model)
     r = evaluate(model, processor, n=args.n, suites=suites)
-    if args.codes:  # every short-answer suite asked for, read from exact codes (and zero codes) too
-        for name in [x for x in list(r["suites"]) if x not in ("caption", "text")]:
+    if args.codes:  # every image suite asked for (short answers and captions), read from exact and zero codes too
+        for name in [x for x in list(r["suites"]) if x != "text"]:
             r["suites"][f"{name}_codes"] = code_readout(model, processor, state, n=args.n, suite=name)
     if args.json:
         print(json.dumps(r, indent=1))

@@ -73,9 +73,15 @@ def chance_level(samples: list[Sample]) -> float | None:
 
 def caption_attribute_recall(model, processor, samples: list[Sample], max_new_tokens: int = 96) -> float:
     """Share of required attribute words (colours, shapes, ...) that the generated caption names."""
+    return attribute_recall(samples, [greedy_answer(model, processor, s, max_new_tokens) for s in samples])
+
+
+def attribute_recall(samples: list[Sample], captions: list[str]) -> float:
+    """Share of the samples' required attribute words that their ``captions`` name (an attribute of several words,
+    "dark gray", counts only when all of them appear)."""
     found = total = 0
-    for s in samples:
-        words = caption_words(greedy_answer(model, processor, s, max_new_tokens))
+    for s, text in zip(samples, captions, strict=True):
+        words = caption_words(text)
         for a in s.attributes:
             total += 1
             found += all(w in words for w in a.lower().split())

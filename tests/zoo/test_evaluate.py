@@ -142,7 +142,10 @@ def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_pa
     assert main(["zoo", "eval", "--checkpoint", str(ckpt), "--suites", "vqa,video,caption", "--n", "3", "--codes",
                  "--json", "--threads", "1"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert set(r["suites"]) == {"vqa", "video", "caption", "vqa_codes", "video_codes"}  # short-answer suites only
+    assert set(r["suites"]) == {"vqa", "video", "caption", "vqa_codes", "video_codes", "caption_codes"}
+    cap = r["suites"]["caption_codes"]  # captions: attribute recall written from exact and from zero codes
+    assert set(cap) == {"caption_attribute_recall", "caption_attribute_recall_zero_codes"}
+    assert all(0 <= v <= 1 for v in cap.values())
     codes = r["suites"]["vqa_codes"]
     assert 0 <= codes["exact"] <= 1 and 0 <= codes["exact_zero_codes"] <= 1
     assert all(0 <= codes[f"tower_{k}"] <= 1 for k in ("colour", "shape", "size", "place"))
@@ -205,3 +208,49 @@ def test_caption_words_ignore_every_punctuation_mark():
     words = caption_words("We can see: top left, a large purple cross; top, no object; center, a red star.")
     assert {"cross", "star", "purple", "red", "top", "left"} <= words
     assert not any(set(w) & set(";:,.") for w in words)
+
+
+def test_attribute_recall_counts_an_attribute_only_when_all_its_words_appear():
+    from specula.zoo.quality import attribute_recall
+
+    s = [generate("caption", "eval", i) for i in range(3)]
+    whole = [" ".join(x.attributes) + "." for x in s]
+    assert attribute_recall(s, whole) == 1.0
+    assert attribute_recall(s, ["" for _ in s]) == 0.0
+    import dataclasses
+
+    two = dataclasses.replace(s[0], attributes=("dark gray", "star"))  # a two-word attribute needs both words
+    assert attribute_recall([two], ["a dark star."]) == 0.5
+    assert attribute_recall([two], ["a Star; dark, gray"]) == 1.0
+    with pytest.raises(ValueError):
+        attribute_recall(s, whole[:2])
+
+
+def test_code_captions_match_the_tower_when_the_tower_outputs_exact_codes(monkeypatch):
+    """``--codes`` on captions: with the projector replaced by one that outputs the image's exact codes, captions
+    written from the tower and from ``code_captions`` are the same; zero codes write something else."""
+    from specula.zoo.code_stages import code_captions
+    from specula.zoo.quality import greedy_answer
+    from specula.zoo.word_codes import WordCodes
+
+    processor = load_processor(TOKENIZER_DIR)
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer).eval()
+    marks = [i for t, i in processor.tokenizer.get_vocab().items() if t.startswith("<")]  # eos, role marks, image
+    with torch.no_grad():  # a random model that writes words (not marks, not an end at once): text to compare
+        model.lm_head.weight[marks] = 0
+    codes = WordCodes(model.config.text_config.hidden_size, 0)
+    samples = [generate("caption", "eval", i) for i in range(2)]
+    current = {}
+
+    class ExactCodes(torch.nn.Module):
+        def forward(self, x):
+            return codes.images(current["s"].patch_words)  # [1, T, H]
+
+    monkeypatch.setattr(model.model, "multi_modal_projector", ExactCodes())
+    tower = []
+    for s in samples:
+        current["s"] = s
+        tower.append(greedy_answer(model, processor, s, 12))
+    assert all(tower) and code_captions(model, processor, codes, samples, max_new_tokens=12) == tower
+    assert code_captions(model, processor, codes, samples, blank=True, max_new_tokens=12) != tower
