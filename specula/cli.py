@@ -441,6 +441,18 @@ def _add_zoo(sub) -> None:
         return probe_cli(args)
 
     pr.set_defaults(func=run_probe)
+    sp = zsub.add_parser("splice", help="a checkpoint with one run's LM and other weights' vision tower + projector",
+                         description="Copies the training checkpoint --ckpt to --out (state, optimizers, vision "
+                                     "heads) with every vision tower and projector tensor taken from --vision-from "
+                                     "(an exported model such as zoo/weights/target, or another checkpoint). Resume "
+                                     "it with `specula train target --run-dir <parent of --out>`; --freeze-vision "
+                                     "keeps the new vision side fixed. See zoo/splice.py.")
+    sp.add_argument("--ckpt", required=True, help="the training checkpoint whose LM is kept (runs/X/ckpt)")
+    sp.add_argument("--vision-from", required=True,
+                    help="exported model directory or training checkpoint to take the tower and projector from")
+    sp.add_argument("--out", required=True, help="new checkpoint directory to write (must not exist), e.g. "
+                                                 "runs/Y/ckpt")
+    sp.set_defaults(func=lambda a: __import__("specula.zoo.splice", fromlist=["x"]).splice_cli(a))
     x = zsub.add_parser("export", help="copy a training checkpoint into the shipped zoo (fp16) and update the manifest")
     x.add_argument("--ckpt", default="runs/target/ckpt", help="checkpoint directory (default: runs/target/ckpt)")
     x.add_argument("--out", default=None,
