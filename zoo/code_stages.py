@@ -6,8 +6,8 @@
   full-depth model computes exactly what the shallow one learnt, and the joint stage trains them from there.
 - ``code_vision_loss``: tower + projector regress the codes (used by the vision stage and, as ``aux_in``, by the
   joint stage).
-- ``code_answer_hits``: held-out short answers with codes (or zero codes: the "blank image") in place of the
-  image, the stage's image-vs-blank check.
+- ``code_answers`` / ``code_answer_hits``: held-out answers or captions with codes (or zero codes: the "blank
+  image") in place of the image; the hits are the stage's image-vs-blank check, the captions ``zoo eval --codes``'.
 """
 
 from __future__ import annotations
@@ -123,32 +123,11 @@ def code_cosine(img: torch.Tensor, codes: torch.Tensor) -> float:
     return float(F.cosine_similarity(img[keep].float(), codes[keep].float(), dim=-1).mean())
 
 
-def code_answer_hits(model, processor, codes: WordCodes, samples, blank: bool = False, max_new_tokens: int = 8,
-                     layers: int = 0) -> list[bool]:
-    """Greedy short answers with codes (or a blank image's codes, ``blank``) in the image positions; exact match per
-    sample."""
+def code_answers(model, processor, codes: WordCodes, samples, blank: bool = False, max_new_tokens: int = 8,
+                 layers: int = 0) -> list[str]:
+    """Greedy answers (or captions: a larger ``max_new_tokens``) with codes, or a blank image's codes (``blank``), in
+    the image positions: what the LM reads from a perfect tower."""
     from specula.zoo.probe import answer_with_visual  # the probe's greedy loop over given visual tokens
-
-    was_training = model.training
-    model.eval()
-    hits = []
-    with shallow(model.model.language_model, layers):
-        for s in samples:
-            c = codes.images(s.patch_words).flatten(0, 1)  # [n_img * T, H]
-            pred = answer_with_visual(model, processor, s, codes.blank(1, len(c)).flatten(0, 1) if blank else c,
-                                       max_new_tokens)
-            if s.kind.startswith("reasoning") or "." in pred:
-                pred = pred.split(".")[0]
-            hits.append(normalize(pred) == normalize(s.answer or ""))
-    model.train(was_training)
-    return hits
-
-
-def code_captions(model, processor, codes: WordCodes, samples, blank: bool = False, max_new_tokens: int = 96,
-                  layers: int = 0) -> list[str]:
-    """Greedy captions with codes (or a blank image's codes, ``blank``) in the image positions: what the LM
-    describes from a perfect tower."""
-    from specula.zoo.probe import answer_with_visual
 
     was_training = model.training
     model.eval()
@@ -160,6 +139,17 @@ def code_captions(model, processor, codes: WordCodes, samples, blank: bool = Fal
                                           max_new_tokens))
     model.train(was_training)
     return out
+
+
+def code_answer_hits(model, processor, codes: WordCodes, samples, blank: bool = False, max_new_tokens: int = 8,
+                     layers: int = 0) -> list[bool]:
+    """Greedy short answers from codes (``code_answers``); exact match per sample."""
+    hits = []
+    for s, pred in zip(samples, code_answers(model, processor, codes, samples, blank, max_new_tokens, layers)):
+        if s.kind.startswith("reasoning") or "." in pred:
+            pred = pred.split(".")[0]
+        hits.append(normalize(pred) == normalize(s.answer or ""))
+    return hits
 
 
 def code_lm_lr(done: int, cfg) -> float:

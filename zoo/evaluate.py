@@ -66,7 +66,7 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0, sui
     codes, on the same held-out questions of ``suite`` as ``evaluate``; for VQA beside it ``tower_readout`` on the
     first 40 of their images (``tower_<attribute>``); for captions their attribute recall. Only for word-code
     checkpoints."""
-    from specula.zoo.code_stages import code_answer_hits, code_captions
+    from specula.zoo.code_stages import code_answer_hits, code_answers
     from specula.zoo.word_codes import WordCodes
 
     cfg = state["config"]
@@ -76,10 +76,11 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0, sui
     layers = shallow_layers(state)
     if suite == "caption":  # the captions' attribute recall from exact codes and from zero codes
         samples = [generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)]
-        return {"caption_attribute_recall": attribute_recall(samples, code_captions(model, processor, codes, samples,
-                                                                                    layers=layers)),
+        return {"caption_attribute_recall": attribute_recall(
+                    samples, code_answers(model, processor, codes, samples, max_new_tokens=96, layers=layers)),
                 "caption_attribute_recall_zero_codes": attribute_recall(
-                    samples, code_captions(model, processor, codes, samples, blank=True, layers=layers))}
+                    samples, code_answers(model, processor, codes, samples, blank=True, max_new_tokens=96,
+                                          layers=layers))}
     samples = [s for s in (generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)) if s.answer]
     hits = code_answer_hits(model, processor, codes, samples, layers=layers)
     blank = code_answer_hits(model, processor, codes, samples, blank=True, layers=layers)

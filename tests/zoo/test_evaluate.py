@@ -226,10 +226,10 @@ def test_attribute_recall_counts_an_attribute_only_when_all_its_words_appear():
         attribute_recall(s, whole[:2])
 
 
-def test_code_captions_match_the_tower_when_the_tower_outputs_exact_codes(monkeypatch):
+def test_code_answers_match_the_tower_when_the_tower_outputs_exact_codes(monkeypatch):
     """``--codes`` on captions: with the projector replaced by one that outputs the image's exact codes, captions
-    written from the tower and from ``code_captions`` are the same; zero codes write something else."""
-    from specula.zoo.code_stages import code_captions
+    written from the tower and from ``code_answers`` are the same; zero codes write something else."""
+    from specula.zoo.code_stages import code_answers
     from specula.zoo.quality import greedy_answer
     from specula.zoo.word_codes import WordCodes
 
@@ -252,5 +252,5 @@ def test_code_captions_match_the_tower_when_the_tower_outputs_exact_codes(monkey
     for s in samples:
         current["s"] = s
         tower.append(greedy_answer(model, processor, s, 12))
-    assert all(tower) and code_captions(model, processor, codes, samples, max_new_tokens=12) == tower
-    assert code_captions(model, processor, codes, samples, blank=True, max_new_tokens=12) != tower
+    assert all(tower) and code_answers(model, processor, codes, samples, max_new_tokens=12) == tower
+    assert code_answers(model, processor, codes, samples, blank=True, max_new_tokens=12) != tower
