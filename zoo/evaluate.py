@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from specula.world.suites import SUITES, generate
-from specula.zoo.quality import (attribute_recall, blank_like, by_question_type, caption_attribute_recall,
-                                 chance_level, short_answer_accuracy, short_answer_hits)
+from specula.zoo.quality import (CAPTION_TOKENS, attribute_recall, blank_like, by_question_type,
+                                 caption_attribute_recall, chance_level, short_answer_accuracy, short_answer_hits)
 
 GATES = {"vqa_exact_min": 0.90, "blank_margin_max": 0.10, "caption_attribute_recall_min": 0.85}
 EVAL_OFFSET = 20_000  # eval indices used by gates; training-time tracking uses 10_000.. of the same split
@@ -76,11 +76,11 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0, sui
     layers = shallow_layers(state)
     if suite == "caption":  # the captions' attribute recall from exact codes and from zero codes
         samples = [generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)]
-        return {"caption_attribute_recall": attribute_recall(
-                    samples, code_answers(model, processor, codes, samples, max_new_tokens=96, layers=layers)),
-                "caption_attribute_recall_zero_codes": attribute_recall(
-                    samples, code_answers(model, processor, codes, samples, blank=True, max_new_tokens=96,
-                                          layers=layers))}
+        def recall(blank: bool) -> float:
+            return attribute_recall(samples, code_answers(model, processor, codes, samples, blank=blank,
+                                                          max_new_tokens=CAPTION_TOKENS, layers=layers))
+
+        return {"caption_attribute_recall": recall(False), "caption_attribute_recall_zero_codes": recall(True)}
     samples = [s for s in (generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)) if s.answer]
     hits = code_answer_hits(model, processor, codes, samples, layers=layers)
     blank = code_answer_hits(model, processor, codes, samples, blank=True, layers=layers)

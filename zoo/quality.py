@@ -71,7 +71,10 @@ def chance_level(samples: list[Sample]) -> float | None:
     return sum(1.0 / s.n_choices for s in samples if s.n_choices) / max(1, len(samples))
 
 
-def caption_attribute_recall(model, processor, samples: list[Sample], max_new_tokens: int = 96) -> float:
+CAPTION_TOKENS = 96  # a caption's greedy decode length in the gate (a scan listing of nine cells is 40-60 tokens)
+
+
+def caption_attribute_recall(model, processor, samples: list[Sample], max_new_tokens: int = CAPTION_TOKENS) -> float:
     """Share of required attribute words (colours, shapes, ...) that the generated caption names."""
     return attribute_recall(samples, [greedy_answer(model, processor, s, max_new_tokens) for s in samples])
 
