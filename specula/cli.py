@@ -15,7 +15,8 @@ import argparse
 import sys
 
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
-MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan"]
+MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
+             "scan_captions"]
 
 
 def _threads(args) -> None:
@@ -229,8 +230,9 @@ def _add_train(sub) -> None:
                         "described in words, as dialogues: the LM's copy-from-context skill, cheaply), scenes "
                         "(almost only scene dialogues), describe (dialogue with twice the scene captions), confusable "
                         "(describe plus dialogues about scenes whose objects share colours and shapes), "
-                        "scenes_confusable (scenes plus those dialogues) or confusable_scan (confusable with scene "
-                        "captions that name all nine cells in reading order)")
+                        "scenes_confusable (scenes plus those dialogues), confusable_scan (confusable with scene "
+                        "captions that name all nine cells in reading order) or scan_captions (confusable_scan with "
+                        "twice the captions)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "

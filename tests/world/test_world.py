@@ -154,6 +154,18 @@ def test_describe_mix_is_the_dialogue_mix_with_twice_the_captions():
         assert describe[name] == (2 * w if name in ("caption", "caption_short") else w), name
 
 
+def test_scan_captions_mix_is_the_scan_mix_with_twice_the_captions():
+    from specula.world.suites import MIXES
+
+    scan = {name: (maker, w) for name, maker, _, w in MIXES["confusable_scan"]}
+    heavy = {name: (maker, w) for name, maker, _, w in MIXES["scan_captions"]}
+    assert heavy.keys() == scan.keys()
+    for name, (maker, w) in scan.items():
+        assert heavy[name] == (maker, 2 * w if name in ("caption", "caption_short") else w), name
+    share = sum(w for name, (_, w) in heavy.items() if name.startswith("caption")) / sum(w for _, w in heavy.values())
+    assert 0.35 < share < 0.45
+
+
 def test_confusable_scenes_name_objects_by_colour_and_shape():
     import random
 
