@@ -13,7 +13,8 @@ import torch
 
 from specula.world.suites import SUITES, generate
 from specula.zoo.quality import (CAPTION_TOKENS, attribute_recall, blank_like, by_question_type,
-                                 caption_attribute_recall, chance_level, short_answer_accuracy, short_answer_hits)
+                                 caption_attribute_recall, chance_level, greedy_answer, object_precision,
+                                 short_answer_accuracy, short_answer_hits)
 
 GATES = {"vqa_exact_min": 0.90, "blank_margin_max": 0.10, "caption_attribute_recall_min": 0.85}
 EVAL_OFFSET = 20_000  # eval indices used by gates; training-time tracking uses 10_000.. of the same split
@@ -76,11 +77,14 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0, sui
     layers = shallow_layers(state)
     if suite == "caption":  # the captions' attribute recall from exact codes and from zero codes
         samples = [generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)]
-        def recall(blank: bool) -> float:
-            return attribute_recall(samples, code_answers(model, processor, codes, samples, blank=blank,
-                                                          max_new_tokens=CAPTION_TOKENS, layers=layers))
+        def captions(blank: bool) -> list[str]:
+            return code_answers(model, processor, codes, samples, blank=blank, max_new_tokens=CAPTION_TOKENS,
+                                layers=layers)
 
-        return {"caption_attribute_recall": recall(False), "caption_attribute_recall_zero_codes": recall(True)}
+        written = captions(False)
+        return {"caption_attribute_recall": attribute_recall(samples, written),
+                "caption_object_precision": object_precision(samples, written),
+                "caption_attribute_recall_zero_codes": attribute_recall(samples, captions(True))}
     samples = [s for s in (generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)) if s.answer]
     hits = code_answer_hits(model, processor, codes, samples, layers=layers)
     blank = code_answer_hits(model, processor, codes, samples, blank=True, layers=layers)
@@ -132,7 +136,9 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
         samples = [generate(name, "eval", EVAL_OFFSET + i, seed) for i in range(n)]
         r: dict = {}
         if name == "caption":
-            r["caption_attribute_recall"] = caption_attribute_recall(model, processor, samples)
+            written = [greedy_answer(model, processor, s, CAPTION_TOKENS) for s in samples]
+            r["caption_attribute_recall"] = attribute_recall(samples, written)
+            r["caption_object_precision"] = object_precision(samples, written)  # no gate: what recall leaves out
             r["caption_attribute_recall_blank_image"] = caption_attribute_recall(model, processor, [blank_like(s) for s in samples])
         elif name == "text":
             qa = [s for s in samples if s.answer]

@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from specula.world.sample import IMAGE_SIZE, Sample
+from specula.world.vocab import COLOUR_NAMES, SHAPES
 from specula.runtime.prompts import encode_prompt
 
 
@@ -89,6 +90,28 @@ def attribute_recall(samples: list[Sample], captions: list[str]) -> float:
             total += 1
             found += all(w in words for w in a.lower().split())
     return found / max(1, total)
+
+
+# an object named by colour and shape, in either caption form: "a small red circle", "a red circle of large size"
+_OBJECT_PHRASE = re.compile(rf"\b({'|'.join(COLOUR_NAMES)}) ({'|'.join(SHAPES)})\b")
+
+
+def object_precision(samples: list[Sample], captions: list[str]) -> float | None:
+    """Share of the objects the ``captions`` name (a colour word right before a shape word, once per caption and
+    object) that their scenes hold. Recall alone rewards a caption that fills empty places with copies of objects it
+    has named; this is the other side. None where no sample lists its objects as (colour, shape) pairs (the scene
+    captions do: ``attributes`` = colour, shape, colour, shape, ...)."""
+    named = right = 0
+    scenes = 0
+    for s, text in zip(samples, captions, strict=True):
+        pairs = list(zip(s.attributes[::2], s.attributes[1::2]))
+        if len(s.attributes) % 2 or not all(c in COLOUR_NAMES and sh in SHAPES for c, sh in pairs):
+            continue
+        scenes += 1
+        said = set(_OBJECT_PHRASE.findall(text.lower()))
+        named += len(said)
+        right += len(said & set(pairs))
+    return right / max(1, named) if scenes else None
 
 
 def caption_words(text: str) -> set[str]:

@@ -7,7 +7,7 @@ from specula.targets.processor import load_processor
 from specula.world import generate
 from specula.zoo.evaluate import evaluate
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.quality import by_question_type
+from specula.zoo.quality import attribute_recall, by_question_type
 from specula.zoo.target_config import TargetArch, build_model
 
 
@@ -144,8 +144,9 @@ def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_pa
     r = json.loads(capsys.readouterr().out)
     assert set(r["suites"]) == {"vqa", "video", "caption", "vqa_codes", "video_codes", "caption_codes"}
     cap = r["suites"]["caption_codes"]  # captions: attribute recall written from exact and from zero codes
-    assert set(cap) == {"caption_attribute_recall", "caption_attribute_recall_zero_codes"}
+    assert set(cap) == {"caption_attribute_recall", "caption_object_precision", "caption_attribute_recall_zero_codes"}
     assert all(0 <= v <= 1 for v in cap.values())
+    assert 0 <= r["suites"]["caption"]["caption_object_precision"] <= 1
     codes = r["suites"]["vqa_codes"]
     assert 0 <= codes["exact"] <= 1 and 0 <= codes["exact_zero_codes"] <= 1
     assert all(0 <= codes[f"tower_{k}"] <= 1 for k in ("colour", "shape", "size", "place"))
@@ -211,8 +212,6 @@ def test_caption_words_ignore_every_punctuation_mark():
 
 
 def test_attribute_recall_counts_an_attribute_only_when_all_its_words_appear():
-    from specula.zoo.quality import attribute_recall
-
     s = [generate("caption", "eval", i) for i in range(3)]
     whole = [" ".join(x.attributes) + "." for x in s]
     assert attribute_recall(s, whole) == 1.0
@@ -224,6 +223,26 @@ def test_attribute_recall_counts_an_attribute_only_when_all_its_words_appear():
     assert attribute_recall([two], ["a Star; dark, gray"]) == 1.0
     with pytest.raises(ValueError):
         attribute_recall(s, whole[:2])
+
+
+def test_object_precision_counts_named_objects_that_the_scene_holds():
+    """Copies of a named object in empty places leave recall at 1 and pull precision down; both caption forms
+    ("a small red circle", "a red circle of large size") are read; samples without (colour, shape) pairs are
+    skipped."""
+    import dataclasses
+
+    from specula.zoo.quality import object_precision
+
+    s = dataclasses.replace(generate("caption", "eval", 0), attributes=("red", "circle", "blue", "star"))
+    right = "top left, a small red circle; top, no object; center, a blue star of large size."
+    copies = "top left, a small red circle; top, a small red star; center, a blue star; right, a blue circle."
+    assert attribute_recall([s, s], [right, copies]) == 1.0
+    assert object_precision([s], [right]) == 1.0
+    assert object_precision([s], [copies]) == 0.5  # red star and blue circle are not in the scene
+    assert object_precision([s, s], [right, copies]) == pytest.approx(4 / 6)
+    assert object_precision([s], ["nothing here."]) == 0.0
+    chart = dataclasses.replace(s, attributes=("bars", "apples"))
+    assert object_precision([chart], [right]) is None
 
 
 def test_code_answers_match_the_tower_when_the_tower_outputs_exact_codes(monkeypatch):
