@@ -416,6 +416,11 @@ def _add_zoo(sub) -> None:
                         "write its captions) with exact word codes in place of the image tokens (what the LM reads "
                         "from a perfect tower) and with zero codes (<suite>_codes; VQA also gets the tower's "
                         "attribute readout)")
+    e.add_argument("--scan-cells", action="store_true",
+                   help="also feed the caption suite's scenes with their reference scan listing (all nine cells in "
+                        "reading order) and report, for cells with and without an object, how often the model opens "
+                        "the cell right ('a' vs 'no') and with what mean probability (caption_scan_cells): missed "
+                        "objects against objects copied into empty places")
     e.add_argument("--n", type=int, default=100, help="samples per suite (default: 100)")
     e.add_argument("--json", action="store_true", help="print JSON")
     e.add_argument("--threads", type=int, default=2)

@@ -180,6 +180,8 @@ def eval_cli(args) -> int:
     unknown = sorted(set(suites or []) - set(SUITES))
     if unknown:
         raise SystemExit(f"--suites: unknown {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+    if args.scan_cells and suites is not None and "caption" not in suites:
+        raise SystemExit("--scan-cells reads the caption suite's scenes: add caption to --suites")
     if args.checkpoint:
         model, processor, state = load_checkpoint(args.checkpoint)
     else:
@@ -190,11 +192,16 @@ def eval_cli(args) -> int:
     if args.codes:  # every image suite asked for (short answers and captions), read from exact and zero codes too
         for name in [x for x in list(r["suites"]) if x != "text"]:
             r["suites"][f"{name}_codes"] = code_readout(model, processor, state, n=args.n, suite=name)
+    if args.scan_cells:  # the reference scan listing, teacher-forced: each cell's opening word (zoo/scan_cells.py)
+        from specula.zoo.scan_cells import scan_cells
+
+        r["suites"]["caption_scan_cells"] = scan_cells(model, processor, n=args.n, offset=EVAL_OFFSET)
     if args.json:
         print(json.dumps(r, indent=1))
     else:
         for name, v in r["suites"].items():
-            print(f"{name:12s} " + "  ".join(f"{k}={x:.3f}" for k, x in v.items() if k != "by_type"))
+            print(f"{name:12s} " + "  ".join(f"{k}={x:.3f}" if isinstance(x, float) else f"{k}={x}"
+                                             for k, x in v.items() if k != "by_type"))
             for qtype, t in v.get("by_type", {}).items():
                 print(f"  {qtype:18s} n={t['n']:<4d} exact={t['exact']:.3f}  blank_image={t['exact_blank_image']:.3f}")
         print("gates: " + ", ".join(f"{k}={'pass' if ok else 'FAIL'}" for k, ok in r["gates"].items()))

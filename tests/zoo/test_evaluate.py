@@ -140,9 +140,11 @@ def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_pa
     assert state["config"]["code_lm_samples"] == 4
 
     assert main(["zoo", "eval", "--checkpoint", str(ckpt), "--suites", "vqa,video,caption", "--n", "3", "--codes",
-                 "--json", "--threads", "1"]) == 0
+                 "--scan-cells", "--json", "--threads", "1"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert set(r["suites"]) == {"vqa", "video", "caption", "vqa_codes", "video_codes", "caption_codes"}
+    assert set(r["suites"]) == {"vqa", "video", "caption", "vqa_codes", "video_codes", "caption_codes",
+                                "caption_scan_cells"}
+    assert sum(v["cells"] for v in r["suites"]["caption_scan_cells"].values()) == 27  # nine per scene
     cap = r["suites"]["caption_codes"]  # captions: attribute recall written from exact and from zero codes
     assert set(cap) == {"caption_attribute_recall", "caption_object_precision", "caption_attribute_recall_zero_codes"}
     assert all(0 <= v <= 1 for v in cap.values())
@@ -273,3 +275,33 @@ def test_code_answers_match_the_tower_when_the_tower_outputs_exact_codes(monkeyp
         tower.append(greedy_answer(model, processor, s, 12))
     assert all(tower) and code_answers(model, processor, codes, samples, max_new_tokens=12) == tower
     assert code_answers(model, processor, codes, samples, blank=True, max_new_tokens=12) != tower
+
+
+def test_scan_cells_reads_every_cell_of_every_scene_once(capsys):
+    """``--scan-cells``: nine verdicts per scene, split into cells with and without an object as the reference
+    listing has them; a model that only ever says "no" is right on the empty cells and wrong on the others."""
+    from specula.cli import main
+    from specula.world import scene
+    from specula.world.suites import _rng
+    from specula.zoo.scan_cells import scan_cells
+
+    processor = load_processor(TOKENIZER_DIR)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer).eval()
+    torch.set_num_threads(1)
+    n, offset = 3, 20_000
+    empty = sum(scene.make(_rng("caption", "eval", offset + i, 0), "caption", "caption", scan=True).response
+                .count("no object") for i in range(n))
+    no_id = processor.tokenizer.convert_tokens_to_ids(
+        next(t for t in processor.tokenizer.tokenize("top, no object") if t.lower().lstrip("ġ▁ ") == "no"))
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-10.0)
+        head.bias[no_id] = 10.0
+    model.lm_head = head  # a head that says "no" whatever it reads
+    r = scan_cells(model, processor, n=n, offset=offset)
+    assert r["empty"]["cells"] == empty and r["object"]["cells"] + empty == 9 * n
+    assert r["empty"]["argmax_right"] == 1.0 and r["object"]["argmax_right"] == 0.0
+    assert r["empty"]["p_mean"] > 0.99 and r["object"]["p_mean"] < 0.01
+    with pytest.raises(SystemExit, match="add caption"):
+        main(["zoo", "eval", "--model", "target", "--suites", "vqa", "--scan-cells"])
