@@ -237,6 +237,10 @@ def _add_train(sub) -> None:
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "
                         "updates for the same compute")
+    t.add_argument("--object-cell-weight", type=float, default=1.0,
+                   help="loss weight on the word that opens a scan listing's object cell ('top, a ...': the 'a'), "
+                        "against the 'no object' verdicts that make up two cells in three (default: 1 = off; "
+                        "zoo/cell_weights.py)")
     t.add_argument("--user-loss", type=float, default=0.0,
                    help="weight of an auxiliary next-token loss on the user turns' words (default: 0 = off): each "
                         "question names objects of the scene, so predicting it needs the image")

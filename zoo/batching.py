@@ -35,6 +35,7 @@ class Batch:
     user_labels: torch.Tensor | None = None  # [B, L]
     patch_codes: torch.Tensor | None = None  # [N_img, T_img, H]
     referents: tuple = ()  # per row: that row's ReferentTargets (empty tuple: none asked for)
+    label_weights: torch.Tensor | None = None  # [B, L] fp32 per-label loss weight (zoo/cell_weights.py); None = 1
 
 
 class Encoder:

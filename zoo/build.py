@@ -76,7 +76,8 @@ def train_config_from_args(args):
                        projector_fit_images=args.projector_fit_images,
                        projector_fit_gate=args.projector_fit_gate,
                        background_code=args.background_code,
-                       code_background_noise=args.code_background_noise)
+                       code_background_noise=args.code_background_noise,
+                       object_cell_weight=args.object_cell_weight)
 
 
 def train_target_cli(args) -> int:

@@ -27,7 +27,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
+from specula.zoo.cell_weights import object_cell_weights, opener_ids
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
@@ -79,6 +80,7 @@ class TrainConfig:
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
+    object_cell_weight: float = 1.0  # loss weight on a scan listing's object-cell openers (zoo/cell_weights.py)
     user_loss: float = 0.0  # weight of the next-token loss on the user turns' text (batching.user_labels); 0 = off
     code_lm_samples: int = 0  # word-code recipe: samples of the LM-on-codes stage before the vision stage; 0 = off
     code_lm_layers: int = 0  # decoder layers the code LM stage trains (the rest start as identities after); 0 = all
@@ -98,6 +100,8 @@ class TrainConfig:
             raise ValueError("code_lm_samples and code_lm_layers must be >= 0 and code_token_budget > 0")
         if self.referent_attention < 0:
             raise ValueError("referent_attention must be >= 0")
+        if self.object_cell_weight <= 0:
+            raise ValueError("object_cell_weight must be > 0 (1 = off)")
         if self.code_lm_stop < 0 or (self.code_lm_stop and self.code_lm_stop >= self.code_lm_samples):
             raise ValueError("code_lm_stop must be 0 (off) or below code_lm_samples: it cuts the code stage short")
         if self.code_background_noise < 0:
@@ -180,7 +184,11 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
     tgt = batch.labels[:, 1:]  # [B, L-1]
     sel = tgt != -100
     logits = model.lm_head(hidden[:, :-1][sel])  # [M, V]
-    losses = {"lm": F.cross_entropy(logits.float(), tgt[sel])}
+    if batch.label_weights is None:
+        losses = {"lm": F.cross_entropy(logits.float(), tgt[sel])}
+    else:  # weighted mean over the answer's labels (object-cell openers, zoo/cell_weights.py)
+        w = batch.label_weights[:, 1:][sel].to(logits.device)  # [M]
+        losses = {"lm": (w * F.cross_entropy(logits.float(), tgt[sel], reduction="none")).sum() / w.sum()}
     if cfg.user_loss > 0 and batch.user_labels is not None:
         utgt = batch.user_labels[:, 1:]  # [B, L-1]
         usel = utgt != -100
@@ -321,6 +329,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     ckpt = run / "ckpt"
     run.mkdir(parents=True, exist_ok=True)
     tok = processor.tokenizer
+    openers = opener_ids(tok)
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}
@@ -447,6 +456,9 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         items = [enc.encode(sample_at(start + j, frac, cfg)) for j in range(cfg.pool)]
         for group in token_budget_batches(items, cfg.token_budget):
             batch = collate(group, tok.pad_token_id)
+            if cfg.object_cell_weight != 1.0:
+                batch = replace(batch, label_weights=object_cell_weights(batch.input_ids, batch.labels, *openers,
+                                                                         cfg.object_cell_weight))
             lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]

@@ -65,8 +65,8 @@ def test_train_resume_and_export(tmp_path, processor):
     ckpt = train(cfg, processor, log=logs.append)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["samples"] >= 96 and state["history"] and "vqa_exact_blank_image" in state["history"][-1]
-    # a longer run over the same directory resumes instead of starting over
-    cfg2 = TrainConfig(**{**cfg.__dict__, "total_samples": 144})
+    # a longer run over the same directory resumes instead of starting over (here with weighted object-cell openers)
+    cfg2 = TrainConfig(**{**cfg.__dict__, "total_samples": 144, "object_cell_weight": 2.0})
     train(cfg2, processor, log=logs.append)
     assert any("resumed" in m for m in logs)
     state2 = json.loads((ckpt / "state.json").read_text())
@@ -249,3 +249,47 @@ def test_user_loss_adds_a_question_term(processor):
     on = forward_losses(model, batch, TrainConfig(arch="tiny", user_loss=0.5))
     assert "lm_user" not in off and on["lm_user"].item() > 0
     torch.testing.assert_close(on["lm"], off["lm"])
+
+
+def test_object_cell_weights_mark_each_object_cells_opening_word(processor):
+    """In a scan caption the weight lands on the "a"/"an" after the comma of every cell holding an object (as many
+    as the listing's object cells), nowhere in the prompt and not on "no object"; the weighted LM loss is the
+    weighted mean of the per-label losses, and weight 1 leaves the loss as it was."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from specula.world.suites import MIXES
+    from specula.zoo.cell_weights import object_cell_weights, opener_ids
+    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.train_target import forward_losses
+
+    name, maker, task, _ = next(m for m in MIXES["scan_captions"] if m[0] == "caption")
+    s = maker(random.Random(3), name, task)
+    e = Encoder(processor).encode(s)
+    batch = collate([e], processor.tokenizer.pad_token_id)
+    comma, opens = opener_ids(processor.tokenizer)
+    w = object_cell_weights(batch.input_ids, batch.labels, comma, opens, 3.0)  # [1, L]
+    listing = s.response.split(".")[0]
+    object_cells = 9 - listing.count("no object")
+    assert 1 <= object_cells < 9
+    marked = (w == 3.0).nonzero()[:, 1]
+    assert len(marked) == object_cells and (w[w != 3.0] == 1.0).all()
+    assert (batch.labels[0, marked] >= 0).all() and set(batch.input_ids[0, marked].tolist()) <= set(opens)
+    assert (batch.input_ids[0, marked - 1] == comma).all()
+
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    cfg = TrainConfig(arch="tiny")
+    plain = forward_losses(model, batch, cfg)["lm"]
+    same = forward_losses(model, dataclasses.replace(batch, label_weights=torch.ones_like(w)), cfg)["lm"]
+    torch.testing.assert_close(same, plain)
+    weighted = forward_losses(model, dataclasses.replace(batch, label_weights=w), cfg)["lm"]
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, pixel_values=batch.pixel_values).logits[0, :-1]  # [L-1, V]
+    tgt, ww = batch.labels[0, 1:], w[0, 1:]
+    sel = tgt != -100
+    ce = F.cross_entropy(logits[sel].float(), tgt[sel], reduction="none")
+    torch.testing.assert_close(weighted, (ww[sel] * ce).sum() / ww[sel].sum(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="object_cell_weight"):
+        TrainConfig(arch="tiny", object_cell_weight=0)
