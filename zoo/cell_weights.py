@@ -11,12 +11,16 @@ from __future__ import annotations
 import torch
 
 
-def opener_ids(tokenizer) -> tuple[int, tuple[int, ...]]:
-    """(the comma after a cell's name, the words that open an object's phrase), as this tokenizer spells them."""
-    a, an = (tokenizer.tokenize(f"top, {w}") for w in ("a", "an"))
-    if a[-2] != an[-2]:
-        raise ValueError("the tokenizer splits a cell's comma differently before 'a' and 'an'")
-    comma, *opens = tokenizer.convert_tokens_to_ids([a[-2], a[-1], an[-1]])
+OBJECT_OPENERS = ("a", "an")  # "top left, a large purple cross"
+EMPTY_OPENERS = ("no",)  # "top, no object"
+
+
+def opener_ids(tokenizer, words: tuple[str, ...] = OBJECT_OPENERS) -> tuple[int, tuple[int, ...]]:
+    """(the comma after a cell's name, the ids of ``words`` opening the cell), as this tokenizer spells them."""
+    parts = [tokenizer.tokenize(f"top, {w}") for w in words]
+    if any(len(p) != 3 or p[1] != parts[0][1] for p in parts):
+        raise ValueError(f"the tokenizer does not spell 'top, <word>' as three tokens for {words}")
+    comma, *opens = tokenizer.convert_tokens_to_ids([parts[0][1]] + [p[2] for p in parts])
     return comma, tuple(opens)
 
 

@@ -15,8 +15,7 @@ import torch
 
 from specula.world import scene
 from specula.world.suites import SUITES, _rng
-
-OPENERS = {"object": ("a", "an"), "empty": ("no",)}
+from specula.zoo.cell_weights import EMPTY_OPENERS, OBJECT_OPENERS, opener_ids
 
 
 @torch.inference_mode()
@@ -26,34 +25,32 @@ def scan_cells(model, processor, n: int = 60, offset: int = 0, seed: int = 0) ->
     probability."""
     from specula.zoo.batching import Encoder
 
-    enc = Encoder(processor)
-    tok = processor.tokenizer
     if SUITES["caption"].make is not scene.make:
         raise ValueError("the caption suite no longer draws plain scenes: the scan form of its images is unknown")
-    stats = {k: [0, 0, 0.0] for k in OPENERS}  # kind -> [cells, argmax right, summed probability]
+    enc = Encoder(processor)
+    comma, kinds = cell_openers(processor.tokenizer)
+    stats = {k: [0, 0, 0.0] for k in set(kinds.values())}  # kind -> [cells, argmax right, summed probability]
     for i in range(n):
         s = scene.make(_rng("caption", "eval", offset + i, seed), "caption", "caption", scan=True)  # same image
         e = enc.encode(s)
         logits = model(input_ids=e.input_ids[None].to(model.device),
                        pixel_values=e.pixel_values.to(model.device, model.dtype)).logits[0]  # [L, V]
-        words = [w.lower() for w in tok.convert_ids_to_tokens(e.input_ids.tolist())]
-        for p in cell_openings(words, e.labels):
-            kind = next(k for k, opens in OPENERS.items() if words[p + 1].lstrip("ġ▁ ") in opens)
+        ids = e.input_ids  # [L]
+        at = (ids[:-1] == comma) & (e.labels[1:] >= 0) & torch.isin(ids[1:], torch.tensor(list(kinds)))  # [L-1]
+        for p in at.nonzero()[:, 0].tolist():  # the prediction at the comma is the cell's verdict
+            want = int(ids[p + 1])
             prob = logits[p].float().softmax(-1)  # [V]
-            want = int(e.input_ids[p + 1])
-            st = stats[kind]
+            st = stats[kinds[want]]
             st[0] += 1
             st[1] += int(prob.argmax()) == want
             st[2] += float(prob[want])
     return {k: {"cells": c, "argmax_right": r / max(1, c), "p_mean": p / max(1, c)} for k, (c, r, p) in stats.items()}
 
 
-def cell_openings(words: list[str], labels: torch.Tensor) -> list[int]:
-    """Positions p inside the answer whose token is the comma after a cell's name and whose next token opens the
-    cell ("a", "an", "no"): the model's prediction at p is the cell's verdict.
-
-    words  # [L] lower-cased tokens; labels # [L] int64, -100 outside the answer
-    """
-    opens = {w for ws in OPENERS.values() for w in ws}
-    return [p for p in range(len(words) - 1)
-            if labels[p + 1] >= 0 and words[p].lstrip("ġ▁ ") == "," and words[p + 1].lstrip("ġ▁ ") in opens]
+def cell_openers(tokenizer) -> tuple[int, dict[int, str]]:
+    """(the comma after a cell's name, {token id of an opening word: "object" or "empty"})."""
+    comma, objects = opener_ids(tokenizer, OBJECT_OPENERS)
+    comma_empty, empties = opener_ids(tokenizer, EMPTY_OPENERS)
+    if comma != comma_empty:
+        raise ValueError("the tokenizer spells a cell's comma differently before 'a' and 'no'")
+    return comma, {**{t: "object" for t in objects}, **{t: "empty" for t in empties}}

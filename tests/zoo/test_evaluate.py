@@ -283,6 +283,7 @@ def test_scan_cells_reads_every_cell_of_every_scene_once(capsys):
     from specula.cli import main
     from specula.world import scene
     from specula.world.suites import _rng
+    from specula.zoo.cell_weights import opener_ids
     from specula.zoo.scan_cells import scan_cells
 
     processor = load_processor(TOKENIZER_DIR)
@@ -291,8 +292,7 @@ def test_scan_cells_reads_every_cell_of_every_scene_once(capsys):
     n, offset = 3, 20_000
     empty = sum(scene.make(_rng("caption", "eval", offset + i, 0), "caption", "caption", scan=True).response
                 .count("no object") for i in range(n))
-    no_id = processor.tokenizer.convert_tokens_to_ids(
-        next(t for t in processor.tokenizer.tokenize("top, no object") if t.lower().lstrip("ġ▁ ") == "no"))
+    (no_id,) = opener_ids(processor.tokenizer, ("no",))[1]
     head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
     with torch.no_grad():
         head.weight.zero_()
