@@ -32,6 +32,14 @@ def object_cell_weights(input_ids: torch.Tensor, labels: torch.Tensor, comma_id:
     returns            # [B, L] fp32, aligned with ``labels``
     """
     w = torch.ones(labels.shape, dtype=torch.float32)  # [B, L]
-    hit = (input_ids[:, :-1] == comma_id) & torch.isin(labels[:, 1:], torch.tensor(opens))  # [B, L-1]
-    w[:, 1:][hit] = weight
+    w[:, 1:][cell_openings(input_ids, labels, comma_id, opens)] = weight
     return w
+
+
+def cell_openings(input_ids: torch.Tensor, labels: torch.Tensor, comma_id: int, opens: tuple[int, ...]) -> torch.Tensor:
+    """Where a cell's verdict is predicted: the answer's commas whose next label is one of ``opens``.
+
+    input_ids, labels  # [..., L] int64 (labels -100 outside the answer)
+    returns            # [..., L-1] bool: True at position p when labels[p + 1] opens a cell after the comma at p
+    """
+    return (input_ids[..., :-1] == comma_id) & torch.isin(labels[..., 1:], torch.tensor(opens))

@@ -15,7 +15,7 @@ import torch
 
 from specula.world import scene
 from specula.world.suites import SUITES, _rng
-from specula.zoo.cell_weights import EMPTY_OPENERS, OBJECT_OPENERS, opener_ids
+from specula.zoo.cell_weights import EMPTY_OPENERS, OBJECT_OPENERS, cell_openings, opener_ids
 
 
 @torch.inference_mode()
@@ -36,7 +36,7 @@ def scan_cells(model, processor, n: int = 60, offset: int = 0, seed: int = 0) ->
         logits = model(input_ids=e.input_ids[None].to(model.device),
                        pixel_values=e.pixel_values.to(model.device, model.dtype)).logits[0]  # [L, V]
         ids = e.input_ids  # [L]
-        at = (ids[:-1] == comma) & (e.labels[1:] >= 0) & torch.isin(ids[1:], torch.tensor(list(kinds)))  # [L-1]
+        at = cell_openings(ids, e.labels, comma, tuple(kinds))  # [L-1]
         for p in at.nonzero()[:, 0].tolist():  # the prediction at the comma is the cell's verdict
             want = int(ids[p + 1])
             prob = logits[p].float().softmax(-1)  # [V]

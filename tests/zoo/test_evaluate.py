@@ -303,5 +303,16 @@ def test_scan_cells_reads_every_cell_of_every_scene_once(capsys):
     assert r["empty"]["cells"] == empty and r["object"]["cells"] + empty == 9 * n
     assert r["empty"]["argmax_right"] == 1.0 and r["object"]["argmax_right"] == 0.0
     assert r["empty"]["p_mean"] > 0.99 and r["object"]["p_mean"] < 0.01
+
+    class Copier:  # predicts the token it reads: right only if the verdict were read one place too late
+        device, dtype = torch.device("cpu"), torch.float32
+
+        def __call__(self, input_ids, pixel_values):
+            import types
+
+            return types.SimpleNamespace(logits=10.0 * torch.nn.functional.one_hot(input_ids, head.out_features).float())
+
+    late = scan_cells(Copier(), processor, n=n, offset=offset)
+    assert late["empty"]["argmax_right"] == 0.0 and late["object"]["argmax_right"] == 0.0
     with pytest.raises(SystemExit, match="add caption"):
         main(["zoo", "eval", "--model", "target", "--suites", "vqa", "--scan-cells"])
