@@ -16,7 +16,7 @@ import sys
 
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
 MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
-             "scan_captions"]
+             "scan_captions", "colour_captions"]
 
 
 def _threads(args) -> None:
@@ -231,8 +231,9 @@ def _add_train(sub) -> None:
                         "(almost only scene dialogues), describe (dialogue with twice the scene captions), confusable "
                         "(describe plus dialogues about scenes whose objects share colours and shapes), "
                         "scenes_confusable (scenes plus those dialogues), confusable_scan (confusable with scene "
-                        "captions that name all nine cells in reading order) or scan_captions (confusable_scan with "
-                        "twice the captions)")
+                        "captions that name all nine cells in reading order), scan_captions (confusable_scan with "
+                        "twice the captions) or colour_captions (scan_captions with the captions listed by colour "
+                        "instead of by cell)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "
@@ -241,6 +242,13 @@ def _add_train(sub) -> None:
                    help="loss weight on the word that opens a scan listing's object cell ('top, a ...': the 'a'), "
                         "against the 'no object' verdicts that make up two cells in three (default: 1 = off; "
                         "zoo/cell_weights.py)")
+    t.add_argument("--stop-at", type=int, default=0,
+                   help="stop with a checkpoint once the run reaches this many samples, keeping the learning-rate "
+                        "schedule of --samples (a later run with a higher --stop-at or none goes on from there; "
+                        "default: 0 = run to --samples)")
+    t.add_argument("--object-phrase-weight", type=float, default=1.0,
+                   help="loss weight on the rest of an object cell's phrase ('top, a large purple cross;': 'large "
+                        "purple cross'), the object read by its place (default: 1 = off; zoo/cell_weights.py)")
     t.add_argument("--user-loss", type=float, default=0.0,
                    help="weight of an auxiliary next-token loss on the user turns' words (default: 0 = off): each "
                         "question names objects of the scene, so predicting it needs the image")

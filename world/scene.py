@@ -198,19 +198,36 @@ def scan_listing(scene: Scene) -> str:
                      for cell, name in POSITIONS.items())
 
 
+def colour_listing(scene: Scene) -> str:
+    """Every colour of the world in a fixed order with the objects of that colour: "red, a small circle at the top
+    left and a large star in the center; green, no object; ...". Each entry is a lookup by colour, the word every
+    visual token carries loudest (and only one of per object), where the cell scan's lookup by place has to tell
+    "bottom left" from "bottom" on tokens that carry "bottom" in both (zoo/TRAINING.md, "Captions by colour")."""
+    def phrase(o: Obj) -> str:
+        where = "in the center" if o.where == "center" else f"at the {o.where}"
+        return f"{article(o.size)} {o.size} {o.shape} {where}"
+
+    parts = []
+    for c in COLOUR_NAMES:
+        mine = sorted((o for o in scene.objects if o.colour == c), key=lambda o: o.cell)  # reading order
+        parts.append(f"{c}, {' and '.join(phrase(o) for o in mine) if mine else 'no object'}")
+    return "; ".join(parts)
+
+
 SCAN_OPENERS = ("in the image", "this picture shows", "the image shows", "we can see", "in this picture",
                 "the scene shows")
 
 
-def caption(rng: random.Random, scene: Scene, scan: bool = False) -> tuple[str, tuple[str, ...]]:
+def caption(rng: random.Random, scene: Scene, scan: bool = False, by_colour: bool = False) -> tuple[str, tuple[str, ...]]:
     """A detailed caption naming every object's colour, shape, size and place, with optional relations.
 
     ``scan``: the listing names all nine cells in reading order with what each holds (``scan_listing``) instead of
     the objects alone. A small LM that lists only the objects has to know which ones it has named already, and the
     8-layer target's captions fail exactly there: they name one object again and again and skip others (attribute
     recall 0.70; zoo/TRAINING.md, "Captions that scan the cells"). With the cell named first, every object phrase is
-    a lookup by place. Both forms draw the same random numbers, so every pick after the caption (the prompt's
-    included) is the same either way.
+    a lookup by place. ``by_colour``: the listing goes through the colours instead (``colour_listing``), each
+    object phrase a lookup by colour. All forms draw the same random numbers, so every pick after the caption (the
+    prompt's included) is the same either way.
     """
     objs = list(scene.objects)
     order = objs[:]
@@ -222,8 +239,8 @@ def caption(rng: random.Random, scene: Scene, scan: bool = False) -> tuple[str, 
     n = len(objs)
     listed = join_list(rng, [phrases[id(o)] for o in sorted(objs, key=lambda o: o.cell)])  # drawn in both forms
     k = rng.randrange(6)
-    if scan:
-        text = sentence(f"{SCAN_OPENERS[k]}: {scan_listing(scene)}.")
+    if scan or by_colour:
+        text = sentence(f"{SCAN_OPENERS[k]}: {colour_listing(scene) if by_colour else scan_listing(scene)}.")
     else:
         be, count = ("is" if n == 1 else "are"), f"{NUMBER_WORDS[n]} object{'s' if n > 1 else ''}"
         text = sentence((
@@ -310,8 +327,10 @@ def reasoning(rng: random.Random, scene: Scene) -> tuple[str, str, str]:
 
 # ----------------------------------------------------------------------------------------------- samplers
 
-def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int = 5, scan: bool = False) -> Sample:
-    """One scene sample of ``task`` (vqa, caption, reasoning); ``scan``: captions scan the cells (``caption``)."""
+def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int = 5, scan: bool = False,
+         by_colour: bool = False) -> Sample:
+    """One scene sample of ``task`` (vqa, caption, reasoning); ``scan``: captions scan the cells, ``by_colour``: they
+    go through the colours (``caption``)."""
     scene = sample_scene(rng, n_min, n_max)
     img, pw = render_scene(scene, rng)
     if task == "vqa":
@@ -319,7 +338,7 @@ def make(rng: random.Random, suite: str, task: str, n_min: int = 1, n_max: int =
         prompt = f"<image>{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.8 else f"<image>{q}"
         return Sample(suite, f"vqa/{qtype}", (img,), prompt, a, a, k, (), (pw,))
     if task == "caption":
-        text, attrs = caption(rng, scene, scan=scan)
+        text, attrs = caption(rng, scene, scan=scan, by_colour=by_colour)
         return Sample(suite, "caption", (img,), "<image>" + pick(rng, CAPTION_PROMPTS), text, None, None, attrs, (pw,))
     if task == "reasoning":
         q, resp, a = reasoning(rng, scene)

@@ -64,6 +64,14 @@ def _few_object_scan_caption(rng: random.Random, suite: str, task: str) -> Sampl
     return scene.make(rng, suite, "caption", n_min=1, n_max=2, scan=True)
 
 
+def _colour_caption(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make(rng, suite, "caption", by_colour=True)
+
+
+def _few_object_colour_caption(rng: random.Random, suite: str, task: str) -> Sample:
+    return scene.make(rng, suite, "caption", n_min=1, n_max=2, by_colour=True)
+
+
 # (name, maker, task, weight): what the target's training draws from. Captions of charts, signs, image sets and
 # videos are training-only tasks; the curriculum entries (single-object VQA, short captions) start heavy and fade.
 TRAIN_MIX: tuple[tuple[str, Maker, str, float], ...] = (
@@ -167,9 +175,15 @@ SCAN_CAPTIONS_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
     (name, maker, task, w * 2 if name in ("caption", "caption_short") else w)
     for name, maker, task, w in CONFUSABLE_SCAN_MIX)
 
+# The same with the scene captions listed by colour (world/scene.py ``colour_listing``) instead of by cell.
+_COLOUR = {"caption": _colour_caption, "caption_short": _few_object_colour_caption}
+COLOUR_CAPTIONS_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
+    (name, _COLOUR.get(name, maker), task, w) for name, maker, task, w in SCAN_CAPTIONS_MIX)
+
 MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX, "lookup": LOOKUP_MIX, "scenes": SCENES_MIX,
          "describe": DESCRIBE_MIX, "confusable": CONFUSABLE_MIX, "scenes_confusable": SCENES_CONFUSABLE_MIX,
-         "confusable_scan": CONFUSABLE_SCAN_MIX, "scan_captions": SCAN_CAPTIONS_MIX}
+         "confusable_scan": CONFUSABLE_SCAN_MIX, "scan_captions": SCAN_CAPTIONS_MIX,
+         "colour_captions": COLOUR_CAPTIONS_MIX}
 
 
 def suite_names() -> list[str]:

@@ -77,7 +77,9 @@ def train_config_from_args(args):
                        projector_fit_gate=args.projector_fit_gate,
                        background_code=args.background_code,
                        code_background_noise=args.code_background_noise,
-                       object_cell_weight=args.object_cell_weight)
+                       object_cell_weight=args.object_cell_weight,
+                       object_phrase_weight=args.object_phrase_weight,
+                       stop_at=args.stop_at)
 
 
 def train_target_cli(args) -> int:

@@ -13,7 +13,7 @@ import torch
 
 from specula.world.suites import SUITES, generate
 from specula.zoo.quality import (CAPTION_TOKENS, attribute_recall, blank_like, by_question_type,
-                                 caption_attribute_recall, chance_level, greedy_answer, object_precision,
+                                 caption_attribute_recall, chance_level, greedy_answer, object_precision, object_recall,
                                  short_answer_accuracy, short_answer_hits)
 
 GATES = {"vqa_exact_min": 0.90, "blank_margin_max": 0.10, "caption_attribute_recall_min": 0.85}
@@ -84,6 +84,7 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0, sui
         written = captions(False)
         return {"caption_attribute_recall": attribute_recall(samples, written),
                 "caption_object_precision": object_precision(samples, written),
+                "caption_object_recall": object_recall(samples, written),
                 "caption_attribute_recall_zero_codes": attribute_recall(samples, captions(True))}
     samples = [s for s in (generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)) if s.answer]
     hits = code_answer_hits(model, processor, codes, samples, layers=layers)
@@ -139,6 +140,7 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
             written = [greedy_answer(model, processor, s, CAPTION_TOKENS) for s in samples]
             r["caption_attribute_recall"] = attribute_recall(samples, written)
             r["caption_object_precision"] = object_precision(samples, written)  # no gate: what recall leaves out
+            r["caption_object_recall"] = object_recall(samples, written)  # no gate: colour and shape named together
             r["caption_attribute_recall_blank_image"] = caption_attribute_recall(model, processor, [blank_like(s) for s in samples])
         elif name == "text":
             qa = [s for s in samples if s.answer]

@@ -92,26 +92,53 @@ def attribute_recall(samples: list[Sample], captions: list[str]) -> float:
     return found / max(1, total)
 
 
-# an object named by colour and shape, in either caption form: "a small red circle", "a red circle of large size"
+# an object named by colour and shape: "a small red circle", "a red circle of large size", "top, a large red circle"
 _OBJECT_PHRASE = re.compile(rf"\b({'|'.join(COLOUR_NAMES)}) ({'|'.join(SHAPES)})\b")
 
 
-def object_precision(samples: list[Sample], captions: list[str]) -> float | None:
-    """Share of the objects the ``captions`` name (a colour word right before a shape word, once per caption and
-    object) that their scenes hold. Recall alone rewards a caption that fills empty places with copies of objects it
-    has named; this is the other side. None where no sample lists its objects as (colour, shape) pairs (the scene
-    captions do: ``attributes`` = colour, shape, colour, shape, ...)."""
-    named = right = 0
-    scenes = 0
+def named_objects(text: str) -> set[tuple[str, str]]:
+    """The (colour, shape) pairs a caption names as one object, in any of the world's caption forms: a colour word
+    right before a shape word (free-form and cell-scan captions), or a listing entry that opens with a colour and
+    goes on with shapes ("red, a small circle at the top and a large star in the center": red circle, red star)."""
+    t = text.lower()
+    out = set(_OBJECT_PHRASE.findall(t))
+    listing = t.split(":", 1)[1] if ":" in t else t
+    for entry in listing.split(".")[0].split(";"):
+        head, _, rest = entry.partition(",")
+        if head.strip() in COLOUR_NAMES:
+            out |= {(head.strip(), w) for w in re.findall(r"[a-z]+", rest) if w in SHAPES}
+    return out
+
+
+def _object_pairs(samples: list[Sample], captions: list[str]) -> list[tuple[set, set]] | None:
+    """(the objects a caption names, the objects its scene holds) as (colour, shape) pairs, for the samples that list
+    their objects that way (the scene captions do: ``attributes`` = colour, shape, colour, shape, ...); None where
+    none does."""
+    out = []
     for s, text in zip(samples, captions, strict=True):
         pairs = list(zip(s.attributes[::2], s.attributes[1::2]))
         if len(s.attributes) % 2 or not all(c in COLOUR_NAMES and sh in SHAPES for c, sh in pairs):
             continue
-        scenes += 1
-        said = set(_OBJECT_PHRASE.findall(text.lower()))
-        named += len(said)
-        right += len(said & set(pairs))
-    return right / max(1, named) if scenes else None
+        out.append((named_objects(text), set(pairs)))
+    return out or None
+
+
+def object_precision(samples: list[Sample], captions: list[str]) -> float | None:
+    """Share of the objects the ``captions`` name (``named_objects``, once per caption and object) that their
+    scenes hold. Recall alone rewards a caption that fills empty places with copies of an object it has named; this
+    is the other side. None where the samples do not list their objects as (colour, shape) pairs."""
+    both = _object_pairs(samples, captions)
+    return None if both is None else sum(len(g & w) for g, w in both) / max(1, sum(len(g) for g, _ in both))
+
+
+def object_recall(samples: list[Sample], captions: list[str]) -> float | None:
+    """Share of the scenes' objects (distinct colour-shape pairs) that the ``captions`` name with colour and shape
+    together (``named_objects``). Stricter than the attribute recall of the gate, which counts a colour word and a
+    shape word wherever they stand: a listing that names every colour ("green, no object; ...") has all the colour
+    words of any scene (zoo/TRAINING.md, "Captions by colour"). None where the samples do not list their objects
+    as (colour, shape) pairs."""
+    both = _object_pairs(samples, captions)
+    return None if both is None else sum(len(g & w) for g, w in both) / max(1, sum(len(w) for _, w in both))
 
 
 def caption_words(text: str) -> set[str]:

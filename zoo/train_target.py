@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
-from specula.zoo.cell_weights import object_cell_weights, opener_ids
+from specula.zoo.cell_weights import object_cell_weights, opener_ids, stop_ids
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
@@ -63,6 +63,7 @@ class TrainConfig:
     curriculum: float = 0.15
     seed: int = 0
     ckpt_every_s: float = 240.0
+    stop_at: int = 0  # stop (with a checkpoint) at this many samples, the schedule still ending at total_samples
     eval_every_s: float = 600.0
     eval_n: int = 48
     threads: int = 2
@@ -81,6 +82,7 @@ class TrainConfig:
     init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
     object_cell_weight: float = 1.0  # loss weight on a scan listing's object-cell openers (zoo/cell_weights.py)
+    object_phrase_weight: float = 1.0  # loss weight on the rest of an object cell's phrase (zoo/cell_weights.py)
     user_loss: float = 0.0  # weight of the next-token loss on the user turns' text (batching.user_labels); 0 = off
     code_lm_samples: int = 0  # word-code recipe: samples of the LM-on-codes stage before the vision stage; 0 = off
     code_lm_layers: int = 0  # decoder layers the code LM stage trains (the rest start as identities after); 0 = all
@@ -102,6 +104,10 @@ class TrainConfig:
             raise ValueError("referent_attention must be >= 0")
         if self.object_cell_weight <= 0:
             raise ValueError("object_cell_weight must be > 0 (1 = off)")
+        if self.object_phrase_weight <= 0:
+            raise ValueError("object_phrase_weight must be > 0 (1 = off)")
+        if self.stop_at < 0:
+            raise ValueError("stop_at must be >= 0 (0 = run to total_samples)")
         if self.code_lm_stop < 0 or (self.code_lm_stop and self.code_lm_stop >= self.code_lm_samples):
             raise ValueError("code_lm_stop must be 0 (off) or below code_lm_samples: it cuts the code stage short")
         if self.code_background_noise < 0:
@@ -330,6 +336,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     run.mkdir(parents=True, exist_ok=True)
     tok = processor.tokenizer
     openers = opener_ids(tok)
+    stops = stop_ids(tok)
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}
@@ -450,15 +457,16 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     t_last = time.time()
     last_ckpt = last_eval = time.time()
     ema: dict[str, float] = {}
-    while state["samples"] < cfg.total_samples:
+    end = min(cfg.total_samples, cfg.stop_at) if cfg.stop_at else cfg.total_samples
+    while state["samples"] < end:
         frac = state["samples"] / cfg.total_samples
         start = state["samples"]
         items = [enc.encode(sample_at(start + j, frac, cfg)) for j in range(cfg.pool)]
         for group in token_budget_batches(items, cfg.token_budget):
             batch = collate(group, tok.pad_token_id)
-            if cfg.object_cell_weight != 1.0:
-                batch = replace(batch, label_weights=object_cell_weights(batch.input_ids, batch.labels, *openers,
-                                                                         cfg.object_cell_weight))
+            if cfg.object_cell_weight != 1.0 or cfg.object_phrase_weight != 1.0:
+                batch = replace(batch, label_weights=object_cell_weights(
+                    batch.input_ids, batch.labels, *openers, cfg.object_cell_weight, stops, cfg.object_phrase_weight))
             lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]

@@ -116,6 +116,45 @@ def test_captions_scan_every_cell_in_reading_order():
         assert a.response.split(". ", 1)[1:] == b.response.split(". ", 1)[1:]  # background and relations as before
 
 
+def test_captions_by_colour_name_every_colour_with_its_objects():
+    """The colour listing names the eight colours in a fixed order, each with exactly its objects (size, shape and
+    cell, in reading order) or "no object"; the colour_captions mix is scan_captions with these captions, drawing the
+    same random stream (same prompt, attributes, background and relation sentences)."""
+    import random
+
+    from specula.world.scene import colour_listing, sample_scene
+    from specula.world.suites import MIXES
+    from specula.world.vocab import COLOUR_NAMES, POSITIONS
+
+    for i in range(40):
+        scene = sample_scene(random.Random(f"colours/{i}"))
+        entries = colour_listing(scene).split("; ")
+        assert [e.split(", ")[0] for e in entries] == list(COLOUR_NAMES)
+        for colour, entry in zip(COLOUR_NAMES, entries):
+            mine = sorted((o for o in scene.objects if o.colour == colour), key=lambda o: o.cell)
+            said = entry.split(", ", 1)[1]
+            if not mine:
+                assert said == "no object"
+                continue
+            phrases = said.split(" and ")
+            assert len(phrases) == len(mine)
+            for o, p in zip(mine, phrases):
+                assert p.startswith(f"a {o.size} {o.shape} ") or p.startswith(f"an {o.size} {o.shape} "), p
+                assert p.endswith("in the center" if o.cell == (1, 1) else f"at the {POSITIONS[o.cell]}"), p
+    by_colour = {name: (maker, w) for name, maker, _, w in MIXES["colour_captions"]}
+    by_cell = {name: (maker, w) for name, maker, _, w in MIXES["scan_captions"]}
+    assert by_colour.keys() == by_cell.keys()
+    for name, (maker, w) in by_cell.items():
+        assert by_colour[name][1] == w and (by_colour[name][0] is maker) == (not name.startswith("caption")), name
+    for name in ("caption", "caption_short"):
+        for i in range(10):
+            a = by_colour[name][0](random.Random(f"colour-mix/{i}"), "caption", "caption")
+            b = by_cell[name][0](random.Random(f"colour-mix/{i}"), "caption", "caption")
+            assert a.prompt == b.prompt and a.attributes == b.attributes
+            assert a.response.split(": ", 1)[1].startswith("red, ") and a.response != b.response
+            assert a.response.split(". ", 1)[1:] == b.response.split(". ", 1)[1:]
+
+
 def test_captions_list_objects_in_reading_order():
     """Scene captions name their objects cell by cell, top row first (world/scene.py ``caption``)."""
     from specula.world.vocab import POSITIONS

@@ -146,9 +146,11 @@ def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_pa
                                 "caption_scan_cells"}
     assert sum(v["cells"] for v in r["suites"]["caption_scan_cells"].values()) == 27  # nine per scene
     cap = r["suites"]["caption_codes"]  # captions: attribute recall written from exact and from zero codes
-    assert set(cap) == {"caption_attribute_recall", "caption_object_precision", "caption_attribute_recall_zero_codes"}
+    assert set(cap) == {"caption_attribute_recall", "caption_object_precision", "caption_object_recall",
+                        "caption_attribute_recall_zero_codes"}
     assert all(0 <= v <= 1 for v in cap.values())
     assert 0 <= r["suites"]["caption"]["caption_object_precision"] <= 1
+    assert 0 <= r["suites"]["caption"]["caption_object_recall"] <= 1
     codes = r["suites"]["vqa_codes"]
     assert 0 <= codes["exact"] <= 1 and 0 <= codes["exact_zero_codes"] <= 1
     assert all(0 <= codes[f"tower_{k}"] <= 1 for k in ("colour", "shape", "size", "place"))
@@ -245,6 +247,32 @@ def test_object_precision_counts_named_objects_that_the_scene_holds():
     assert object_precision([s], ["nothing here."]) == 0.0
     chart = dataclasses.replace(s, attributes=("bars", "apples"))
     assert object_precision([chart], [right]) is None
+
+
+def test_object_recall_needs_colour_and_shape_named_together_in_any_caption_form():
+    """A listing by colour names every colour word, so the gate's word recall is 1 for its colours whatever the
+    image; the object recall counts an object only where its colour and shape go together: "a small red circle"
+    (free-form and cell scans) or a colour entry's shapes ("red, a small circle ... and a large star")."""
+    import dataclasses
+
+    from specula.zoo.quality import named_objects, object_precision, object_recall
+
+    assert named_objects("In the image: red, a small circle at the top and a large star in the center; green, no "
+                         "object; blue, a large cross at the left. The green star is above the red circle.") == {
+        ("red", "circle"), ("red", "star"), ("blue", "cross"), ("green", "star")}
+    assert named_objects("top left, a small red circle; top, no object; center, a blue star of large size.") == {
+        ("red", "circle"), ("blue", "star")}
+    s = dataclasses.replace(generate("caption", "eval", 0), attributes=("red", "circle", "blue", "star"))
+    every_colour = "We can see: red, no object; green, a small circle at the top; blue, no object; white, a large star."
+    assert attribute_recall([s], [every_colour]) == 1.0  # every attribute word is there...
+    assert object_recall([s], [every_colour]) == 0.0  # ...and no object is named right
+    by_colour = "We can see: red, a small circle at the top; green, no object; blue, a large star in the center."
+    assert object_recall([s], [by_colour]) == 1.0 and object_precision([s], [by_colour]) == 1.0
+    half = "top left, a small red circle; top, a large blue circle."
+    assert object_recall([s], [half]) == 0.5 and object_precision([s], [half]) == 0.5
+    chart = dataclasses.replace(s, attributes=("bars", "apples"))
+    assert object_recall([chart], [half]) is None
+    assert object_recall([chart, s], [half, half]) == 0.5  # samples without pairs are skipped
 
 
 def test_code_answers_match_the_tower_when_the_tower_outputs_exact_codes(monkeypatch):

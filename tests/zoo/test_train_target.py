@@ -58,15 +58,16 @@ def test_patch_loss_prefers_the_patch_words():
 
 @pytest.mark.slow
 def test_train_resume_and_export(tmp_path, processor):
-    cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=96, pool=48, token_budget=2048,
-                      warmup_samples=10, eval_n=4, eval_every_s=1e9, ckpt_every_s=1e9, threads=1,
+    # --stop-at ends the run early (with a checkpoint) on the schedule of the whole run
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=144, stop_at=96, pool=48,
+                      token_budget=2048, warmup_samples=10, eval_n=4, eval_every_s=1e9, ckpt_every_s=1e9, threads=1,
                       vision_images=64)
     logs = []
     ckpt = train(cfg, processor, log=logs.append)
     state = json.loads((ckpt / "state.json").read_text())
-    assert state["samples"] >= 96 and state["history"] and "vqa_exact_blank_image" in state["history"][-1]
+    assert 96 <= state["samples"] < 144 and state["history"] and "vqa_exact_blank_image" in state["history"][-1]
     # a longer run over the same directory resumes instead of starting over (here with weighted object-cell openers)
-    cfg2 = TrainConfig(**{**cfg.__dict__, "total_samples": 144, "object_cell_weight": 2.0})
+    cfg2 = TrainConfig(**{**cfg.__dict__, "stop_at": 0, "object_cell_weight": 2.0, "object_phrase_weight": 2.0})
     train(cfg2, processor, log=logs.append)
     assert any("resumed" in m for m in logs)
     state2 = json.loads((ckpt / "state.json").read_text())
@@ -293,3 +294,40 @@ def test_object_cell_weights_mark_each_object_cells_opening_word(processor):
     torch.testing.assert_close(weighted, (ww[sel] * ce).sum() / ww[sel].sum(), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="object_cell_weight"):
         TrainConfig(arch="tiny", object_cell_weight=0)
+
+
+def test_object_phrase_weights_cover_each_object_cells_words_and_nothing_else(processor):
+    """With a phrase weight, the labels weighted are exactly the words of the listing's object cells after their
+    openers (size, colour, shape; "and" plus a second object), the opener keeps its own weight, and "no object", the
+    cell names, the separators and everything after the listing keep 1."""
+    from specula.world.suites import MIXES
+    from specula.zoo.cell_weights import object_cell_weights, opener_ids, stop_ids
+
+    tok = processor.tokenizer
+    comma, opens = opener_ids(tok)
+    stops = stop_ids(tok)
+    assert tok.convert_ids_to_tokens(list(stops)) == [";", "."]
+    name, maker, task, _ = next(m for m in MIXES["scan_captions"] if m[0] == "caption")
+    for seed in range(4):
+        s = maker(random.Random(seed), name, task)
+        batch = collate([Encoder(processor).encode(s)], tok.pad_token_id)
+        w = object_cell_weights(batch.input_ids, batch.labels, comma, opens, 3.0, stops, 2.0)[0]  # [L]
+        words = [tok.convert_ids_to_tokens(int(t)).lstrip("\u2581") for t in batch.input_ids[0][w == 2.0]]
+        listing = s.response.split(".")[0].split(":", 1)[1]
+        want = []
+        for cell in listing.split(";"):
+            _, what = cell.split(",", 1)
+            if what.strip() != "no object":
+                want += what.split()[1:]  # the opener has its own weight
+        assert words == want
+        assert len(w[w == 3.0]) == 9 - listing.count("no object")
+        assert (w[(w != 2.0) & (w != 3.0)] == 1.0).all()
+        # the opener alone, as before, when the phrase weight is 1
+        plain = object_cell_weights(batch.input_ids, batch.labels, comma, opens, 3.0)
+        torch.testing.assert_close(object_cell_weights(batch.input_ids, batch.labels, comma, opens, 3.0, stops), plain)
+    with pytest.raises(ValueError, match="stop ids"):
+        object_cell_weights(batch.input_ids, batch.labels, comma, opens, 3.0, (), 2.0)
+    with pytest.raises(ValueError, match="object_phrase_weight"):
+        TrainConfig(arch="tiny", object_phrase_weight=0)
+    with pytest.raises(ValueError, match="stop_at"):
+        TrainConfig(arch="tiny", stop_at=-1)
