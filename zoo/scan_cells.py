@@ -17,19 +17,21 @@ from specula.world import scene
 from specula.world.suites import SUITES, _rng
 from specula.zoo.cell_weights import EMPTY_OPENERS, OBJECT_OPENERS, cell_openings, opener_ids
 
+SLOTS = ("size", "colour", "shape")  # the words after an object cell's opener: "a large purple cross"
+
 
 @torch.inference_mode()
 def scan_cells(model, processor, n: int = 60, offset: int = 0, seed: int = 0) -> dict[str, dict[str, float]]:
     """Over ``n`` held-out caption scenes (indices ``offset``.., the caption suite's own images): per kind of cell
     ("object", "empty"), how many cells, the share where the reference's opening word is the argmax, and its mean
-    probability."""
+    probability; the same for the first object's "size", "colour" and "shape" word in each object cell."""
     from specula.zoo.batching import Encoder
 
     if SUITES["caption"].make is not scene.make:
         raise ValueError("the caption suite no longer draws plain scenes: the scan form of its images is unknown")
     enc = Encoder(processor)
     comma, kinds = cell_openers(processor.tokenizer)
-    stats = {k: [0, 0, 0.0] for k in set(kinds.values())}  # kind -> [cells, argmax right, summed probability]
+    stats = {k: [0, 0, 0.0] for k in (*set(kinds.values()), *SLOTS)}  # kind -> [cells, argmax right, summed probability]
     for i in range(n):
         s = scene.make(_rng("caption", "eval", offset + i, seed), "caption", "caption", scan=True)  # same image
         e = enc.encode(s)
@@ -38,12 +40,15 @@ def scan_cells(model, processor, n: int = 60, offset: int = 0, seed: int = 0) ->
         ids = e.input_ids  # [L]
         at = cell_openings(ids, e.labels, comma, tuple(kinds))  # [L-1]
         for p in at.nonzero()[:, 0].tolist():  # the prediction at the comma is the cell's verdict
-            want = int(ids[p + 1])
-            prob = logits[p].float().softmax(-1)  # [V]
-            st = stats[kinds[want]]
-            st[0] += 1
-            st[1] += int(prob.argmax()) == want
-            st[2] += float(prob[want])
+            kind = kinds[int(ids[p + 1])]
+            read = [(kind, p)] + ([(slot, p + 1 + j) for j, slot in enumerate(SLOTS)] if kind == "object" else [])
+            for k, q in read:  # the prediction at q is of the word at q + 1
+                want = int(ids[q + 1])
+                prob = logits[q].float().softmax(-1)  # [V]
+                st = stats[k]
+                st[0] += 1
+                st[1] += int(prob.argmax()) == want
+                st[2] += float(prob[want])
     return {k: {"cells": c, "argmax_right": r / max(1, c), "p_mean": p / max(1, c)} for k, (c, r, p) in stats.items()}
 
 

@@ -144,7 +144,9 @@ def test_eval_cli_reads_a_training_checkpoint_as_fp16_with_a_code_readout(tmp_pa
     r = json.loads(capsys.readouterr().out)
     assert set(r["suites"]) == {"vqa", "video", "caption", "vqa_codes", "video_codes", "caption_codes",
                                 "caption_scan_cells"}
-    assert sum(v["cells"] for v in r["suites"]["caption_scan_cells"].values()) == 27  # nine per scene
+    cells = r["suites"]["caption_scan_cells"]
+    assert cells["object"]["cells"] + cells["empty"]["cells"] == 27  # nine per scene
+    assert all(cells[k]["cells"] == cells["object"]["cells"] for k in ("size", "colour", "shape"))
     cap = r["suites"]["caption_codes"]  # captions: attribute recall written from exact and from zero codes
     assert set(cap) == {"caption_attribute_recall", "caption_object_precision", "caption_object_recall",
                         "caption_attribute_recall_zero_codes"}
@@ -331,6 +333,8 @@ def test_scan_cells_reads_every_cell_of_every_scene_once(capsys):
     assert r["empty"]["cells"] == empty and r["object"]["cells"] + empty == 9 * n
     assert r["empty"]["argmax_right"] == 1.0 and r["object"]["argmax_right"] == 0.0
     assert r["empty"]["p_mean"] > 0.99 and r["object"]["p_mean"] < 0.01
+    for slot in ("size", "colour", "shape"):  # one per object cell: its first object's words
+        assert r[slot]["cells"] == r["object"]["cells"] and r[slot]["argmax_right"] == 0.0
 
     class Copier:  # predicts the token it reads: right only if the verdict were read one place too late
         device, dtype = torch.device("cpu"), torch.float32
@@ -341,6 +345,16 @@ def test_scan_cells_reads_every_cell_of_every_scene_once(capsys):
             return types.SimpleNamespace(logits=10.0 * torch.nn.functional.one_hot(input_ids, head.out_features).float())
 
     late = scan_cells(Copier(), processor, n=n, offset=offset)
-    assert late["empty"]["argmax_right"] == 0.0 and late["object"]["argmax_right"] == 0.0
+    assert all(v["argmax_right"] == 0.0 for v in late.values())
+
+    class Prophet(Copier):  # predicts the next token of the reference: right at every place, read where it should be
+        def __call__(self, input_ids, pixel_values):
+            import types
+
+            nxt = torch.cat([input_ids[:, 1:], input_ids[:, :1]], 1)
+            return types.SimpleNamespace(logits=10.0 * torch.nn.functional.one_hot(nxt, head.out_features).float())
+
+    right = scan_cells(Prophet(), processor, n=n, offset=offset)
+    assert all(v["argmax_right"] == 1.0 for v in right.values()) and set(right) == set(r)
     with pytest.raises(SystemExit, match="add caption"):
         main(["zoo", "eval", "--model", "target", "--suites", "vqa", "--scan-cells"])
