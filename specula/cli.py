@@ -472,6 +472,22 @@ def _add_zoo(sub) -> None:
     sp.add_argument("--out", required=True, help="new checkpoint directory to write (must not exist), e.g. "
                                                  "runs/Y/ckpt")
     sp.set_defaults(func=lambda a: __import__("specula.zoo.splice", fromlist=["x"]).splice_cli(a))
+    rf = zsub.add_parser("refit-projector", help="a checkpoint with its projector fitted again, with a code per cell",
+                         description="Copies the training checkpoint --ckpt to --out with its projector fitted again "
+                                     "in closed form onto the run's word codes plus --cell-codes times a code of its "
+                                     "own for each of the nine layout cells (object patches only). The other tokens "
+                                     "stay as they were; resume with `specula train target --run-dir <parent of "
+                                     "--out> --freeze-vision`. See zoo/refit.py.")
+    rf.add_argument("--ckpt", required=True, help="the training checkpoint to copy (runs/X/ckpt)")
+    rf.add_argument("--out", required=True, help="new checkpoint directory to write (must not exist)")
+    rf.add_argument("--cell-codes", type=float, default=1.0,
+                    help="weight of the cell code in an object patch's target (default: 1; 0 = refit onto the "
+                         "plain word codes)")
+    rf.add_argument("--images", type=int, default=960, help="training images to fit on (default: 960)")
+    rf.add_argument("--no-gate", action="store_true",
+                    help="do not gate background patches to exact zeros (the default gates them, as "
+                         "--projector-fit-gate does in training)")
+    rf.set_defaults(func=lambda a: __import__("specula.zoo.refit", fromlist=["x"]).refit_cli(a))
     x = zsub.add_parser("export", help="copy a training checkpoint into the shipped zoo (fp16) and update the manifest")
     x.add_argument("--ckpt", default="runs/target/ckpt", help="checkpoint directory (default: runs/target/ckpt)")
     x.add_argument("--out", default=None,

@@ -27,17 +27,30 @@ import torch
 
 
 BACKGROUND = "<background>"  # not a world word: the world's words are lower-case letters and spaces
+PLACE_WORDS = ("top", "bottom", "left", "right", "center")  # an object's place words: its cell's name, split
+
+
+def cell_word(words: tuple[str, ...]) -> str | None:
+    """The reserved word of the 3 x 3 cell a patch's words place it in ("<cell bottom left>"), or None where they
+    name no cell. An object patch's words end with its cell's name split into words (world/scene.py
+    ``render_scene``), so "bottom left" and "bottom" share code(bottom) in the summed code; the cell word is one
+    code per cell, shared with no other."""
+    from specula.world.vocab import POSITIONS
+
+    name = " ".join(w for w in words if w in PLACE_WORDS)
+    return f"<cell {name}>" if name in POSITIONS.values() else None
 
 
 class WordCodes:
     """Deterministic word -> code map; codes are fp32 unit vectors ``[dim]``, cached per word and per patch."""
 
-    def __init__(self, dim: int, seed: int = 0, background: bool = False):
+    def __init__(self, dim: int, seed: int = 0, background: bool = False, cell_codes: float = 0.0):
         if dim <= 0:
             raise ValueError(f"code dim must be positive, got {dim}")
         self.dim = dim
         self.seed = seed
         self.background = background  # background patches get code(BACKGROUND) instead of zero
+        self.cell_codes = cell_codes  # > 0: an object patch's code also holds cell_codes * code(its cell_word)
         self._words: dict[str, torch.Tensor] = {}
         self._patches: dict[tuple[str, ...], torch.Tensor] = {}
 
@@ -62,6 +75,9 @@ class WordCodes:
             v = torch.zeros(self.dim)
             for w in words:
                 v = v + self.code(w)
+            cell = cell_word(words) if self.cell_codes > 0 else None
+            if cell is not None:
+                v = v + self.cell_codes * self.code(cell)
             self._patches[words] = v
         return v
 
