@@ -202,7 +202,9 @@ def colour_listing(scene: Scene) -> str:
     """Every colour of the world in a fixed order with the objects of that colour: "red, a small circle at the top
     left and a large star in the center; green, no object; ...". Each entry is a lookup by colour, the word every
     visual token carries loudest (and only one of per object), where the cell scan's lookup by place has to tell
-    "bottom left" from "bottom" on tokens that carry "bottom" in both (zoo/TRAINING.md, "Captions by colour")."""
+    "bottom left" from "bottom" on tokens that carry "bottom" in both. It names every colour word whatever the image,
+    so the word recall cannot judge it: read it with ``zoo/quality.py`` ``object_recall`` (zoo/TRAINING.md, "What a
+    cell's phrase gets wrong": it stayed behind the cell scan)."""
     def phrase(o: Obj) -> str:
         where = "in the center" if o.where == "center" else f"at the {o.where}"
         return f"{article(o.size)} {o.size} {o.shape} {where}"

@@ -5,11 +5,13 @@ object sits (zoo/TRAINING.md, "Referent attention in the frozen stage": object c
 2.7k samples at a low rate, empty cells 0.866 -> 0.913). Weighting the next-token loss on the object cells' opening
 word (a cell name's comma followed by "a"/"an") by ``weight`` balances the two verdicts; every other label keeps 1.
 
-With the verdicts right, what is left is the object named inside a cell: teacher-forced on `runs/scan-j` (60 held-out
-caption scenes) the listing's colour words are right 0.73 of the time and its shape words 0.83, and three cell errors
-in four name an object of another cell, most often a neighbour ("bottom left" given the object of "bottom"). So
-``phrase_weight`` weights the rest of an object cell's phrase too (size, colour, shape, a second object after
-"and": every label after the opener up to the ";" or "." that closes the cell): the reverse lookup by place.
+With the verdicts right, what is left is the object named inside a cell: fed the reference listing (``zoo eval
+--scan-cells``, 60 held-out caption scenes), `runs/scan-j` names an object cell's colour right 0.73 of the time and
+its shape 0.85, and three in four of the objects its captions put in a wrong cell belong to another cell, most often
+a neighbour ("bottom left" given the object of "bottom"). ``phrase_weight`` weights the rest of an object cell's
+phrase too (size, colour, shape, a second object after "and": every label after the opener up to the ";" or "." that
+closes the cell), the words the lookup by place gives. At 3 it did not help over 4.1k samples (zoo/TRAINING.md,
+"What a cell's phrase gets wrong").
 """
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ def object_recall(samples: list[Sample], captions: list[str]) -> float | None:
     """Share of the scenes' objects (distinct colour-shape pairs) that the ``captions`` name with colour and shape
     together (``named_objects``). Stricter than the attribute recall of the gate, which counts a colour word and a
     shape word wherever they stand: a listing that names every colour ("green, no object; ...") has all the colour
-    words of any scene (zoo/TRAINING.md, "Captions by colour"). None where the samples do not list their objects
-    as (colour, shape) pairs."""
+    words of any scene (zoo/TRAINING.md, "What a cell's phrase gets wrong"). None where the samples do not list
+    their objects as (colour, shape) pairs."""
     both = _object_pairs(samples, captions)
     return None if both is None else sum(len(g & w) for g, w in both) / max(1, sum(len(w) for _, w in both))
 
