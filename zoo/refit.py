@@ -14,7 +14,6 @@ refitted tokens are the old ones plus the new component, and a frozen-vision sta
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,12 +25,13 @@ def refit_projector(ckpt: Path, out: Path, cell_codes: float, images: int = 960,
     """Write ``out``: a copy of training checkpoint ``ckpt`` (state, optimizers, vision heads) whose projector is
     fitted on ``images`` training images onto the run's word codes plus ``cell_codes`` x the cell codes. Returns the
     fit's record (also appended to the state's ``projector_refits``). ``out`` must not exist."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     from specula.targets.processor import load_processor
     from specula.zoo.batching import Encoder
     from specula.zoo.paths import TOKENIZER_DIR
     from specula.zoo.projector_fit import fit_projector
+    from specula.zoo.splice import write_copy
     from specula.zoo.target_config import TargetArch, build_model
     from specula.zoo.word_codes import WordCodes
 
@@ -55,15 +55,8 @@ def refit_projector(ckpt: Path, out: Path, cell_codes: float, images: int = 960,
                             log=log)
     proj = {k: v for k, v in model.state_dict().items() if k.startswith("model.multi_modal_projector.")}
     sd.update({k: v.float().contiguous() for k, v in proj.items()})
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(ckpt, tmp)
-    save_file(sd, tmp / "model.safetensors")
     record = {**asdict(fit), "cell_codes": cell_codes, "from": str(ckpt), "at_samples": state.get("samples", 0)}
-    state.setdefault("projector_refits", []).append(record)
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(out)
+    write_copy(ckpt, out, sd, "projector_refits", record)
     return record
 
 

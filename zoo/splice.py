@@ -41,7 +41,7 @@ def _vision_tensors(src: Path) -> dict[str, torch.Tensor]:
 def splice(ckpt: Path, vision_from: Path, out: Path) -> int:
     """Write ``out``: a copy of checkpoint ``ckpt`` with every vision tower and projector tensor taken from
     ``vision_from``. Returns the number of tensors replaced. Shapes must match; ``out`` must not exist."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     if not (ckpt / "state.json").exists() or not (ckpt / "model.safetensors").exists():
         raise FileNotFoundError(f"{ckpt}: not a training checkpoint (needs state.json and model.safetensors)")
@@ -58,17 +58,25 @@ def splice(ckpt: Path, vision_from: Path, out: Path) -> int:
         if sd[k].shape != v.shape:
             raise ValueError(f"{k}: shape {tuple(v.shape)} in {vision_from}, {tuple(sd[k].shape)} in {ckpt}")
         sd[k] = v
+    at = json.loads((ckpt / "state.json").read_text()).get("samples", 0)
+    write_copy(ckpt, out, sd, "splices", {"lm_from": str(ckpt), "vision_from": str(vision_from), "at_samples": at})
+    return len(vision)
+
+
+def write_copy(ckpt: Path, out: Path, sd: dict[str, torch.Tensor], key: str, record: dict) -> None:
+    """Write ``out`` as a copy of checkpoint ``ckpt`` (state, optimizers, vision heads) with weights ``sd`` and
+    ``record`` appended to the state's list ``key``; written beside ``out`` and renamed into place."""
+    from safetensors.torch import save_file
+
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(ckpt, tmp)
     save_file(sd, tmp / "model.safetensors")
     state = json.loads((tmp / "state.json").read_text())
-    state.setdefault("splices", []).append({"lm_from": str(ckpt), "vision_from": str(vision_from),
-                                            "at_samples": state.get("samples", 0)})
+    state.setdefault(key, []).append(record)
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(out)
-    return len(vision)
 
 
 def splice_cli(args) -> int:
