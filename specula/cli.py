@@ -16,7 +16,7 @@ import sys
 
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
 MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
-             "scan_captions", "colour_captions"]
+             "scan_captions", "colour_captions", "scan_suites"]
 
 
 def _threads(args) -> None:

@@ -69,51 +69,85 @@ def _pie(rng: random.Random):
     return c, colours, shares
 
 
+# Question phrasings, shared by the single-question samples and the training dialogues.
+BAR_VALUE = ("What is the value of the {c} bar?", "What value does the {c} bar show?", "How high is the {c} bar?")
+BAR_COUNT = ("How many bars are there?", "How many bars does the chart have?")
+BAR_TALLEST = ("Which bar is the tallest?", "Which colour is the tallest bar?")
+LINE_TREND = ("Does the line end higher or lower than it starts?", "Is the last point higher or lower than the first?")
+LINE_PEAK = ("Which point of the line is the highest?", "At which point does the line peak?")
+PIE_LARGEST = ("Which colour has the largest slice?", "Which slice of the pie is biggest?")
+PIE_COUNT = ("How many slices does the pie have?", "How many slices are there?")
+
+
+def _tallest(colours: list[str], values: list[int]) -> str | None:
+    return colours[values.index(max(values))] if values.count(max(values)) == 1 else None
+
+
+def bar_question(rng: random.Random, qtype: str, colours: list[str], values: list[int], i: int = 0,
+                 j: int = 1) -> tuple[str, str, int]:
+    """(question, answer, n_choices) about a bar chart; ``i``/``j`` name the bars of "value" and "compare"."""
+    if qtype == "value":
+        return pick(rng, BAR_VALUE).format(c=colours[i]), str(values[i]), 9
+    if qtype == "count":
+        return pick(rng, BAR_COUNT), NUMBER_WORDS[len(colours)], 3
+    if qtype == "compare":
+        return (f"Is the {colours[i]} bar taller than the {colours[j]} bar?", "yes" if values[i] > values[j] else "no",
+                2)
+    best = _tallest(colours, values)
+    if best is None:
+        raise ValueError("no single tallest bar")
+    return pick(rng, BAR_TALLEST), best, len(CHART_COLOURS)
+
+
+def line_question(rng: random.Random, qtype: str, values: list[int], i: int = 0) -> tuple[str, str, int]:
+    """(question, answer, n_choices) about a line chart; ``i`` names the point of "value"."""
+    if qtype == "trend":
+        if values[-1] == values[0]:
+            raise ValueError("the line ends where it starts")
+        return pick(rng, LINE_TREND), ("higher" if values[-1] > values[0] else "lower"), 2
+    if qtype == "value":
+        return f"What is the value of the {ORDINALS[i]} point?", str(values[i]), 9
+    return pick(rng, LINE_PEAK), ORDINALS[values.index(max(values))], 5
+
+
+def pie_question(rng: random.Random, qtype: str, colours: list[str], shares: list[int]) -> tuple[str, str, int]:
+    """(question, answer, n_choices) about a pie chart: "largest" slice or slice "count"."""
+    if qtype == "largest":
+        return pick(rng, PIE_LARGEST), colours[shares.index(max(shares))], len(CHART_COLOURS)
+    return pick(rng, PIE_COUNT), NUMBER_WORDS[len(colours)], 3
+
+
 def make(rng: random.Random, suite: str, task: str) -> Sample:
     kind = pick(rng, ("bar", "bar", "line", "pie"))
     if kind == "bar":
         c, colours, values = _bar(rng)
         k = len(colours)
-        best = colours[values.index(max(values))] if values.count(max(values)) == 1 else None
         qtype = pick(rng, ("value", "value", "count", "compare", "tallest"))
-        if qtype == "tallest" and best is None:
+        if qtype == "tallest" and _tallest(colours, values) is None:
             qtype = "value"
         if qtype == "value":
-            i = rng.randrange(k)
-            q = pick(rng, ("What is the value of the {c} bar?", "What value does the {c} bar show?", "How high is the {c} bar?")).format(c=colours[i])
-            a, n = str(values[i]), 9
-        elif qtype == "count":
-            q, a, n = pick(rng, ("How many bars are there?", "How many bars does the chart have?")), NUMBER_WORDS[k], 3
+            q, a, n = bar_question(rng, qtype, colours, values, rng.randrange(k))
         elif qtype == "compare":
-            i, j = rng.sample(range(k), 2)
-            q = f"Is the {colours[i]} bar taller than the {colours[j]} bar?"
-            a, n = ("yes" if values[i] > values[j] else "no"), 2
+            q, a, n = bar_question(rng, qtype, colours, values, *rng.sample(range(k), 2))
         else:
-            q, a, n = pick(rng, ("Which bar is the tallest?", "Which colour is the tallest bar?")), best, len(CHART_COLOURS)
+            q, a, n = bar_question(rng, qtype, colours, values)
         desc = sentence(f"a bar chart with {NUMBER_WORDS[k]} bars: " + join_list(
             rng, [f"{col} at {v}" for col, v in zip(colours, values)]) + ".")
     elif kind == "line":
         c, col, values = _line(rng)
         qtype = pick(rng, ("trend", "highest", "value"))
         if qtype == "trend" and values[-1] != values[0]:
-            q = pick(rng, ("Does the line end higher or lower than it starts?", "Is the last point higher or lower than the first?"))
-            a, n = ("higher" if values[-1] > values[0] else "lower"), 2
+            q, a, n = line_question(rng, "trend", values)
         elif qtype == "value":
-            i = rng.randrange(5)
-            q = f"What is the value of the {ORDINALS[i]} point?"
-            a, n = str(values[i]), 9
+            q, a, n = line_question(rng, "value", values, rng.randrange(5))
         else:
-            q = pick(rng, ("Which point of the line is the highest?", "At which point does the line peak?"))
-            a, n = ORDINALS[values.index(max(values))], 5
+            q, a, n = line_question(rng, "highest", values)
         desc = sentence(f"a {col} line chart with five points: " + ", ".join(str(v) for v in values) + ".")
         colours = [col]
     else:
         c, colours, shares = _pie(rng)
         best = colours[shares.index(max(shares))]
-        if rng.random() < 0.6:
-            q, a, n = pick(rng, ("Which colour has the largest slice?", "Which slice of the pie is biggest?")), best, len(CHART_COLOURS)
-        else:
-            q, a, n = pick(rng, ("How many slices does the pie have?", "How many slices are there?")), NUMBER_WORDS[len(colours)], 3
+        q, a, n = pie_question(rng, "largest" if rng.random() < 0.6 else "count", colours, shares)
         desc = sentence(f"a pie chart with {NUMBER_WORDS[len(colours)]} slices; the {best} slice is the largest.")
     pw = (c.patch_words(),)
     if task == "caption":
@@ -121,3 +155,38 @@ def make(rng: random.Random, suite: str, task: str) -> Sample:
                       desc, None, None, tuple(colours), pw)
     prompt = f"<image>{q} {pick(rng, SHORT_SUFFIX)}"
     return Sample(suite, f"chart/{kind}", (c.image,), prompt, a, a, n, (), pw)
+
+
+def make_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 8) -> Sample:
+    """A training dialogue: one chart, then up to ``n_turns`` distinct questions about it as successive turns.
+
+    Every question type of the chart suite is asked about the same image (each bar's or point's value, bar pairs,
+    the tallest / peak / largest slice, counts), so one image's visual tokens train many readings; the first turn is
+    in the evaluation format, half the follow-ups carry an answer-format suffix.
+    """
+    kind = pick(rng, ("bar", "bar", "line", "pie"))
+    if kind == "bar":
+        c, colours, values = _bar(rng)
+        k = len(colours)
+        pairs = [("compare", i, j) for i in range(k) for j in range(k) if i != j]
+        rng.shuffle(pairs)
+        asks = [("value", i, 0) for i in range(k)] + [("count", 0, 0)] + pairs[:2]  # as many compares as the suite asks
+        if _tallest(colours, values) is not None:
+            asks.append(("tallest", 0, 0))
+        ask = lambda qtype, i, j: bar_question(rng, qtype, colours, values, i, j)  # noqa: E731
+    elif kind == "line":
+        c, _, values = _line(rng)
+        asks = [("value", i, 0) for i in range(5)] + [("highest", 0, 0)]
+        if values[-1] != values[0]:
+            asks.append(("trend", 0, 0))
+        ask = lambda qtype, i, j: line_question(rng, qtype, values, i)  # noqa: E731
+    else:
+        c, colours, shares = _pie(rng)
+        asks = [("largest", 0, 0), ("count", 0, 0)]
+        ask = lambda qtype, i, j: pie_question(rng, qtype, colours, shares)  # noqa: E731
+    rng.shuffle(asks)
+    turns = [ask(*a)[:2] for a in asks[:n_turns]]
+    (q0, a0), rest = turns[0], turns[1:]
+    followups = tuple((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a) for q, a in rest)
+    return Sample(suite, f"chart_dialogue/{kind}", (c.image,), f"<image>{q0} {pick(rng, SHORT_SUFFIX)}", a0, a0, None,
+                  (), (c.patch_words(),), followups)

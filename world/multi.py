@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+
+from PIL import Image
 
 from specula.world.draw import Canvas
 from specula.world.phrasing import article, join_list, pick, sentence, SHORT_SUFFIX
@@ -25,6 +28,24 @@ def _prompt(rng: random.Random, k: int, q: str) -> str:
     return f"{marks} {q}"
 
 
+# Question phrasings, shared by the single-question samples and the training dialogues.
+MULTI_ODD = ("Which image is different from the others?", "Which image is the odd one out?")
+MULTI_COUNT = ("How many images show a {s}?", "In how many images is there a {s}?")
+MULTI_WHICH = ("What colour is the object in the {o} image?", "In the {o} image, what colour is the object?")
+MULTI_SAME = ("Do both images show the same shape?", "Is the shape in the two images the same?")
+
+
+def _odd_scenes(rng: random.Random, k: int) -> tuple[list[Scene], int]:
+    """``k`` one-object images alike in colour and shape but one, which differs in one of the two; and its index."""
+    base = (pick(rng, COLOUR_NAMES), pick(rng, SHAPES))
+    odd_i = rng.randrange(k)
+    while True:
+        other = (pick(rng, COLOUR_NAMES), base[1]) if rng.random() < 0.5 else (base[0], pick(rng, SHAPES))
+        if other != base:
+            break
+    return [_single(rng, *(other if i == odd_i else base)) for i in range(k)], odd_i
+
+
 def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None) -> Sample:
     k = k or rng.randint(2, 5)
     if task == "caption":
@@ -32,14 +53,8 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None) 
     else:
         qtype = pick(rng, ("odd", "count", "which", "same") if k == 2 else ("odd", "count", "which"))
     if qtype == "odd" and k >= 3:
-        base = (pick(rng, COLOUR_NAMES), pick(rng, SHAPES))
-        odd_i = rng.randrange(k)
-        while True:
-            other = (pick(rng, COLOUR_NAMES), base[1]) if rng.random() < 0.5 else (base[0], pick(rng, SHAPES))
-            if other != base:
-                break
-        scenes = [_single(rng, *(other if i == odd_i else base)) for i in range(k)]
-        q = pick(rng, ("Which image is different from the others?", "Which image is the odd one out?"))
+        scenes, odd_i = _odd_scenes(rng, k)
+        q = pick(rng, MULTI_ODD)
         a, n = ORDINALS[odd_i], k
         resp = a
     else:
@@ -47,12 +62,12 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None) 
         if qtype in ("count", "odd"):
             shape = pick(rng, [o.shape for s in scenes for o in s.objects]) if rng.random() < 0.8 else pick(rng, SHAPES)
             m = sum(any(o.shape == shape for o in s.objects) for s in scenes)
-            q = pick(rng, ("How many images show a {s}?", "In how many images is there a {s}?")).format(s=shape)
+            q = pick(rng, MULTI_COUNT).format(s=shape)
             a, n = NUMBER_WORDS[m], k + 1
         elif qtype == "which":
             i = rng.randrange(k)
             scenes[i] = _single(rng, pick(rng, COLOUR_NAMES), pick(rng, SHAPES))
-            q = pick(rng, ("What colour is the object in the {o} image?", "In the {o} image, what colour is the object?")).format(o=ORDINALS[i])
+            q = pick(rng, MULTI_WHICH).format(o=ORDINALS[i])
             a, n = scenes[i].objects[0].colour, len(COLOUR_NAMES)
         elif qtype == "same":
             scenes = [_single(rng, pick(rng, COLOUR_NAMES), pick(rng, SHAPES)) for _ in range(2)]
@@ -60,7 +75,7 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None) 
                 o = scenes[0].objects[0]
                 scenes[1] = _single(rng, pick(rng, COLOUR_NAMES), o.shape)
             same = scenes[0].objects[0].shape == scenes[1].objects[0].shape
-            q = pick(rng, ("Do both images show the same shape?", "Is the shape in the two images the same?"))
+            q = pick(rng, MULTI_SAME)
             a, n = ("yes" if same else "no"), 2
         else:  # story: describe each image in order
             q, a, n = pick(rng, ("Describe the images in order.", "Tell what happens across these images.")), None, None
@@ -79,10 +94,52 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None) 
     return Sample(suite, f"multi/{qtype}", images, _prompt(rng, k, f"{q} {pick(rng, SHORT_SUFFIX)}"), a, a, n, (), pw)
 
 
+def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 8) -> Sample:
+    """A training dialogue: 2-5 images, then up to ``n_turns`` distinct questions about them as successive turns
+    (the first in the evaluation format): the colour in each one-object image, how many images show each shape
+    present (and sometimes one absent), the odd one out when the set has one, same shape for a pair."""
+    k = rng.randint(2, 5)
+    odd_i = None
+    if k >= 3 and rng.random() < 0.4:
+        scenes, odd_i = _odd_scenes(rng, k)
+    else:
+        scenes = [_single(rng, pick(rng, COLOUR_NAMES), pick(rng, SHAPES)) if rng.random() < 0.6
+                  else sample_scene(rng, 1, 2, allow_overlap=False) for _ in range(k)]
+    singles = [i for i, sc in enumerate(scenes) if len(sc.objects) == 1]
+    shown = sorted({o.shape for sc in scenes for o in sc.objects})
+    turns = [(pick(rng, MULTI_WHICH).format(o=ORDINALS[i]), scenes[i].objects[0].colour) for i in singles]
+    counted = shown + ([pick(rng, [sh for sh in SHAPES if sh not in shown])] if rng.random() < 0.5 else [])
+    turns += [(pick(rng, MULTI_COUNT).format(s=sh),
+               NUMBER_WORDS[sum(any(o.shape == sh for o in sc.objects) for sc in scenes)]) for sh in counted]
+    if odd_i is not None:
+        turns.append((pick(rng, MULTI_ODD), ORDINALS[odd_i]))
+    if k == 2 and len(singles) == 2:
+        same = scenes[0].objects[0].shape == scenes[1].objects[0].shape
+        turns.append((pick(rng, MULTI_SAME), "yes" if same else "no"))
+    rng.shuffle(turns)
+    (q0, a0), rest = turns[0], turns[1:n_turns]
+    rendered = [render_scene(sc, rng) for sc in scenes]
+    followups = tuple((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a) for q, a in rest)
+    return Sample(suite, "multi_dialogue", tuple(r[0] for r in rendered), _prompt(rng, k, f"{q0} {pick(rng, SHORT_SUFFIX)}"),
+                  a0, a0, None, (), tuple(r[1] for r in rendered), followups)
+
+
 DIRECTIONS = {"right": (1, 0), "left": (-1, 0), "down": (0, 1), "up": (0, -1)}
 
 
-def make_video(rng: random.Random, suite: str, task: str) -> Sample:
+@dataclass(frozen=True)
+class Clip:
+    """An object moving across ``len(images)`` frames in ``direction``, colour ``c0`` turning ``c1`` half way."""
+
+    direction: str
+    shape: str
+    c0: str
+    c1: str
+    images: tuple[Image.Image, ...]
+    patch_words: tuple[tuple[tuple[str, ...], ...], ...]
+
+
+def make_clip(rng: random.Random) -> Clip:
     """An object moving across 4 to 8 frames, sometimes changing colour half way."""
     k = rng.randint(4, 8) if rng.random() < 0.3 else 4
     direction = pick(rng, sorted(DIRECTIONS))
@@ -104,6 +161,34 @@ def make_video(rng: random.Random, suite: str, task: str) -> Sample:
         canvas.shape(shape, cx, cy, SIZES[size] / 2, COLOURS[col], (col, shape))
         images.append(canvas.image)
         pws.append(canvas.patch_words())
+    return Clip(direction, shape, c0, c1, tuple(images), tuple(pws))
+
+
+VIDEO_DIRECTION = ("Which way does the {s} move?", "In which direction is the {s} moving?")
+VIDEO_CHANGE = ("Does the object change colour?", "Does the colour of the object change?")
+VIDEO_END = ("What colour is the object in the last frame?", "What colour is the object at the end?")
+VIDEO_START = ("What colour is the object in the first frame?", "What colour is the object at the start?")
+VIDEO_SHAPE = ("What shape moves across the frames?", "Which shape is moving?")
+
+
+def video_question(rng: random.Random, qtype: str, clip: Clip) -> tuple[str, str, int]:
+    """(question, answer, n_choices) about a clip: "direction", "change", "end_colour" (the suite's types) or the
+    training-only "start_colour" and "shape"."""
+    if qtype == "direction":
+        return pick(rng, VIDEO_DIRECTION).format(s=clip.shape), clip.direction, 4
+    if qtype == "change":
+        return pick(rng, VIDEO_CHANGE), ("yes" if clip.c1 != clip.c0 else "no"), 2
+    if qtype == "end_colour":
+        return pick(rng, VIDEO_END), clip.c1, len(COLOUR_NAMES)
+    if qtype == "start_colour":
+        return pick(rng, VIDEO_START), clip.c0, len(COLOUR_NAMES)
+    return pick(rng, VIDEO_SHAPE), clip.shape, len(SHAPES)
+
+
+def make_video(rng: random.Random, suite: str, task: str) -> Sample:
+    """An object moving across 4 to 8 frames, sometimes changing colour half way."""
+    clip = make_clip(rng)
+    k, shape, c0, c1, direction = len(clip.images), clip.shape, clip.c0, clip.c1, clip.direction
     marks = "<image>" * k
     if task == "caption":
         change = f", turning from {c0} to {c1} on the way" if c1 != c0 else ""
@@ -112,14 +197,21 @@ def make_video(rng: random.Random, suite: str, task: str) -> Sample:
             "over the {k} frames {a} {c} {s} travels {d}{ch}.",
             "the video shows {a} {c} {s} moving {d}{ch}.",
         )).format(a=article(c0), c=c0, s=shape, d=direction, k=NUMBER_WORDS[k], ch=change))
-        return Sample(suite, "video_caption", tuple(images), marks + pick(rng, ("Describe the video.", "What happens in these frames?")),
-                      text, None, None, (c0, shape, direction), tuple(pws))
+        return Sample(suite, "video_caption", clip.images, marks + pick(rng, ("Describe the video.", "What happens in these frames?")),
+                      text, None, None, (c0, shape, direction), clip.patch_words)
     qtype = pick(rng, ("direction", "direction", "change", "end_colour"))
-    if qtype == "direction":
-        q = pick(rng, ("Which way does the {s} move?", "In which direction is the {s} moving?")).format(s=shape)
-        a, n = direction, 4
-    elif qtype == "change":
-        q, a, n = pick(rng, ("Does the object change colour?", "Does the colour of the object change?")), ("yes" if c1 != c0 else "no"), 2
-    else:
-        q, a, n = pick(rng, ("What colour is the object in the last frame?", "What colour is the object at the end?")), c1, len(COLOUR_NAMES)
-    return Sample(suite, f"video/{qtype}", tuple(images), f"{marks}{q} {pick(rng, SHORT_SUFFIX)}", a, a, n, (), tuple(pws))
+    q, a, n = video_question(rng, qtype, clip)
+    return Sample(suite, f"video/{qtype}", clip.images, f"{marks}{q} {pick(rng, SHORT_SUFFIX)}", a, a, n, (), clip.patch_words)
+
+
+def make_video_dialogue(rng: random.Random, suite: str, task: str) -> Sample:
+    """A training dialogue: one clip, then every question type about it as successive turns (the first in the
+    evaluation format), so the frames' visual tokens train five readings."""
+    clip = make_clip(rng)
+    qtypes = ["direction", "change", "end_colour", "start_colour", "shape"]
+    rng.shuffle(qtypes)
+    turns = [video_question(rng, t, clip)[:2] for t in qtypes]
+    (q0, a0), rest = turns[0], turns[1:]
+    followups = tuple((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a) for q, a in rest)
+    return Sample(suite, "video_dialogue", clip.images, f"{'<image>' * len(clip.images)}{q0} {pick(rng, SHORT_SUFFIX)}",
+                  a0, a0, None, (), clip.patch_words, followups)

@@ -180,10 +180,19 @@ _COLOUR = {"caption": _colour_caption, "caption_short": _few_object_colour_capti
 COLOUR_CAPTIONS_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
     (name, _COLOUR.get(name, maker), task, w) for name, maker, task, w in SCAN_CAPTIONS_MIX)
 
+# The scan-captions mix plus dialogues about charts, image sets and clips (every question type of those suites
+# asked about one set of images), for an LM that answers them at blank-image level: in the mixes above they are
+# single questions at a few percent of the samples (zoo/TRAINING.md, "Charts, image sets and clips as dialogues").
+SCAN_SUITES_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_CAPTIONS_MIX + (
+    ("chart_dialogue", charts.make_dialogue, "qa", 1.5),
+    ("multi_dialogue", multi.make_multi_dialogue, "qa", 1.5),
+    ("video_dialogue", multi.make_video_dialogue, "qa", 1.5),
+)
+
 MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX, "lookup": LOOKUP_MIX, "scenes": SCENES_MIX,
          "describe": DESCRIBE_MIX, "confusable": CONFUSABLE_MIX, "scenes_confusable": SCENES_CONFUSABLE_MIX,
          "confusable_scan": CONFUSABLE_SCAN_MIX, "scan_captions": SCAN_CAPTIONS_MIX,
-         "colour_captions": COLOUR_CAPTIONS_MIX}
+         "colour_captions": COLOUR_CAPTIONS_MIX, "scan_suites": SCAN_SUITES_MIX}
 
 
 def suite_names() -> list[str]:

@@ -183,14 +183,15 @@ def test_exported_word_code_target_continues_with_its_joint_stage_only(tmp_path,
     assert any(not torch.equal(after[k], exported[k]) for k in after if ".language_model." in k)  # the LM trained
 
 
-@pytest.mark.parametrize("entry", ["vqa_dialogue", "text_scene_dialogue"])
+@pytest.mark.parametrize("entry", ["vqa_dialogue", "text_scene_dialogue", "chart_dialogue", "multi_dialogue",
+                                   "video_dialogue"])
 def test_dialogue_labels_cover_every_assistant_turn(processor, entry):
     from specula.world.suites import MIXES
 
     enc = Encoder(processor)
-    maker = {m[0]: m[1] for m in MIXES["dialogue"]}[entry]
+    maker = {m[0]: m[1] for m in MIXES["scan_suites"]}[entry]
     s = maker(random.Random("dialogue-test"), "vqa", "vqa")
-    assert s.prompt.startswith("<image>") == (entry == "vqa_dialogue") and s.followups and len(s.followups) <= 11
+    assert ("<image>" in s.prompt) == (entry != "text_scene_dialogue") and s.followups and len(s.followups) <= 11
     assert len({q for q, _ in s.followups} | {s.prompt}) == len(s.followups) + 1  # distinct questions
     e = enc.encode(s)
     tok = processor.tokenizer

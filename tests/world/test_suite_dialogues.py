@@ -1,0 +1,156 @@
+"""Training dialogues about charts, image sets and clips: answers read off the drawn images, the suites unchanged."""
+
+import hashlib
+import random
+from collections import Counter
+
+import pytest
+
+from specula.world import GRID, charts, generate, multi
+from specula.world.phrasing import SHORT_SUFFIX
+from specula.world.vocab import NUMBER_WORDS, ORDINALS, SHAPES
+
+# sha256 of (kind, prompt, response, answer, n_choices) of the first 60 evaluation samples, taken before the
+# dialogues' refactor of charts.py / multi.py: the suites every figure in zoo/TRAINING.md was measured on.
+SUITE_DIGESTS = {"chart": "9e905c5f995cc731", "multi_image": "a1b30116a6049a6e", "video": "8b9765beef29c739"}
+
+
+@pytest.mark.parametrize("suite", sorted(SUITE_DIGESTS))
+def test_evaluation_suites_are_unchanged(suite):
+    h = hashlib.sha256()
+    for i in range(60):
+        s = generate(suite, "eval", i)
+        h.update(f"{s.kind}|{s.prompt}|{s.response}|{s.answer}|{s.n_choices}\n".encode())
+    assert h.hexdigest()[:16] == SUITE_DIGESTS[suite]
+
+
+def _objects(patch_words) -> list[tuple[str, ...]]:
+    """The distinct (colour, shape) of one image's object patches (their words start with colour and shape)."""
+    return sorted({w[:2] for w in patch_words if w})
+
+
+def _centre(patch_words) -> tuple[float, float]:
+    cells = [(i % GRID, i // GRID) for i, w in enumerate(patch_words) if w]
+    return sum(x for x, _ in cells) / len(cells), sum(y for _, y in cells) / len(cells)
+
+
+def _check_turns(s):
+    """First turn in the evaluation format (with an answer suffix), questions distinct, every turn answered."""
+    assert s.prompt.count("<image>") == len(s.images) == len(s.patch_words)
+    assert any(s.prompt.endswith(suffix) for suffix in SHORT_SUFFIX)
+    questions = [s.prompt] + [q for q, _ in s.followups]
+    assert len(set(questions)) == len(questions)
+    assert s.response == s.answer and all(a for _, a in s.followups)
+    return [(s.prompt.replace("<image>", "").strip(), s.response)] + list(s.followups)
+
+
+def test_video_dialogue_answers_match_the_frames():
+    seen = Counter()
+    for i in range(60):
+        s = multi.make_video_dialogue(random.Random(f"video-dialogue/{i}"), "video", "qa")
+        turns = _check_turns(s)
+        assert len(turns) == 5
+        (c0, shape), = _objects(s.patch_words[0])
+        (c1, shape1), = _objects(s.patch_words[-1])
+        (x0, y0), (x1, y1) = _centre(s.patch_words[0]), _centre(s.patch_words[-1])
+        direction = ("right" if x1 > x0 else "left") if abs(x1 - x0) > abs(y1 - y0) else ("down" if y1 > y0 else "up")
+        assert shape1 == shape
+        for q, a in turns:
+            if q.startswith(multi.VIDEO_DIRECTION[0][:9]) or q.startswith(multi.VIDEO_DIRECTION[1][:9]):
+                assert a == direction, q
+                seen["direction"] += 1
+            elif "change" in q:
+                assert a == ("yes" if c1 != c0 else "no"), q
+                seen["change"] += 1
+            elif "last frame" in q or "at the end" in q:
+                assert a == c1, q
+                seen["end"] += 1
+            elif "first frame" in q or "at the start" in q:
+                assert a == c0, q
+                seen["start"] += 1
+            else:
+                assert q.split("?")[0] + "?" in multi.VIDEO_SHAPE and a == shape, q
+                seen["shape"] += 1
+    assert set(seen) == {"direction", "change", "end", "start", "shape"}
+
+
+def test_multi_image_dialogue_answers_match_the_images():
+    seen = Counter()
+    for i in range(80):
+        s = multi.make_multi_dialogue(random.Random(f"multi-dialogue/{i}"), "multi_image", "qa")
+        turns = _check_turns(s)
+        objects = [_objects(pw) for pw in s.patch_words]
+        assert 2 <= len(objects) <= 5 and 2 <= len(turns) <= 8
+        for q, a in turns:
+            if "what colour" in q.lower():
+                n = next(k for k, o in enumerate(ORDINALS) if f" {o} image" in q)
+                assert len(objects[n]) == 1 and a == objects[n][0][0], q
+                seen["which"] += 1
+            elif "how many images" in q.lower() or "in how many images" in q.lower():
+                shape = next(sh for sh in SHAPES if f" {sh}?" in q)
+                assert a == NUMBER_WORDS[sum(any(w[1] == shape for w in o) for o in objects)], q
+                seen["count"] += 1
+            elif "odd" in q or "different" in q:
+                kinds = Counter(o[0] for o in objects)
+                odd = next(k for k, o in enumerate(objects) if kinds[o[0]] == 1)
+                assert len(objects) >= 3 and a == ORDINALS[odd], q
+                seen["odd"] += 1
+            else:
+                assert len(objects) == 2 and a == ("yes" if objects[0][0][1] == objects[1][0][1] else "no"), q
+                seen["same"] += 1
+    assert set(seen) == {"which", "count", "odd", "same"}
+
+
+def test_chart_dialogue_answers_match_the_chart():
+    seen = Counter()
+    for i in range(60):
+        seed = f"chart-dialogue/{i}"
+        s = charts.make_dialogue(random.Random(seed), "chart", "qa")
+        turns = _check_turns(s)
+        rng = random.Random(seed)  # the chart's own draws come first: redraw its values
+        kind = charts.pick(rng, ("bar", "bar", "line", "pie"))
+        assert s.kind == f"chart_dialogue/{kind}"
+        seen[kind] += 1
+        if kind == "bar":
+            _, colours, values = charts._bar(rng)
+            value = dict(zip(colours, values))
+            for q, a in turns:
+                if q.startswith("How many bars"):
+                    assert a == NUMBER_WORDS[len(colours)]
+                elif "tallest" in q:
+                    assert value[a] == max(values) and values.count(max(values)) == 1
+                elif q.startswith("Is the"):
+                    c1, c2 = (w for w in q.split() if w in value)
+                    assert a == ("yes" if value[c1] > value[c2] else "no"), q
+                else:
+                    assert a == str(value[next(c for c in colours if f" {c} bar" in q)]), q
+        elif kind == "line":
+            _, _, values = charts._line(rng)
+            assert len(turns) >= 6  # five point values, the peak, and the trend where it has one
+            for q, a in turns:
+                if q.startswith("What is the value"):
+                    assert a == str(values[next(k for k, o in enumerate(ORDINALS) if f" {o} point" in q)]), q
+                elif "highest" in q or "peak" in q:
+                    assert a == ORDINALS[values.index(max(values))]
+                else:
+                    assert a == ("higher" if values[-1] > values[0] else "lower")
+        else:
+            _, colours, shares = charts._pie(rng)
+            for q, a in turns:
+                assert a == (NUMBER_WORDS[len(colours)] if "How many" in q else colours[shares.index(max(shares))])
+    assert set(seen) == {"bar", "line", "pie"}
+
+
+def test_scan_suites_mix_adds_the_dialogues_to_the_scan_captions_mix():
+    from specula.world.suites import MIXES
+
+    base = MIXES["scan_captions"]
+    mix = MIXES["scan_suites"]
+    assert mix[: len(base)] == base
+    added = mix[len(base):]
+    assert {name for name, *_ in added} == {"chart_dialogue", "multi_dialogue", "video_dialogue"}
+    share = sum(w for *_, w in added) / sum(w for *_, w in mix)
+    assert 0.1 < share < 0.3
+    for name, maker, task, _ in added:
+        s = maker(random.Random(name), name, task)
+        assert s.kind.split("/")[0] == name and s.followups
