@@ -108,7 +108,8 @@ def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int 
     singles = [i for i, sc in enumerate(scenes) if len(sc.objects) == 1]
     shown = sorted({o.shape for sc in scenes for o in sc.objects})
     turns = [(pick(rng, MULTI_WHICH).format(o=ORDINALS[i]), scenes[i].objects[0].colour) for i in singles]
-    counted = shown + ([pick(rng, [sh for sh in SHAPES if sh not in shown])] if rng.random() < 0.5 else [])
+    absent = [sh for sh in SHAPES if sh not in shown]  # empty when the set shows all six shapes
+    counted = shown + ([pick(rng, absent)] if absent and rng.random() < 0.5 else [])
     turns += [(pick(rng, MULTI_COUNT).format(s=sh),
                NUMBER_WORDS[sum(any(o.shape == sh for o in sc.objects) for sc in scenes)]) for sh in counted]
     if odd_i is not None:

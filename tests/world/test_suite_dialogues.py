@@ -101,6 +101,12 @@ def test_multi_image_dialogue_answers_match_the_images():
     assert set(seen) == {"which", "count", "odd", "same"}
 
 
+def test_multi_image_dialogue_with_every_shape_shown_counts_only_shown_shapes():
+    # this seed's set shows all six shapes: there is no absent shape to ask about (it used to raise)
+    s = multi.make_multi_dialogue(random.Random("multi-dialogue-all-shapes/228"), "multi_image", "qa")
+    assert {w[1] for pw in s.patch_words for w in pw if w} == set(SHAPES)
+    assert all(a != "zero" for _, a in _check_turns(s))
+
 def test_chart_dialogue_answers_match_the_chart():
     seen = Counter()
     for i in range(60):
