@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from specula.world.draw import Canvas
-from specula.world.phrasing import join_list, pick, sentence, SHORT_SUFFIX
+from specula.world.phrasing import join_list, maybe_suffix, pick, sentence, SHORT_SUFFIX
 from specula.world.sample import IMAGE_SIZE, Sample
 from specula.world.vocab import COLOURS, NUMBER_WORDS, ORDINALS
 
@@ -187,6 +187,6 @@ def make_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 8) -
     rng.shuffle(asks)
     turns = [ask(*a)[:2] for a in asks[:n_turns]]
     (q0, a0), rest = turns[0], turns[1:]
-    followups = tuple((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a) for q, a in rest)
+    followups = tuple((maybe_suffix(rng, q), a) for q, a in rest)
     return Sample(suite, f"chart_dialogue/{kind}", (c.image,), f"<image>{q0} {pick(rng, SHORT_SUFFIX)}", a0, a0, None,
                   (), (c.patch_words(),), followups)

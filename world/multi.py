@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from specula.world.draw import Canvas
-from specula.world.phrasing import article, join_list, pick, sentence, SHORT_SUFFIX
+from specula.world.phrasing import article, join_list, maybe_suffix, pick, sentence, SHORT_SUFFIX
 from specula.world.sample import IMAGE_SIZE, Sample
 from specula.world.scene import Obj, Scene, render_scene, sample_scene
 from specula.world.vocab import BACKGROUNDS, COLOURS, COLOUR_NAMES, NUMBER_WORDS, ORDINALS, SHAPES, SIZES
@@ -120,7 +120,7 @@ def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int 
     rng.shuffle(turns)
     (q0, a0), rest = turns[0], turns[1:n_turns]
     rendered = [render_scene(sc, rng) for sc in scenes]
-    followups = tuple((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a) for q, a in rest)
+    followups = tuple((maybe_suffix(rng, q), a) for q, a in rest)
     return Sample(suite, "multi_dialogue", tuple(r[0] for r in rendered), _prompt(rng, k, f"{q0} {pick(rng, SHORT_SUFFIX)}"),
                   a0, a0, None, (), tuple(r[1] for r in rendered), followups)
 
@@ -213,6 +213,6 @@ def make_video_dialogue(rng: random.Random, suite: str, task: str) -> Sample:
     rng.shuffle(qtypes)
     turns = [video_question(rng, t, clip)[:2] for t in qtypes]
     (q0, a0), rest = turns[0], turns[1:]
-    followups = tuple((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a) for q, a in rest)
+    followups = tuple((maybe_suffix(rng, q), a) for q, a in rest)
     return Sample(suite, "video_dialogue", clip.images, f"{'<image>' * len(clip.images)}{q0} {pick(rng, SHORT_SUFFIX)}",
                   a0, a0, None, (), clip.patch_words, followups)

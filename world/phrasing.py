@@ -43,3 +43,8 @@ SHORT_SUFFIX = (
     "Answer with a single word or phrase.",
     "Give a short answer.",
 )
+
+
+def maybe_suffix(rng: random.Random, question: str) -> str:
+    """A dialogue follow-up: half the time with an answer-format suffix, as in the evaluation prompts."""
+    return f"{question} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else question

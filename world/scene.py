@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from specula.world.draw import Canvas
-from specula.world.phrasing import article, clean, join_list, maybe, pick, sentence, SHORT_SUFFIX
+from specula.world.phrasing import article, clean, join_list, maybe, maybe_suffix, pick, sentence, SHORT_SUFFIX
 from specula.world.sample import IMAGE_SIZE, Sample
 from specula.world.vocab import BACKGROUNDS, COLOURS, COLOUR_NAMES, NUMBER_WORDS, POSITIONS, SHAPES, SIZES
 
@@ -374,5 +374,5 @@ def dialogue_turns(rng: random.Random, scene: Scene, n_turns: int) -> list[tuple
         q, a, _ = vqa(rng, scene)
         if q not in seen:
             seen.add(q)
-            turns.append((f"{q} {pick(rng, SHORT_SUFFIX)}" if rng.random() < 0.5 else q, a))
+            turns.append((maybe_suffix(rng, q), a))
     return turns
