@@ -8,6 +8,9 @@ ZOO_DIR = Path(__file__).resolve().parent / "weights"
 TOKENIZER_DIR = ZOO_DIR / "tokenizer"
 TARGET_DIR = ZOO_DIR / "target"
 MANIFEST = ZOO_DIR / "manifest.json"
+# Not shipped: a target still in training, kept in the repository so that the next session (whose checkout has no
+# runs/) continues it with ``--init-from`` instead of retraining it (zoo/TRAINING.md, "A direct route").
+CANDIDATES_DIR = Path(__file__).resolve().parent / "candidates"
 
 
 def resolve(model: str | Path) -> Path:

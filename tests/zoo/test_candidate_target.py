@@ -1,0 +1,37 @@
+"""The candidate target kept in the repository (not shipped): intact, loadable, and a continuation of training."""
+
+import json
+
+import pytest
+
+from specula.zoo.manifest import scan, verify
+from specula.zoo.paths import CANDIDATES_DIR, TARGET_DIR
+
+CANDIDATE = CANDIDATES_DIR / "target"
+pytestmark = pytest.mark.skipif(not (CANDIDATE / "config.json").exists(), reason="no candidate target in this checkout")
+
+
+def test_candidate_matches_its_manifest_and_is_not_the_shipped_target():
+    assert verify(CANDIDATES_DIR) == []
+    entries = scan(CANDIDATES_DIR)["entries"]
+    assert set(entries) == {"target"}
+    shipped = scan(TARGET_DIR.parent)["entries"]["target"]
+    assert entries["target"]["files"]["model.safetensors"]["sha256"] != shipped["files"]["model.safetensors"]["sha256"]
+
+
+def test_candidate_loads_and_resumes_past_the_shipped_target():
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    from specula.targets.processor import load_processor
+
+    info = json.loads((CANDIDATE / "specula.json").read_text())
+    shipped = json.loads((TARGET_DIR / "specula.json").read_text())
+    assert info["storage_dtype"] == "float16"
+    assert info["trained_samples"] > shipped["trained_samples"]  # --init-from continues the count from here
+    assert "vqa_exact_blank_image" in info["history"][-1]  # image-vs-blank tracked up to the export
+    model = LlavaForConditionalGeneration.from_pretrained(str(CANDIDATE), dtype=torch.float32)
+    processor = load_processor(CANDIDATE)
+    assert model.config.text_config.num_hidden_layers >= 8
+    assert model.config.image_seq_length >= 144
+    assert len(processor.tokenizer) <= model.config.text_config.vocab_size
