@@ -48,7 +48,7 @@ def cluster_app(model_dir):
         try:
             ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
             serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-            run_app(build_app(cfg), cfg.name)
+            run_app(build_app(cfg), cfg.name, timeout=300.0)  # three nodes start slowly on a loaded 2-core machine
             yield cfg, f"http://127.0.0.1:{port}", {n.node_id for n in cluster.list_all_nodes()}
         finally:
             try:
