@@ -145,5 +145,7 @@ def start_cluster(attempts: int = 3, workers: tuple[dict, ...] = (), **head_node
 
 
 def _startup_timeout(e: Exception) -> bool:
-    """Whether ``e`` is Ray's "node did not come up in time" (raylet registration or ``wait_for_nodes``)."""
-    return "timed out during startup" in str(e) or isinstance(e, TimeoutError)
+    """Whether ``e`` is Ray's "node did not come up in time" (raylet registration, the GCS port file of a slow head
+    node, or ``wait_for_nodes``)."""
+    msg = str(e)
+    return "timed out during startup" in msg or "Timed out waiting for file" in msg or isinstance(e, TimeoutError)
