@@ -403,7 +403,8 @@ def _add_zoo(sub) -> None:
     ls.set_defaults(func=lambda a: __import__("specula.zoo.manifest", fromlist=["x"]).list_cli(a))
     b = zsub.add_parser("build", help="regenerate the zoo from seeds: tokenizer, the target's stages, every drafter",
                         description="Runs the recipe of zoo/recipe.py: the tokenizer; the target's stages (code LM, "
-                                    "tower, merge, joint stage; about 4-5 CPU-hours at 2 threads); its export; then "
+                                    "tower, merge, joint stage, the direct route's caption and suite stages); its "
+                                    "export; then "
                                     "each drafter's `specula train` command against it (about 2.5 CPU-hours). "
                                     "Resumable: rerun the same command and finished steps are skipped.")
     b.add_argument("--run-dir", default="runs/zoo", help="where training runs keep checkpoints (resumable)")
@@ -415,6 +416,12 @@ def _add_zoo(sub) -> None:
     b.add_argument("--scale", type=float, default=1.0,
                    help="multiply every sample / image count of the recipe (default: 1 = the shipped weights' run)")
     b.add_argument("--skip-drafters", action="store_true", help="build the tokenizer and the target only")
+    b.add_argument("--drafters-only", action="store_true",
+                   help="train (or resume) only the drafters, against the target already in --zoo-dir: after a new "
+                        "target was exported there, every drafter must be retrained on it")
+    b.add_argument("--until", default=None, metavar="STAGE",
+                   help="the last target stage to build and export (default: the shipped target's, "
+                        "zoo/recipe.py SHIPPED_UNTIL; later stages make the candidate under way)")
     b.add_argument("--dry-run", action="store_true", help="print each step's configuration / command and exit")
     b.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).build_cli(a))
     e = zsub.add_parser("eval", help="quality gates of the shipped target (image vs blank image, captions, suites)")

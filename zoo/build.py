@@ -93,9 +93,22 @@ def train_target_cli(args) -> int:
     return 0
 
 
+def _refit_stage(cfg: dict, tokenizer_dir: Path) -> None:
+    """A recipe "refit" stage: ``cfg["from"]``'s checkpoint copied into ``cfg["run_dir"]``/ckpt with its projector
+    refitted (zoo/refit.py). A copy left by an interrupted build is replaced (the refit is quick and has no state)."""
+    from specula.zoo.refit import refit_projector
+
+    out = Path(cfg["run_dir"]) / "ckpt"
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    refit_projector(Path(cfg["from"]), out, cfg["cell_codes"], images=cfg["projector_fit_images"],
+                    gate=cfg["projector_fit_gate"], tokenizer_dir=tokenizer_dir)
+
+
 def build_cli(args) -> int:
     """Tokenizer, the target's stages, its export, then every drafter (``zoo/recipe.py``), into ``--zoo-dir``
-    (default: the shipped zoo). Rerunning the same command resumes: finished steps are skipped, a stage under way
+    (default: the shipped zoo); ``--drafters-only``: just the drafters, against the target already in the zoo. Rerunning the same command resumes: finished steps are skipped, a stage under way
     continues from its last checkpoint."""
     from specula.cli import main as specula_main
     from specula.targets.processor import load_processor
@@ -104,13 +117,18 @@ def build_cli(args) -> int:
 
     zoo = Path(args.zoo_dir) if args.zoo_dir else TARGET_DIR.parent
     runs = Path(args.run_dir)
+    if args.skip_drafters and args.drafters_only:
+        raise ValueError("--skip-drafters and --drafters-only exclude each other")
     drafters = [] if args.skip_drafters else list(recipe.DRAFTERS)
-    steps = 2 + len(recipe.TARGET_STAGES) + len(drafters)
+    stages = [] if args.drafters_only else list(recipe.stages_until(args.until or recipe.SHIPPED_UNTIL))
+    steps = (0 if args.drafters_only else 2 + len(stages)) + len(drafters)
     target = zoo / TARGET_DIR.name
+    if args.drafters_only and not (target / "config.json").exists():
+        raise FileNotFoundError(f"--drafters-only trains against the zoo's target, and {target} has none")
     if args.dry_run:
-        for st in recipe.TARGET_STAGES:
+        for st in stages:
             cfg = recipe.stage_config(st, runs, args.scale, args.arch, args.threads, args.seed)
-            print(f"target stage {st.name}: " + json.dumps(cfg, sort_keys=True))
+            print(f"target stage {st.name} ({st.kind}): " + json.dumps(cfg, sort_keys=True))
         for d in drafters:
             print("specula " + " ".join(recipe.drafter_argv(d, target, zoo, runs, args.scale, args.arch,
                                                             args.threads, args.seed)))
@@ -124,19 +142,25 @@ def build_cli(args) -> int:
         done.append(step)
         marks.write_text(json.dumps({"done": done}, indent=1) + "\n")
 
-    tok_dir = zoo / TOKENIZER_DIR.name
-    print(f"[1/{steps}] tokenizer")
-    build_tokenizer(tok_dir, seed=args.seed, n_samples=args.tokenizer_samples)
-    processor = load_processor(tok_dir)
-    for i, st in enumerate(recipe.TARGET_STAGES, 2):
-        if st.name in done:
-            print(f"[{i}/{steps}] target stage {st.name}: done")
-            continue
-        print(f"[{i}/{steps}] target stage {st.name} (resumable: rerun the same command to continue)")
-        train(TrainConfig(**recipe.stage_config(st, runs, args.scale, args.arch, args.threads, args.seed)), processor)
-        mark(st.name)
-    i = 2 + len(recipe.TARGET_STAGES)
-    print(f"[{i}/{steps}] export the target -> {export(runs / recipe.TARGET_RUN / 'ckpt', target, tok_dir)}")
+    i = 0
+    if not args.drafters_only:
+        tok_dir = zoo / TOKENIZER_DIR.name
+        print(f"[1/{steps}] tokenizer")
+        build_tokenizer(tok_dir, seed=args.seed, n_samples=args.tokenizer_samples)
+        processor = load_processor(tok_dir)
+        for i, st in enumerate(stages, 2):
+            if st.name in done:
+                print(f"[{i}/{steps}] target stage {st.name}: done")
+                continue
+            print(f"[{i}/{steps}] target stage {st.name} (resumable: rerun the same command to continue)")
+            cfg = recipe.stage_config(st, runs, args.scale, args.arch, args.threads, args.seed)
+            if st.kind == "refit":
+                _refit_stage(cfg, tok_dir)
+            else:
+                train(TrainConfig(**cfg), processor)
+            mark(st.name)
+        i = 2 + len(stages)
+        print(f"[{i}/{steps}] export the target -> {export(runs / stages[-1].run / 'ckpt', target, tok_dir)}")
     for i, d in enumerate(drafters, i + 1):
         if f"drafter:{d.name}" in done:
             print(f"[{i}/{steps}] drafter {d.name}: done")

@@ -14,6 +14,11 @@ The target, in three run directories:
    extended to 116,000 and 180,000 images with the fitted projector held fixed (each extension refits it).
 3. ``target``: the merge (the LM of 1, the tower and fitted projector of 2), then a short joint stage in which the
    tower moves at 1/20 of the LM's rate through the fixed projector.
+4. ``direct`` and ``cells`` (the direct route of stop 35, zoo/TRAINING.md): from 3's weights (rounded to fp16 as
+   the first export stored them) one pool of scan captions with the vision side frozen, for a training checkpoint;
+   the projector refitted with a code per layout cell (zoo/refit.py) into ``cells``; then frozen-vision training on
+   the ``scan_suites`` mix, on the schedules the runs had (50,000 cut at 13,680, 27,000 cut at 24,864, 40,000).
+   Not shipped yet: ``SHIPPED_UNTIL`` names the last stage of the shipped target.
 """
 
 from __future__ import annotations
@@ -29,21 +34,27 @@ _LM = dict(total_samples=0, mix="dialogue", token_budget=2048, lr=3e-4, aux_out=
 _TOWER = dict(total_samples=0, mix="dialogue", code_lm_samples=1, code_lm_layers=2, code_lm_mix="scenes",
               referent_attention=1.0, vision_lr=1e-3, vision_pos_lr_mult=30.0, eval_every_s=1e5, **_VISION)
 
+# the direct route's stages (4.): vision side frozen, scan listings' object cells weighted, no auxiliary losses
+_DIRECT = dict(freeze_vision=True, tower_lr_mult=0.02, aux_out=0.0, vis_weight=0.0, lr=3e-4, mix="scan_suites",
+               object_cell_weight=3.0, vision_images=180_000, **_VISION, **{**_CODES, "referent_attention": 0.0})
+
 # what a tiny test build changes besides the counts: small pools and batches, no mid-run checks, and no gate on
 # the projector fit (a tower trained on a few dozen images does not separate objects from background)
 TINY = dict(pool=4, token_budget=2048, code_token_budget=2048, warmup_samples=4, eval_n=1, eval_every_s=1e9,
             ckpt_every_s=1e9, projector_fit_gate=False)
 
 # TrainConfig fields that count samples or images (scaled by ``scale``)
-COUNTS = ("total_samples", "code_lm_samples", "code_lm_stop", "vision_images", "projector_fit_images")
+COUNTS = ("total_samples", "code_lm_samples", "code_lm_stop", "vision_images", "projector_fit_images", "stop_at")
 
 
 @dataclass(frozen=True)
 class TargetStage:
     name: str
     run: str  # run directory (under the build's --run-dir); stages of one directory go on from each other
-    config: dict  # TrainConfig fields
+    config: dict  # TrainConfig fields; for a "refit" stage: cell_codes, projector_fit_images, projector_fit_gate
     needs: dict = field(default_factory=dict)  # TrainConfig field -> run directory whose ckpt it names
+    kind: str = "train"  # "train": a TrainConfig run; "refit": needs["from"]'s ckpt copied into ``run`` with its
+    #                      projector refitted with cell codes (zoo/refit.py)
 
 
 TARGET_STAGES = (
@@ -58,8 +69,25 @@ TARGET_STAGES = (
     TargetStage("joint", "target", {"total_samples": 4_500, "freeze_projector": True, "tower_lr_mult": 0.05,
                                     "aux_out": 0.0, "lr": 1e-4, "mix": "confusable", "vision_images": 180_000,
                                     **_VISION, **_CODES}),
+    TargetStage("captions", "direct", {**_DIRECT, "total_samples": 50_000, "stop_at": 4_560, "mix": "scan_captions"},
+                needs={"init_from": "target"}),
+    TargetStage("cell-codes", "cells", {"cell_codes": 1.0, "projector_fit_images": 960, "projector_fit_gate": True},
+                needs={"from": "direct"}, kind="refit"),
+    TargetStage("suites-50k", "cells", {**_DIRECT, "total_samples": 50_000, "stop_at": 13_680}),
+    TargetStage("suites-27k", "cells", {**_DIRECT, "total_samples": 27_000, "stop_at": 24_864}),
+    TargetStage("suites-40k", "cells", {**_DIRECT, "total_samples": 40_000}),
 )
-TARGET_RUN = "target"  # the run directory exported as the zoo's target
+# The shipped target is the export of this stage's run; the stages after it are the candidate under way
+# (zoo/candidates, zoo/TRAINING.md): ``specula zoo build --until <stage>`` builds those too.
+SHIPPED_UNTIL = "joint"
+
+
+def stages_until(name: str) -> tuple[TargetStage, ...]:
+    """The target's stages up to and including ``name``."""
+    names = [st.name for st in TARGET_STAGES]
+    if name not in names:
+        raise ValueError(f"no target stage {name!r} (stages: {', '.join(names)})")
+    return TARGET_STAGES[:names.index(name) + 1]
 
 
 @dataclass(frozen=True)
@@ -100,6 +128,10 @@ def stage_config(stage: TargetStage, run_dir: Path, scale: float = 1.0, arch: st
     for k in COUNTS:
         if k in cfg:
             cfg[k] = scaled(cfg[k], scale)
+    if stage.kind == "refit":
+        if arch == "tiny":
+            cfg["projector_fit_gate"] = False  # as TINY: a few dozen images do not separate objects from background
+        return {**cfg, "from": str(run_dir / stage.needs["from"] / "ckpt"), "run_dir": str(run_dir / stage.run)}
     if cfg.get("code_lm_stop", 0) >= cfg.get("code_lm_samples", 0) > 0:  # a small scale: keep the stop inside
         cfg["code_lm_stop"] = cfg["code_lm_samples"] // 2
     if arch == "tiny":  # 2 decoder layers: the 2- and 4-layer stages become 1 and 2

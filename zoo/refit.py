@@ -21,10 +21,11 @@ import torch
 
 
 def refit_projector(ckpt: Path, out: Path, cell_codes: float, images: int = 960, gate: bool = True,
-                    log=print) -> dict:
+                    log=print, tokenizer_dir: Path | None = None) -> dict:
     """Write ``out``: a copy of training checkpoint ``ckpt`` (state, optimizers, vision heads) whose projector is
     fitted on ``images`` training images onto the run's word codes plus ``cell_codes`` x the cell codes. Returns the
-    fit's record (also appended to the state's ``projector_refits``). ``out`` must not exist."""
+    fit's record (also appended to the state's ``projector_refits``). ``out`` must not exist. ``tokenizer_dir``:
+    the processor to encode with (default: the shipped tokenizer)."""
     from safetensors.torch import load_file
 
     from specula.targets.processor import load_processor
@@ -43,7 +44,7 @@ def refit_projector(ckpt: Path, out: Path, cell_codes: float, images: int = 960,
         raise FileExistsError(f"{out} exists; refit-projector writes a new checkpoint directory")
     state = json.loads((ckpt / "state.json").read_text())
     cfg = state.get("config", {})
-    processor = load_processor(TOKENIZER_DIR)
+    processor = load_processor(tokenizer_dir or TOKENIZER_DIR)
     model = build_model(TargetArch.from_name(cfg["arch"]), processor.tokenizer)
     sd = load_file(ckpt / "model.safetensors")
     model.load_state_dict(sd, strict=False)

@@ -79,7 +79,7 @@ class TrainConfig:
     background_code: bool = False  # word-code recipe: background patches get a code of their own instead of zero
     code_background_noise: float = 0.0  # code LM stage: random vectors up to this norm on background patches
     vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
-    init_from: str | None = None  # exported weights to start from when run_dir has no checkpoint
+    init_from: str | None = None  # exported weights (or a run's ckpt dir) to start from when run_dir has none
     mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
     object_cell_weight: float = 1.0  # loss weight on a scan listing's object-cell openers (zoo/cell_weights.py)
     object_phrase_weight: float = 1.0  # loss weight on the rest of an object cell's phrase (zoo/cell_weights.py)
@@ -329,6 +329,33 @@ def _print_now(msg: str) -> None:
     print(msg, flush=True)  # a run in the background logs to a file: evaluations must not wait in a buffer
 
 
+def _load_init_weights(model, src: Path) -> dict:
+    """Load ``--init-from`` weights into ``model``; returns the training facts (``trained_samples``,
+    ``train_minutes``, ``history``) they carry.
+
+    ``src`` is an exported model directory (fp16, ``specula.json``) or a training checkpoint (fp32
+    ``model.safetensors`` + ``state.json``, as ``specula zoo build`` hands one stage's run to the next); a
+    checkpoint's weights are rounded to fp16 first, so that both start from the same numbers as the export would.
+    """
+    if (src / "state.json").exists() and (src / "model.safetensors").exists():
+        sd = {k: v.to(torch.float16).float() for k, v in load_file(src / "model.safetensors").items()}
+        model.load_state_dict(sd, strict=False)
+        model.tie_weights()
+        st = json.loads((src / "state.json").read_text())
+        return {"trained_samples": st.get("samples", 0), "train_minutes": st.get("elapsed_s", 0.0) / 60.0,
+                "history": st.get("history", [])}
+    if not (src / "config.json").exists():
+        raise FileNotFoundError(f"--init-from {src}: neither an exported model (config.json) nor a training "
+                                "checkpoint (state.json + model.safetensors)")
+    from transformers import LlavaForConditionalGeneration
+
+    loaded = LlavaForConditionalGeneration.from_pretrained(str(src), dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    del loaded
+    model.tie_weights()
+    return json.loads((src / "specula.json").read_text()) if (src / "specula.json").exists() else {}
+
+
 def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     torch.set_num_threads(cfg.threads)
     run = Path(cfg.run_dir)
@@ -353,14 +380,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         log(f"resumed from {ckpt}: {state['samples']} samples, {state['elapsed_s'] / 60:.1f} min")
     elif cfg.init_from:
         # continue from exported (fp16) weights when the run directory is gone: optimizer moments restart
-        from transformers import LlavaForConditionalGeneration
-
         src = Path(cfg.init_from)
-        loaded = LlavaForConditionalGeneration.from_pretrained(str(src), dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict())
-        del loaded
-        model.tie_weights()
-        info = json.loads((src / "specula.json").read_text()) if (src / "specula.json").exists() else {}
+        info = _load_init_weights(model, src)
         state["samples"] = int(info.get("trained_samples", 0))
         state["elapsed_s"] = 60.0 * float(info.get("train_minutes", 0.0))
         state["history"] = list(info.get("history", []))

@@ -91,7 +91,7 @@ def test_zoo_build_regenerates_deterministically(tmp_path, capsys):
     scratch gives identical files; a rerun of a finished build skips every step and changes nothing."""
     from specula.cli import main
     from specula.zoo.manifest import scan
-    from specula.zoo.recipe import DRAFTERS, TARGET_STAGES
+    from specula.zoo.recipe import DRAFTERS, SHIPPED_UNTIL, stages_until
 
     def build(k: int) -> dict:
         zoo = tmp_path / f"zoo{k}"
@@ -108,7 +108,7 @@ def test_zoo_build_regenerates_deterministically(tmp_path, capsys):
     assert build(1) == first
     assert build(0) == first  # resumed: nothing retrained
     out = capsys.readouterr().out
-    assert all(f"target stage {st.name}: done" in out for st in TARGET_STAGES)
+    assert all(f"target stage {st.name}: done" in out for st in stages_until(SHIPPED_UNTIL))
     assert all(f"drafter {d.name}: done" in out for d in DRAFTERS)
     state = json.loads((tmp_path / "runs0" / "target" / "ckpt" / "state.json").read_text())
     assert state["lm_from"] and state["samples"] >= 4 and state["code_lm_done"]  # merged, then the joint stage
@@ -116,11 +116,76 @@ def test_zoo_build_regenerates_deterministically(tmp_path, capsys):
 
 def test_zoo_build_dry_run_prints_the_recipe(capsys):
     from specula.cli import main
+    from specula.zoo.recipe import SHIPPED_UNTIL, TARGET_STAGES
 
     assert main(["zoo", "build", "--dry-run", "--run-dir", "r"]) == 0
     out = capsys.readouterr().out
     assert '"code_lm_stop": 22944' in out and '"vision_images": 180000' in out and '"tower_lr_mult": 0.05' in out
     assert "specula train massv" in out and "--init-lm" in out
+    assert f"target stage {SHIPPED_UNTIL} " in out and "target stage captions" not in out  # the shipped target's
+    # --until a later stage adds the candidate's stages; --drafters-only prints the drafters alone
+    assert main(["zoo", "build", "--dry-run", "--run-dir", "r", "--until", TARGET_STAGES[-1].name]) == 0
+    out = capsys.readouterr().out
+    assert all(f"target stage {st.name} " in out for st in TARGET_STAGES)
+    assert '"from": "r/direct/ckpt"' in out and '"init_from": "r/target/ckpt"' in out and '"stop_at": 24864' in out
+    assert main(["zoo", "build", "--dry-run", "--run-dir", "r", "--drafters-only"]) == 0
+    out = capsys.readouterr().out
+    assert "target stage" not in out and "specula train eagle" in out
+    assert main(["zoo", "build", "--dry-run", "--until", "no-such-stage"]) == 2
+    assert "no target stage 'no-such-stage'" in capsys.readouterr().err
+
+
+def test_zoo_build_drafters_only_needs_a_target_in_the_zoo(tmp_path, capsys):
+    from specula.cli import main
+
+    assert main(["zoo", "build", "--drafters-only", "--zoo-dir", str(tmp_path), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "has none" in capsys.readouterr().err
+    assert main(["zoo", "build", "--drafters-only", "--skip-drafters", "--dry-run"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_zoo_build_until_the_last_stage_builds_the_direct_route(tmp_path):
+    """`--until` the recipe's last stage (tiny arch and scale, no drafters): the caption stage starts from the joint
+    stage's checkpoint rounded to fp16, the refit stage copies it into its own run with a cell-code projector, the
+    suite stages go on there, and that run is what the build exports."""
+    from specula.cli import main
+    from specula.zoo.recipe import TARGET_STAGES, scaled
+
+    zoo, runs = tmp_path / "zoo", tmp_path / "runs"
+    assert main(["zoo", "build", "--zoo-dir", str(zoo), "--run-dir", str(runs), "--arch", "tiny", "--scale",
+                 "0.0005", "--tokenizer-samples", "200", "--threads", "1", "--skip-drafters",
+                 "--until", TARGET_STAGES[-1].name]) == 0
+    joint = json.loads((runs / "target" / "ckpt" / "state.json").read_text())
+    direct = json.loads((runs / "direct" / "ckpt" / "state.json").read_text())
+    cells = json.loads((runs / "cells" / "ckpt" / "state.json").read_text())
+    assert direct["warm_restart_at"] == joint["samples"] and direct["samples"] >= joint["samples"]
+    refit = cells["projector_refits"][-1]
+    assert refit["cell_codes"] == 1.0 and refit["from"] == str(runs / "direct" / "ckpt")
+    assert refit["at_samples"] == direct["samples"] and cells["samples"] >= scaled(40_000, 0.0005)
+    info = json.loads((zoo / "target" / "specula.json").read_text())
+    assert info["trained_samples"] == cells["samples"] and not verify(zoo)
+
+
+def test_init_from_a_training_checkpoint_rounds_its_weights_to_fp16(tmp_path, processor):
+    from safetensors.torch import save_file
+
+    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.train_target import _load_init_weights
+
+    src = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1)
+    (tmp_path / "ckpt").mkdir()
+    sd = {k: v.contiguous() for k, v in src.state_dict().items() if k != "lm_head.weight"}
+    save_file(sd, tmp_path / "ckpt" / "model.safetensors")
+    (tmp_path / "ckpt" / "state.json").write_text(json.dumps({"samples": 96, "elapsed_s": 120.0, "history": [{}]}))
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=2)
+    info = _load_init_weights(model, tmp_path / "ckpt")
+    assert info == {"trained_samples": 96, "train_minutes": 2.0, "history": [{}]}
+    got = model.state_dict()
+    assert all(torch.equal(got[k], v.half().float()) for k, v in sd.items())
+    assert any(not torch.equal(got[k], v) for k, v in sd.items())  # rounded, not copied
+    with pytest.raises(FileNotFoundError, match="neither"):
+        _load_init_weights(model, tmp_path)
 
 
 def test_code_lm_stop_cuts_the_stage_on_its_schedule(tmp_path, processor):
