@@ -107,9 +107,10 @@ def _refit_stage(cfg: dict, tokenizer_dir: Path) -> None:
 
 
 def build_cli(args) -> int:
-    """Tokenizer, the target's stages, its export, then every drafter (``zoo/recipe.py``), into ``--zoo-dir``
-    (default: the shipped zoo); ``--drafters-only``: just the drafters, against the target already in the zoo. Rerunning the same command resumes: finished steps are skipped, a stage under way
-    continues from its last checkpoint."""
+    """Tokenizer, the target's stages up to ``--until`` (default: the shipped target's last), its export, then every
+    drafter (``zoo/recipe.py``), into ``--zoo-dir`` (default: the shipped zoo); ``--drafters-only``: just the
+    drafters, against the target already in the zoo. Rerunning the same command resumes: finished steps are
+    skipped, a stage under way continues from its last checkpoint."""
     from specula.cli import main as specula_main
     from specula.targets.processor import load_processor
     from specula.zoo import recipe

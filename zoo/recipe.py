@@ -52,7 +52,7 @@ class TargetStage:
     name: str
     run: str  # run directory (under the build's --run-dir); stages of one directory go on from each other
     config: dict  # TrainConfig fields; for a "refit" stage: cell_codes, projector_fit_images, projector_fit_gate
-    needs: dict = field(default_factory=dict)  # TrainConfig field -> run directory whose ckpt it names
+    needs: dict = field(default_factory=dict)  # TrainConfig field (a refit's "from") -> run dir whose ckpt it names
     kind: str = "train"  # "train": a TrainConfig run; "refit": needs["from"]'s ckpt copied into ``run`` with its
     #                      projector refitted with cell codes (zoo/refit.py)
 
