@@ -110,6 +110,12 @@ def test_zoo_build_regenerates_deterministically(tmp_path, capsys):
     out = capsys.readouterr().out
     assert all(f"target stage {st.name}: done" in out for st in stages_until(SHIPPED_UNTIL))
     assert all(f"drafter {d.name}: done" in out for d in DRAFTERS)
+    # --drafters-only over the same run directory: no tokenizer or target step, every drafter already done
+    assert main(["zoo", "build", "--zoo-dir", str(tmp_path / "zoo0"), "--run-dir", str(tmp_path / "runs0"), "--arch",
+                 "tiny", "--scale", "0.0005", "--threads", "1", "--drafters-only"]) == 0
+    out = capsys.readouterr().out
+    assert "target stage" not in out and "tokenizer" not in out and "export the target" not in out
+    assert all(f"/{len(DRAFTERS)}] drafter {d.name}: done" in out for d in DRAFTERS)
     state = json.loads((tmp_path / "runs0" / "target" / "ckpt" / "state.json").read_text())
     assert state["lm_from"] and state["samples"] >= 4 and state["code_lm_done"]  # merged, then the joint stage
 
