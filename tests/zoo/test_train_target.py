@@ -154,7 +154,8 @@ def test_zoo_build_drafters_only_needs_a_target_in_the_zoo(tmp_path, capsys):
 def test_zoo_build_until_the_last_stage_builds_the_direct_route(tmp_path):
     """`--until` the recipe's last stage (tiny arch and scale, no drafters): the caption stage starts from the joint
     stage's checkpoint rounded to fp16, the refit stage copies it into its own run with a cell-code projector, the
-    suite stages go on there, and that run is what the build exports."""
+    suite stages go on there, the second cycle restarts from that run in its own, and the last run is what the build
+    exports."""
     from specula.cli import main
     from specula.zoo.recipe import TARGET_STAGES, scaled
 
@@ -169,8 +170,10 @@ def test_zoo_build_until_the_last_stage_builds_the_direct_route(tmp_path):
     refit = cells["projector_refits"][-1]
     assert refit["cell_codes"] == 1.0 and refit["from"] == str(runs / "direct" / "ckpt")
     assert refit["at_samples"] == direct["samples"] and cells["samples"] >= scaled(40_000, 0.0005)
+    cycle2 = json.loads((runs / "cycle2" / "ckpt" / "state.json").read_text())  # the second cycle: a warm restart
+    assert cycle2["warm_restart_at"] == cells["samples"] and cycle2["samples"] >= scaled(90_000, 0.0005)
     info = json.loads((zoo / "target" / "specula.json").read_text())
-    assert info["trained_samples"] == cells["samples"] and not verify(zoo)
+    assert info["trained_samples"] == cycle2["samples"] and not verify(zoo)
 
 
 def test_init_from_a_training_checkpoint_rounds_its_weights_to_fp16(tmp_path, processor):
