@@ -405,7 +405,7 @@ def _add_zoo(sub) -> None:
                         description="Runs the recipe of zoo/recipe.py: the tokenizer; the target's stages (code LM, "
                                     "tower, merge, joint stage, the direct route's caption and suite stages); its "
                                     "export; then "
-                                    "each drafter's `specula train` command against it (about 2.5 CPU-hours). "
+                                    "each drafter's `specula train` command against it (about 6.5 CPU-hours). "
                                     "Resumable: rerun the same command and finished steps are skipped.")
     b.add_argument("--run-dir", default="runs/zoo", help="where training runs keep checkpoints (resumable)")
     b.add_argument("--threads", type=int, default=2)
