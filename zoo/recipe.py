@@ -6,7 +6,7 @@ against that export. The numbers are those of the runs that made the shipped wei
 target"; how the recipe was found: zoo/TRAINING.md); ``scale`` multiplies every sample / image count, for a quick
 small build (tests use ``arch="tiny"``).
 
-The target, in three run directories:
+The target, in these run directories:
 
 1. ``lm``: the LM alone on word codes (zoo/word_codes.py) with hard-negative scene dialogues, 2 layers trained, cut
    at 22,944 samples of a 40,000-sample schedule; then 4 layers on the ``confusable`` mix to the schedule's end.
