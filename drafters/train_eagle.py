@@ -50,7 +50,7 @@ from tqdm import tqdm
 from specula.drafters.distill_data import Answer, load_answers, make_answers, pixels, target_fingerprint
 from specula.drafters.eagle_head import EagleHead, save_head
 from specula.drafters.train_common import Cadence, epoch_order, save_checkpoint, warmup_cosine
-from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
+from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR, sibling_ref
 
 EAGLE_DIR = ZOO_DIR / "eagle"
 
@@ -445,7 +445,7 @@ def export_head(ckpt: Path, out: Path, head_cls: type[EagleHead], info: dict | N
     save_head(head, out, torch.float16)
     last = state["history"][-1] if state["history"] else {}
     meta = {
-        "kind": head_cls.KIND, "params": sum(p.numel() for p in head.parameters()), "target": state["config"]["target"],
+        "kind": head_cls.KIND, "params": sum(p.numel() for p in head.parameters()), "target": sibling_ref(state["config"]["target"], out),
         "target_sha256": state["target_sha256"], "data_samples": state["config"]["data_samples"],
         "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
         "eval_tau_g4": last.get("eval_tau_g4"), **(info or {}), "history": state["history"],

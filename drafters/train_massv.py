@@ -51,7 +51,7 @@ from specula.drafters.distill_data import (Answer, encode, load_answers, make_an
 from specula.drafters.ensemble_members import Member, member_context
 from specula.drafters.massv_model import MassvConfig, MassvModel
 from specula.drafters.train_common import Cadence, chunks_to_make, epoch_order, save_checkpoint, warmup_cosine
-from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
+from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR, sibling_ref
 
 MASSV_DIR = ZOO_DIR / "massv"
 CAPTION_INSTRUCTION = "<image>Describe the image in detail."  # a caption prompt of the world (caption mode)
@@ -537,7 +537,8 @@ def export_massv(ckpt: Path, out: Path = MASSV_DIR, tokenizer_dir: Path | str = 
     last = state["history"][-1] if state["history"] else {}
     info = {"kind": "massv", "params": sum(p.numel() for p in model.parameters()),
             "image_token_id": model.config.image_token_id, "feature": model.config.feature,
-            "target": c["target"], "target_sha256": state["target_sha256"], "init_lm": c["init_lm"],
+            "target": sibling_ref(c["target"], out), "target_sha256": state["target_sha256"],
+            "init_lm": sibling_ref(c["init_lm"], out) if c["init_lm"] else c["init_lm"],
             "sdvit": c["sdvit"], "pretrain_samples": c["pretrain_total"], "sdvit_samples": c["sdvit_total"],
             "data_samples": c["data_samples"], "text_every": c.get("text_every", 0),
             "trained_samples": state["samples"],

@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from specula.drafters.train_common import Cadence, chunks_to_make, epoch_order, save_checkpoint, warmup_cosine
 from specula.zoo import manifest
-from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
+from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR, sibling_ref
 from specula.zoo.text_lm_config import TextLMArch, build_model, matmul_macs_per_token
 
 TEXT_LM_DIR = ZOO_DIR / "text_lm"
@@ -480,7 +480,7 @@ def export_text_lm(ckpt: Path, out: Path = TEXT_LM_DIR, tokenizer_dir: Path | st
     info = {
         "kind": "text_lm", "arch": state["config"]["arch"], "params": sum(p.numel() for p in model.parameters()),
         "compute_ratio": state["compute_ratio"], "image_token_id": state["image_token_id"],
-        "distilled_from": state["config"]["target"], "target_sha256": state["target_sha256"],
+        "distilled_from": sibling_ref(state["config"]["target"], out), "target_sha256": state["target_sha256"],
         "data_samples": state["config"]["data_samples"],
         "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
         "history": state["history"], "storage_dtype": "float16",

@@ -23,3 +23,14 @@ def resolve(model: str | Path) -> Path:
         return q
     shipped = ", ".join(sorted(d.name for d in ZOO_DIR.iterdir() if d.is_dir())) if ZOO_DIR.is_dir() else "none"
     raise FileNotFoundError(f"model {model!r} is neither a local directory nor a shipped zoo entry (shipped: {shipped})")
+
+
+def sibling_ref(ref: str, out: str | Path) -> str:
+    """How a model exported to ``out`` records another model it came from (its target, the LM it started from):
+    an entry of the same zoo directory (``zoo/weights/target`` beside ``zoo/weights/eagle``, or a staged
+    ``runs/zoo-next/target`` beside ``runs/zoo-next/eagle``) by its entry name, so that the record still resolves
+    once the zoo moves; anything else as given."""
+    p = Path(ref)
+    if p.is_dir() and p.resolve().parent == Path(out).resolve().parent:
+        return p.name
+    return str(ref)

@@ -1,4 +1,6 @@
-"""The candidate target kept in the repository (not shipped): intact, loadable, and a continuation of training."""
+"""The candidate zoo kept in the repository (not shipped): its target intact, loadable, and a continuation of
+training; any drafter already retrained for it (a drafter build spans sessions, and runs/ does not survive one)
+belongs to that target and names its entries."""
 
 import json
 
@@ -14,7 +16,7 @@ pytestmark = pytest.mark.skipif(not (CANDIDATE / "config.json").exists(), reason
 def test_candidate_matches_its_manifest_and_is_not_the_shipped_target():
     assert verify(CANDIDATES_DIR) == []
     entries = scan(CANDIDATES_DIR)["entries"]
-    assert set(entries) == {"target"}
+    assert "target" in entries and "tokenizer" not in entries  # the tokenizer is the shipped one, unchanged
     shipped = scan(TARGET_DIR.parent)["entries"]["target"]
     assert entries["target"]["files"]["model.safetensors"]["sha256"] != shipped["files"]["model.safetensors"]["sha256"]
 
@@ -35,3 +37,19 @@ def test_candidate_loads_and_resumes_past_the_shipped_target():
     assert model.config.text_config.num_hidden_layers >= 8
     assert model.config.image_seq_length >= 144
     assert len(processor.tokenizer) <= model.config.text_config.vocab_size
+
+
+DRAFTERS = sorted(d.name for d in CANDIDATES_DIR.iterdir() if (d / "specula.json").exists() and d.name != "target") \
+    if CANDIDATES_DIR.is_dir() else []
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_candidate_drafters_belong_to_the_candidate_target(name):
+    from specula.drafters.distill_data import target_fingerprint
+    from specula.zoo.recipe import DRAFTERS as RECIPE
+
+    info = json.loads((CANDIDATES_DIR / name / "specula.json").read_text())
+    assert name in {d.name for d in RECIPE}
+    assert info["target_sha256"] == target_fingerprint(CANDIDATE), f"{name} was trained on another target"
+    refs = {info.get(k) for k in ("target", "distilled_from", "init_lm")} - {None}
+    assert "target" in refs and refs <= set(scan(CANDIDATES_DIR)["entries"]), refs  # moves with the zoo

@@ -104,6 +104,10 @@ def test_zoo_build_regenerates_deterministically(tmp_path, capsys):
 
     first = build(0)
     assert set(first) == {"tokenizer", "target"} | {d.name for d in DRAFTERS}
+    for d in DRAFTERS:  # records name their zoo's entries, so that a staged zoo can move (runs/zoo-next -> zoo/weights)
+        info = json.loads((tmp_path / "zoo0" / d.name / "specula.json").read_text())
+        refs = {info.get(k) for k in ("target", "distilled_from", "init_lm")} - {None}
+        assert "target" in refs and refs <= {"target", "text_lm"}, (d.name, refs)
     capsys.readouterr()
     assert build(1) == first
     assert build(0) == first  # resumed: nothing retrained
