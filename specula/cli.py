@@ -406,7 +406,9 @@ def _add_zoo(sub) -> None:
                                     "tower, merge, joint stage, the direct route's caption and suite stages); its "
                                     "export; then "
                                     "each drafter's `specula train` command against it (about 6.5 CPU-hours). "
-                                    "Resumable: rerun the same command and finished steps are skipped.")
+                                    "Resumable: rerun the same command and finished steps are skipped; a drafter "
+                                    "already exported in --zoo-dir for its target is skipped even when --run-dir "
+                                    "is gone.")
     b.add_argument("--run-dir", default="runs/zoo", help="where training runs keep checkpoints (resumable)")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--seed", type=int, default=0)
@@ -418,7 +420,8 @@ def _add_zoo(sub) -> None:
     b.add_argument("--skip-drafters", action="store_true", help="build the tokenizer and the target only")
     b.add_argument("--drafters-only", action="store_true",
                    help="train (or resume) only the drafters, against the target already in --zoo-dir: after a new "
-                        "target was exported there, every drafter must be retrained on it")
+                        "target was exported there, every drafter must be retrained on it (the candidate zoo: "
+                        "--zoo-dir zoo/candidates)")
     b.add_argument("--until", default=None, metavar="STAGE",
                    help="the last target stage to build and export (default: the shipped target's, "
                         "zoo/recipe.py SHIPPED_UNTIL; later stages make the candidate under way)")

@@ -106,12 +106,25 @@ def _refit_stage(cfg: dict, tokenizer_dir: Path) -> None:
                     gate=cfg["projector_fit_gate"], tokenizer_dir=tokenizer_dir)
 
 
+def _exported_for(entry: Path, fingerprint: str, samples: int) -> bool:
+    """Whether ``entry`` already holds a drafter exported against the target with this fingerprint after at least
+    ``samples`` training samples: a build whose run directory is gone (runs/ does not outlive a session here) skips
+    it instead of training it again."""
+    meta = entry / "specula.json"
+    if not meta.exists():
+        return False
+    info = json.loads(meta.read_text())
+    return info.get("target_sha256") == fingerprint and int(info.get("trained_samples") or 0) >= samples
+
+
 def build_cli(args) -> int:
     """Tokenizer, the target's stages up to ``--until`` (default: the shipped target's last), its export, then every
     drafter (``zoo/recipe.py``), into ``--zoo-dir`` (default: the shipped zoo); ``--drafters-only``: just the
     drafters, against the target already in the zoo. Rerunning the same command resumes: finished steps are
-    skipped, a stage under way continues from its last checkpoint."""
+    skipped, a stage under way continues from its last checkpoint; a drafter the zoo already holds for its target
+    is skipped even when the run directory is gone."""
     from specula.cli import main as specula_main
+    from specula.drafters.distill_data import target_fingerprint
     from specula.targets.processor import load_processor
     from specula.zoo import recipe
     from specula.zoo.train_target import TrainConfig, train
@@ -162,11 +175,16 @@ def build_cli(args) -> int:
             mark(st.name)
         i = 2 + len(stages)
         print(f"[{i}/{steps}] export the target -> {export(runs / stages[-1].run / 'ckpt', target, tok_dir)}")
+    fingerprint = target_fingerprint(target) if drafters else ""
     for i, d in enumerate(drafters, i + 1):
+        argv = recipe.drafter_argv(d, target, zoo, runs, args.scale, args.arch, args.threads, args.seed)
         if f"drafter:{d.name}" in done:
             print(f"[{i}/{steps}] drafter {d.name}: done")
             continue
-        argv = recipe.drafter_argv(d, target, zoo, runs, args.scale, args.arch, args.threads, args.seed)
+        if _exported_for(zoo / d.name, fingerprint, int(argv[argv.index("--samples") + 1])):
+            print(f"[{i}/{steps}] drafter {d.name}: done (exported in the zoo for this target)")
+            mark(f"drafter:{d.name}")
+            continue
         print(f"[{i}/{steps}] drafter {d.name}: specula {' '.join(argv)}")
         rc = specula_main(argv)
         if rc:

@@ -120,6 +120,17 @@ def test_zoo_build_regenerates_deterministically(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "target stage" not in out and "tokenizer" not in out and "export the target" not in out
     assert all(f"/{len(DRAFTERS)}] drafter {d.name}: done" in out for d in DRAFTERS)
+    # the run directory lost (a new session): drafters exported for this target are read off the zoo, not retrained;
+    # one exported for another target (here: a changed record) is trained again
+    info = json.loads((tmp_path / "zoo0" / "eagle" / "specula.json").read_text())
+    (tmp_path / "zoo0" / "eagle" / "specula.json").write_text(json.dumps({**info, "target_sha256": "0" * 64}))
+    assert main(["zoo", "build", "--zoo-dir", str(tmp_path / "zoo0"), "--run-dir", str(tmp_path / "lost"), "--arch",
+                 "tiny", "--scale", "0.0005", "--threads", "1", "--drafters-only"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"drafter {d.name}: done (exported in the zoo for this target)" in out for d in DRAFTERS
+               if d.name != "eagle")
+    assert "drafter eagle: specula train eagle" in out
+    assert json.loads((tmp_path / "zoo0" / "eagle" / "specula.json").read_text())["target_sha256"] == info["target_sha256"]
     state = json.loads((tmp_path / "runs0" / "target" / "ckpt" / "state.json").read_text())
     assert state["lm_from"] and state["samples"] >= 4 and state["code_lm_done"]  # merged, then the joint stage
 
