@@ -427,6 +427,16 @@ def _add_zoo(sub) -> None:
                         "zoo/recipe.py SHIPPED_UNTIL; later stages make the candidate under way)")
     b.add_argument("--dry-run", action="store_true", help="print each step's configuration / command and exit")
     b.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).build_cli(a))
+    pr = zsub.add_parser("promote", help="ship the candidate zoo: its target and every drafter retrained for it",
+                         description="Moves the candidate zoo (zoo/candidates: a retrained target and the recipe's "
+                                     "drafters retrained on it, built with `specula zoo build --drafters-only "
+                                     "--zoo-dir zoo/candidates`) into the shipped zoo and rewrites its manifest. "
+                                     "Refuses, moving nothing, while a drafter of the recipe is missing there or was "
+                                     "trained on another target.")
+    pr.add_argument("--candidates", default=None, help="the candidate zoo (default: zoo/candidates)")
+    pr.add_argument("--zoo-dir", default=None, help="the zoo to promote into (default: the shipped zoo/weights)")
+    pr.add_argument("--check", action="store_true", help="only say what is missing (exit 1 while anything is)")
+    pr.set_defaults(func=lambda a: __import__("specula.zoo.promote", fromlist=["x"]).promote_cli(a))
     e = zsub.add_parser("eval", help="quality gates of the shipped target (image vs blank image, captions, suites)")
     e.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")
     e.add_argument("--checkpoint", default=None,

@@ -1,0 +1,71 @@
+"""``specula zoo promote``: the candidate zoo (a retrained target and the drafters retrained for it) becomes the
+shipped one, all at once.
+
+A new target ships only with every drafter of the recipe retrained on it (a drafter distilled from another target
+describes another model; tests/zoo/test_shipped_drafters.py checks each one's target fingerprint). Retraining the
+drafters takes longer than a session, so they are exported one by one into ``zoo/candidates`` beside the
+candidate target (``specula zoo build --drafters-only --zoo-dir zoo/candidates``) and committed there as they
+finish; this step checks that the set is complete and consistent, then moves it into ``zoo/weights``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from specula.zoo import manifest
+from specula.zoo.paths import CANDIDATES_DIR, ZOO_DIR
+
+
+def missing(candidates: Path = CANDIDATES_DIR) -> list[str]:
+    """What keeps ``candidates`` from being promoted: no target, or recipe drafters absent or trained on another
+    target (empty = ready)."""
+    from specula.drafters.distill_data import target_fingerprint
+    from specula.zoo.recipe import DRAFTERS
+
+    target = Path(candidates) / "target"
+    if not (target / "config.json").exists():
+        return [f"{target}: no target"]
+    fingerprint = target_fingerprint(target)
+    problems = []
+    for d in DRAFTERS:
+        meta = Path(candidates) / d.name / "specula.json"
+        if not meta.exists():
+            problems.append(f"{d.name}: not retrained yet")
+        elif json.loads(meta.read_text()).get("target_sha256") != fingerprint:
+            problems.append(f"{d.name}: trained on another target")
+    return problems
+
+
+def promote(candidates: Path = CANDIDATES_DIR, zoo: Path = ZOO_DIR) -> list[str]:
+    """Move every entry of ``candidates`` into ``zoo`` (replacing the shipped entry of that name; the tokenizer and
+    any entry the candidates lack stay), rewrite ``zoo``'s manifest, and remove ``candidates``. Returns the names
+    moved; raises ValueError (nothing moved) when ``missing`` finds a problem."""
+    candidates, zoo = Path(candidates), Path(zoo)
+    problems = missing(candidates)
+    if problems:
+        raise ValueError("the candidate zoo is not complete:\n  " + "\n  ".join(problems))
+    names = sorted(d.name for d in candidates.iterdir() if d.is_dir())
+    for name in names:
+        if (zoo / name).exists():
+            shutil.rmtree(zoo / name)
+        shutil.move(str(candidates / name), str(zoo / name))
+    manifest.write(zoo)
+    shutil.rmtree(candidates)
+    return names
+
+
+def promote_cli(args) -> int:
+    candidates = Path(args.candidates) if args.candidates else CANDIDATES_DIR
+    if args.check:
+        problems = missing(candidates)
+        print("ready to promote" if not problems else "not ready:\n  " + "\n  ".join(problems))
+        return 0 if not problems else 1
+    try:
+        names = promote(candidates, Path(args.zoo_dir) if args.zoo_dir else ZOO_DIR)
+    except ValueError as e:
+        print(str(e))
+        return 1
+    print(f"promoted {', '.join(names)}; now set SHIPPED_UNTIL in zoo/recipe.py to the candidate's stage")
+    return 0
