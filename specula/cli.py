@@ -422,6 +422,10 @@ def _add_zoo(sub) -> None:
                    help="train (or resume) only the drafters, against the target already in --zoo-dir: after a new "
                         "target was exported there, every drafter must be retrained on it (the candidate zoo: "
                         "--zoo-dir zoo/candidates)")
+    b.add_argument("--drafter", action="append", default=None, metavar="NAME",
+                   help="only this recipe drafter (repeatable; recipe order kept): with --drafters-only, two builds "
+                        "over one zoo with disjoint --drafter sets and their own --run-dir train side by side "
+                        "(a drafter that starts from another, massv from text_lm, needs that one exported first)")
     b.add_argument("--until", default=None, metavar="STAGE",
                    help="the last target stage to build and export (default: the shipped target's, "
                         "zoo/recipe.py SHIPPED_UNTIL; later stages make the candidate under way)")

@@ -134,6 +134,13 @@ def build_cli(args) -> int:
     if args.skip_drafters and args.drafters_only:
         raise ValueError("--skip-drafters and --drafters-only exclude each other")
     drafters = [] if args.skip_drafters else list(recipe.DRAFTERS)
+    only = getattr(args, "drafter", None) or []
+    unknown = sorted(set(only) - {d.name for d in recipe.DRAFTERS})
+    if unknown:
+        raise ValueError(f"--drafter {', '.join(unknown)}: not in the recipe "
+                         f"(drafters: {', '.join(d.name for d in recipe.DRAFTERS)})")
+    if only:
+        drafters = [d for d in drafters if d.name in only]
     stages = [] if args.drafters_only else list(recipe.stages_until(args.until or recipe.SHIPPED_UNTIL))
     steps = (0 if args.drafters_only else 2 + len(stages)) + len(drafters)
     target = zoo / TARGET_DIR.name

@@ -163,6 +163,12 @@ def test_zoo_build_drafters_only_needs_a_target_in_the_zoo(tmp_path, capsys):
     assert "has none" in capsys.readouterr().err
     assert main(["zoo", "build", "--drafters-only", "--skip-drafters", "--dry-run"]) == 2
     assert "exclude each other" in capsys.readouterr().err
+    assert main(["zoo", "build", "--dry-run", "--run-dir", "r", "--drafters-only", "--drafter", "msd",
+                 "--drafter", "eagle"]) == 0  # a lane of a parallel drafter build: those two, in recipe order
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[2] for ln in lines] == ["eagle", "msd"]
+    assert main(["zoo", "build", "--dry-run", "--drafters-only", "--drafter", "medusa"]) == 2
+    assert "not in the recipe" in capsys.readouterr().err
 
 
 @pytest.mark.slow
