@@ -8,8 +8,9 @@ ZOO_DIR = Path(__file__).resolve().parent / "weights"
 TOKENIZER_DIR = ZOO_DIR / "tokenizer"
 TARGET_DIR = ZOO_DIR / "target"
 MANIFEST = ZOO_DIR / "manifest.json"
-# Not shipped: a target still in training, kept in the repository so that the next session (whose checkout has no
-# runs/) continues it with ``--init-from`` instead of retraining it (zoo/TRAINING.md, "A direct route").
+# Not shipped: the candidate zoo, a target still in training kept in the repository so that the next session (whose
+# checkout has no runs/) continues it with ``--init-from`` instead of retraining it (zoo/TRAINING.md, "A direct
+# route"), and the drafters retrained for it so far (``specula zoo promote`` ships the whole set, zoo/promote.py).
 CANDIDATES_DIR = Path(__file__).resolve().parent / "candidates"
 
 
