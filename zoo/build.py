@@ -106,17 +106,6 @@ def _refit_stage(cfg: dict, tokenizer_dir: Path) -> None:
                     gate=cfg["projector_fit_gate"], tokenizer_dir=tokenizer_dir)
 
 
-def _exported_for(entry: Path, fingerprint: str, samples: int) -> bool:
-    """Whether ``entry`` already holds a drafter exported against the target with this fingerprint after at least
-    ``samples`` training samples: a build whose run directory is gone (runs/ does not outlive a session here) skips
-    it instead of training it again."""
-    meta = entry / "specula.json"
-    if not meta.exists():
-        return False
-    info = json.loads(meta.read_text())
-    return info.get("target_sha256") == fingerprint and int(info.get("trained_samples") or 0) >= samples
-
-
 def build_cli(args) -> int:
     """Tokenizer, the target's stages up to ``--until`` (default: the shipped target's last), its export, then every
     drafter (``zoo/recipe.py``), into ``--zoo-dir`` (default: the shipped zoo); ``--drafters-only``: just the
@@ -127,6 +116,7 @@ def build_cli(args) -> int:
     from specula.drafters.distill_data import target_fingerprint
     from specula.targets.processor import load_processor
     from specula.zoo import recipe
+    from specula.zoo.promote import drafter_problem
     from specula.zoo.train_target import TrainConfig, train
 
     zoo = Path(args.zoo_dir) if args.zoo_dir else TARGET_DIR.parent
@@ -188,7 +178,7 @@ def build_cli(args) -> int:
         if f"drafter:{d.name}" in done:
             print(f"[{i}/{steps}] drafter {d.name}: done")
             continue
-        if _exported_for(zoo / d.name, fingerprint, int(argv[argv.index("--samples") + 1])):
+        if drafter_problem(zoo / d.name, fingerprint, int(argv[argv.index("--samples") + 1])) is None:
             print(f"[{i}/{steps}] drafter {d.name}: done (exported in the zoo for this target)")
             mark(f"drafter:{d.name}")
             continue

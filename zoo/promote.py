@@ -18,9 +18,29 @@ from specula.zoo import manifest
 from specula.zoo.paths import CANDIDATES_DIR, ZOO_DIR
 
 
+def recipe_samples(step) -> int:
+    """The training samples a recipe drafter step asks for (its ``--samples``, at full scale)."""
+    return int(step.argv[step.argv.index("--samples") + 1])
+
+
+def drafter_problem(entry: Path, fingerprint: str, samples: int) -> str | None:
+    """Why ``entry`` does not hold a drafter exported for the target with this fingerprint after at least ``samples``
+    training samples (None: it does). ``specula zoo build`` skips a drafter without a problem even when its run
+    directory is gone (runs/ does not outlive a session here); ``promote`` refuses while any has one."""
+    meta = Path(entry) / "specula.json"
+    if not meta.exists():
+        return "not retrained yet"
+    info = json.loads(meta.read_text())
+    if info.get("target_sha256") != fingerprint:
+        return "trained on another target"
+    if int(info.get("trained_samples") or 0) < samples:
+        return f"trained on {info.get('trained_samples') or 0} samples, the recipe's are {samples}"
+    return None
+
+
 def missing(candidates: Path = CANDIDATES_DIR) -> list[str]:
-    """What keeps ``candidates`` from being promoted: no target, or recipe drafters absent or trained on another
-    target (empty = ready)."""
+    """What keeps ``candidates`` from being promoted: no target, or recipe drafters absent, trained on another target
+    or on fewer samples than the recipe's (empty = ready)."""
     from specula.drafters.distill_data import target_fingerprint
     from specula.zoo.recipe import DRAFTERS
 
@@ -28,14 +48,8 @@ def missing(candidates: Path = CANDIDATES_DIR) -> list[str]:
     if not (target / "config.json").exists():
         return [f"{target}: no target"]
     fingerprint = target_fingerprint(target)
-    problems = []
-    for d in DRAFTERS:
-        meta = Path(candidates) / d.name / "specula.json"
-        if not meta.exists():
-            problems.append(f"{d.name}: not retrained yet")
-        elif json.loads(meta.read_text()).get("target_sha256") != fingerprint:
-            problems.append(f"{d.name}: trained on another target")
-    return problems
+    problems = [(d.name, drafter_problem(Path(candidates) / d.name, fingerprint, recipe_samples(d))) for d in DRAFTERS]
+    return [f"{name}: {why}" for name, why in problems if why]
 
 
 def promote(candidates: Path = CANDIDATES_DIR, zoo: Path = ZOO_DIR) -> list[str]:

@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from specula.drafters.distill_data import target_fingerprint
 from specula.zoo.manifest import scan, verify
-from specula.zoo.promote import missing, promote
+from specula.zoo.promote import missing, promote, recipe_samples
 from specula.zoo.recipe import DRAFTERS
 
 
@@ -29,7 +29,8 @@ def zoos(tmp_path):
     for z in (shipped, cand):
         sha = target_fingerprint(z / "target")
         for d in DRAFTERS:
-            _entry(z / d.name, {"specula.json": json.dumps({"target": "target", "target_sha256": sha})})
+            _entry(z / d.name, {"specula.json": json.dumps({"target": "target", "target_sha256": sha,
+                                                            "trained_samples": recipe_samples(d)})})
     return shipped, cand
 
 
@@ -54,7 +55,10 @@ def test_promote_refuses_an_incomplete_candidate_zoo_and_moves_nothing(zoos, cap
     meta = cand / "eagle" / "specula.json"
     meta.write_text(json.dumps({"target": "target", "target_sha256": "0" * 64}))
     (cand / "aasd" / "specula.json").unlink()
-    assert sorted(missing(cand)) == ["aasd: not retrained yet", "eagle: trained on another target"]
+    short = json.loads((cand / "msd" / "specula.json").read_text())  # a small-scale build's drafter
+    (cand / "msd" / "specula.json").write_text(json.dumps({**short, "trained_samples": 40}))
+    assert sorted(missing(cand)) == ["aasd: not retrained yet", "eagle: trained on another target",
+                                     "msd: trained on 40 samples, the recipe's are 36000"]
     with pytest.raises(ValueError, match="not complete"):
         promote(cand, shipped)
     assert scan(shipped) == old and (cand / "target").exists()
