@@ -166,6 +166,15 @@ def read_answers(path: Path) -> list[Answer]:
     return out
 
 
+def same_data(old: dict, new: dict) -> bool:
+    """Whether cached data recorded with key ``old`` serves a run asking for ``new``. A key holding the target's
+    weights fingerprint (``target_sha256``) names the target by it, not by the folder it was loaded from
+    (``target``): the same target copied elsewhere (a candidate zoo, a promoted zoo) reuses its answers."""
+    def strip(key: dict) -> dict:
+        return {k: v for k, v in key.items() if k != "target"} if "target_sha256" in key else key
+    return strip(old) == strip(new)
+
+
 def make_answers(folder: Path, target, processor, *, key: dict, n: int, eval_n: int = 0, start: int = 0,
                  seed: int = 0, max_new_tokens: int = 96, chunk: int = 64, gen_batch: int = 16,
                  desc: str = "target answers", log=print, split: str = "train") -> Path:
@@ -181,7 +190,7 @@ def make_answers(folder: Path, target, processor, *, key: dict, n: int, eval_n: 
     meta_path = folder / "meta.json"
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        if old != full_key:
+        if not same_data(old, full_key):
             raise ValueError(f"{folder} holds answers made with {old}; this run asks for {full_key}: use another "
                              f"folder")
     else:

@@ -46,8 +46,8 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from specula.drafters.distill_data import (Answer, encode, load_answers, make_answers, pixels, target_fingerprint,
-                                           world_sample, write_answers)
+from specula.drafters.distill_data import (Answer, encode, load_answers, make_answers, pixels, same_data,
+                                           target_fingerprint, world_sample, write_answers)
 from specula.drafters.ensemble_members import Member, member_context
 from specula.drafters.massv_model import MassvConfig, MassvModel
 from specula.drafters.train_common import Cadence, chunks_to_make, epoch_order, save_checkpoint, warmup_cosine
@@ -207,7 +207,7 @@ def make_sdvit_data(folder: Path, target, processor, cfg: MassvTrainConfig, fing
     key = {**cfg.data_key(), "target_sha256": fingerprint, "start": cfg.data_start, "seed": cfg.seed,
            "max_new_tokens": cfg.max_new_tokens, "chunk": cfg.chunk}
     meta = folder / "meta.json"
-    if meta.exists() and json.loads(meta.read_text()) != key:
+    if meta.exists() and not same_data(json.loads(meta.read_text()), key):
         raise ValueError(f"{folder} holds answers made with {json.loads(meta.read_text())}; this run asks for {key}: "
                          f"use another run_dir")
     meta.write_text(json.dumps(key, indent=1) + "\n")

@@ -41,6 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from specula.drafters.distill_data import same_data
 from specula.drafters.train_common import Cadence, chunks_to_make, epoch_order, save_checkpoint, warmup_cosine
 from specula.zoo import manifest
 from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR, sibling_ref
@@ -227,7 +228,7 @@ def make_data(cfg: TextLMTrainConfig, target, processor, key: dict, log=print) -
     meta_path = data / "meta.json"
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        if old != key:
+        if not same_data(old, key):
             raise ValueError(f"{data} holds data made with {old}; this run asks for {key}: use another run_dir")
     else:
         meta_path.write_text(json.dumps(key, indent=1) + "\n")

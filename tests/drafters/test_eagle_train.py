@@ -13,7 +13,7 @@ from trainer_kit import (assert_drafts_like_plain, assert_export_loads, assert_l
                          save_lively_target, zoo_listing)
 
 from specula.drafters import create
-from specula.drafters.distill_data import load_answers
+from specula.drafters.distill_data import load_answers, make_answers, same_data
 from specula.drafters.eagle_head import EagleConfig, EagleHead, load_eagle
 from specula.drafters.train_eagle import EagleTrainConfig, export_eagle, train, train_eagle_cli
 from specula.runtime.engine import GenerationRequest
@@ -84,3 +84,16 @@ def test_cli_trains_and_exports(tmp_path, target_dir):
 def test_bad_training_config_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         EagleTrainConfig(**{field: value})
+
+
+def test_cached_answers_follow_the_target_weights_not_its_folder(tmp_path):
+    """A target copied to another folder (the candidate zoo, then the promoted one) keeps its cached answers; other
+    weights, or a key without a fingerprint that names another folder, do not."""
+    folder = tmp_path / "data"
+    key = {"target": "runs/zoo-next/target", "target_sha256": "ab12"}
+    make_answers(folder, None, None, key=key, n=0)
+    make_answers(folder, None, None, key={**key, "target": "zoo/candidates/target"}, n=0)  # same weights: reused
+    with pytest.raises(ValueError, match="holds answers made with"):
+        make_answers(folder, None, None, key={**key, "target_sha256": "cd34"}, n=0)
+    assert same_data({"target": "a", "x": 1}, {"target": "a", "x": 1})
+    assert not same_data({"target": "a"}, {"target": "b"})  # no fingerprint: the folder is all that names it
