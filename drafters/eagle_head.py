@@ -241,7 +241,7 @@ def load_eagle(path: str | Path, target=None, *, device: str | torch.device | No
 def _load_head(cls: type[EagleHead], path, target, *, device, dtype, copy_shared) -> EagleHead:
     from safetensors.torch import load_file
 
-    from specula.zoo.paths import resolve
+    from specula.zoo.paths import resolve, resolve_ref
 
     d = resolve(path)
     if not (d / cls.WEIGHTS).exists() or not (d / cls.CONFIG).exists():
@@ -263,7 +263,7 @@ def _load_head(cls: type[EagleHead], path, target, *, device, dtype, copy_shared
         meta = json.loads((d / "specula.json").read_text()) if (d / "specula.json").exists() else {}
         if "target" not in meta:
             raise ValueError(f"{cls.KIND}: {d} names no target; pass target=")
-        embed, lm_head = embedding_from_checkpoint(meta["target"], cfg)
+        embed, lm_head = embedding_from_checkpoint(resolve_ref(meta["target"], d), cfg)
         head.attach(embed, lm_head, copy=True)
     return head
 

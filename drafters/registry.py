@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
@@ -20,6 +21,25 @@ def register(kind: str):
 def kinds() -> list[str]:
     _load_builtin()
     return sorted(_REGISTRY)
+
+
+def accepted_options(kind: str) -> frozenset[str]:
+    """The option names drafter ``kind`` takes by keyword: its ``__init__``'s named parameters and, while an
+    ``__init__`` passes ``**options`` on to its base class, the base's (a FLASH drafter takes EAGLE's ``target``).
+    Empty for an unknown kind. Callers fill resources (``target``, ``vocab_size``, ``device``) only where named,
+    because some drafters reject options they do not know."""
+    _load_builtin()
+    cls = _REGISTRY.get(kind)
+    names: set[str] = set()
+    for klass in (cls.__mro__ if isinstance(cls, type) else ()):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return frozenset(names)
 
 
 def create(config: dict, **resources) -> Any:

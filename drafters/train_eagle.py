@@ -448,6 +448,7 @@ def export_head(ckpt: Path, out: Path, head_cls: type[EagleHead], info: dict | N
         "kind": head_cls.KIND, "params": sum(p.numel() for p in head.parameters()), "target": sibling_ref(state["config"]["target"], out),
         "target_sha256": state["target_sha256"], "data_samples": state["config"]["data_samples"],
         "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
+        "device": state["config"].get("device", "cpu"),  # what train_minutes were measured on
         "eval_tau_g4": last.get("eval_tau_g4"), **(info or {}), "history": state["history"],
         "storage_dtype": "float16",
     }

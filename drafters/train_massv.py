@@ -542,7 +542,8 @@ def export_massv(ckpt: Path, out: Path = MASSV_DIR, tokenizer_dir: Path | str = 
             "sdvit": c["sdvit"], "pretrain_samples": c["pretrain_total"], "sdvit_samples": c["sdvit_total"],
             "data_samples": c["data_samples"], "text_every": c.get("text_every", 0),
             "trained_samples": state["samples"],
-            "train_minutes": round(state["elapsed_s"] / 60, 1), "eval_tau_g4": last.get("eval_tau_g4"),
+            "train_minutes": round(state["elapsed_s"] / 60, 1), "device": c.get("device", "cpu"),
+            "eval_tau_g4": last.get("eval_tau_g4"),
             "eval_tau_g4_text": last.get("eval_tau_g4_text"), "history": state["history"],
             "storage_dtype": "float16"}
     (out / "specula.json").write_text(json.dumps(info, indent=1) + "\n")

@@ -484,6 +484,7 @@ def export_text_lm(ckpt: Path, out: Path = TEXT_LM_DIR, tokenizer_dir: Path | st
         "distilled_from": sibling_ref(state["config"]["target"], out), "target_sha256": state["target_sha256"],
         "data_samples": state["config"]["data_samples"],
         "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
+        "device": state["config"].get("device", "cpu"),  # what train_minutes were measured on
         "history": state["history"], "storage_dtype": "float16",
     }
     (out / "specula.json").write_text(json.dumps(info, indent=1) + "\n")

@@ -57,15 +57,11 @@ def default_drafter() -> dict:
 
 def _make_drafter(spec: dict, model: str, target=None):
     """A drafter from its config; the target (loaded here if needed) gives image token, vocabulary, embeddings."""
-    import inspect
-
     from specula.drafters import create, registry
     from specula.targets import load_target
     from specula.zoo.paths import resolve
 
-    registry.kinds()
-    cls = registry._REGISTRY.get(spec["kind"])  # noqa: SLF001 (as runtime/serve/factory.py)
-    named = inspect.signature(cls).parameters if cls is not None else {}
+    named = registry.accepted_options(spec["kind"])
     opts, resources = {k: v for k, v in spec.items() if k != "kind"}, {}
     if "target" in named:
         resources["target"] = target if target is not None else load_target(resolve(model))

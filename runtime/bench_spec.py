@@ -43,6 +43,7 @@ class BenchConfig:
     hf_baselines: bool = True
     out: str = "reports/bench-spec"
     seed: int = 0
+    device: str = "cpu"  # the target's (and by default the drafters') device: cpu, cuda or cuda:N
     extra: dict = field(default_factory=dict)
 
 
@@ -77,20 +78,15 @@ def make_drafter(config: dict, target, tokenizer=None):
     ``tokenizer`` (resources), ``vocab_size`` and ``image_token_id``. Only named parameters are filled, because
     some drafters reject unknown options.
     """
-    import inspect
-
     from specula.drafters import create, registry
 
     opts = {k: v for k, v in config.items() if k != "label"}
-    registry.kinds()  # registers the built-in drafters
-    cls = registry._REGISTRY.get(opts.get("kind"))  # noqa: SLF001 (no public lookup in the registry yet)
-    if cls is not None:
-        named = inspect.signature(cls).parameters
-        facts = {"target": target, "tokenizer": tokenizer, "vocab_size": target.info.vocab_size,
-                 "image_token_id": target.info.image_token_id}
-        for name, value in facts.items():
-            if name in named and name not in opts and value is not None:
-                opts[name] = value
+    named = registry.accepted_options(opts.get("kind", ""))
+    facts = {"target": target, "tokenizer": tokenizer, "vocab_size": target.info.vocab_size,
+             "image_token_id": target.info.image_token_id}
+    for name, value in facts.items():
+        if name in named and name not in opts and value is not None:
+            opts[name] = value
     return create(opts)
 
 
@@ -102,8 +98,9 @@ def _hf_assistant(drafters):
     return None, "no text_lm drafter in this run (HF assisted generation needs a small LM with the same tokenizer)"
 
 
-def load(model: str):
-    """(path, processor, our target, the stock HF model) for ``model`` (a zoo name or a local directory)."""
+def load(model: str, device: str = "cpu"):
+    """(path, processor, our target, the stock HF model) for ``model`` (a zoo name or a local directory), both
+    models on ``device``."""
     from transformers import LlavaForConditionalGeneration
 
     from specula.targets import load_target
@@ -111,8 +108,8 @@ def load(model: str):
     from specula.zoo.paths import resolve
 
     path = resolve(model)
-    hf_model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
-    return path, load_processor(path), load_target(str(path)), hf_model
+    hf_model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
+    return path, load_processor(path), load_target(str(path), device=device), hf_model
 
 
 def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
@@ -122,7 +119,7 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
     if clash:  # their rows would overwrite each other in every table
         raise ValueError(f"bench spec: drafter configs {clash} appear more than once under the same name; give each a "
                          f"\"label\" (e.g. {{\"kind\": \"text_lm\", \"lean\": false, \"label\": \"text_lm-stock\"}})")
-    path, processor, target, hf_model = loaded if loaded is not None else load(cfg.model)
+    path, processor, target, hf_model = loaded if loaded is not None else load(cfg.model, cfg.device)
     tok = processor.tokenizer
     drafters = [(d, make_drafter(d, target, tok)) for d in cfg.drafters]
     eos = [tok.eos_token_id]
@@ -160,9 +157,9 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
                 else:
                     exact[name].append(r.tokens == reference[pid])
             if cfg.hf_baselines:
-                kw = {"pixel_values": pix} if pix is not None else {}
+                kw = {"pixel_values": pix.to(cfg.device)} if pix is not None else {}
                 t0 = time.perf_counter()
-                out = hf_model.generate(input_ids=ids[None], **kw, **hf_kw)
+                out = hf_model.generate(input_ids=ids[None].to(cfg.device), **kw, **hf_kw)
                 times["hf"][suite] += time.perf_counter() - t0
                 tokens_out["hf"][suite] += out.shape[1] - len(ids)
                 if assistant is not None:
@@ -263,7 +260,8 @@ def main(args) -> int:
     drafters = tuple(json.loads(d) if d.strip().startswith("{") else {"kind": d} for d in (args.drafter or ["ngram"]))
     cfg = BenchConfig(model=args.model, drafters=drafters, suites=tuple(args.suite or BenchConfig.suites),
                       n_per_suite=args.n, gammas=tuple(args.gamma or [5]), max_tokens=args.max_tokens,
-                      temperature=args.temperature, hf_baselines=not args.no_hf, out=args.out)
+                      temperature=args.temperature, hf_baselines=not args.no_hf, out=args.out,
+                      device=getattr(args, "device", "cpu"))
     r = run(cfg)
     out = write_report(r, cfg.out)
     print(render_markdown(r))

@@ -96,7 +96,9 @@ def verify_chain(
     if q is not None and (q.shape != (batch, gamma, vocab) or not q.is_floating_point()):
         raise ValueError(f"verify_chain: q must be float [B, gamma, V] = [{batch}, {gamma}, {vocab}], got "
                          f"{q.dtype} {tuple(q.shape)}")
-    device = p.device
+    device = p.device  # drafts may come from a drafter on another device: verified where p lives
+    draft_tokens = draft_tokens.to(device)
+    q = q.to(device) if q is not None else None
     counts = host_list(num_draft, batch, gamma, "num_draft")
     if any(not 0 <= n <= gamma for n in counts):
         raise ValueError(f"verify_chain: num_draft must be in [0, {gamma}], got {counts}")

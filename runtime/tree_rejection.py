@@ -162,6 +162,7 @@ def verify_tree(
 
     parents = parents.to(device=device, dtype=torch.long)
     tokens = tokens.to(device=device, dtype=torch.long)
+    q = q.to(device) if q is not None else None  # a drafter on another device drew it
     n_live = torch.tensor(live, dtype=torch.long, device=device)  # [B]
     node = torch.arange(num, device=device)  # [N]
     valid = node[None, :] < n_live[:, None]  # [B, N] bool

@@ -111,6 +111,8 @@ def _add_bench(sub) -> None:
     sp.add_argument("--no-hf", action="store_true", help="skip the HF generate / assisted baselines")
     sp.add_argument("--out", default="reports/bench-spec", help="output directory (default: reports/bench-spec)")
     sp.add_argument("--threads", type=int, default=2)
+    sp.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the target's and the drafters' device "
+                                                   "(default: cpu)")
 
     def run_spec(args):
         _threads(args)

@@ -26,6 +26,16 @@ def resolve(model: str | Path) -> Path:
     raise FileNotFoundError(f"model {model!r} is neither a local directory nor a shipped zoo entry (shipped: {shipped})")
 
 
+def resolve_ref(ref: str | Path, record_dir: str | Path) -> Path:
+    """A model named in the record of the exported model in ``record_dir`` (``sibling_ref``'s output): an entry name
+    is first looked up beside ``record_dir`` (the zoo it was exported into: a candidate zoo's drafter names the
+    candidate target), then as ``resolve`` would."""
+    beside = Path(record_dir).parent / str(ref)
+    if not Path(ref).is_absolute() and len(Path(ref).parts) == 1 and beside.is_dir():
+        return beside
+    return resolve(ref)
+
+
 def sibling_ref(ref: str, out: str | Path) -> str:
     """How a model exported to ``out`` records another model it came from (its target, the LM it started from):
     an entry of the same zoo directory (``zoo/weights/target`` beside ``zoo/weights/eagle``, or a staged

@@ -68,14 +68,11 @@ def _one_drafter(config: SpeculaConfig, kind: str, options: dict):
     from specula.drafters import create, registry
 
     opts = dict(options)
-    registry.kinds()  # registers the built-in drafters
-    cls = registry._REGISTRY.get(kind)  # noqa: SLF001 (no public lookup yet; see the session report)
-    if cls is not None:
-        named = inspect.signature(cls).parameters
-        defaults = {**target_facts(config), "device": config.deployments.drafter_ensemble.device}
-        for name, value in defaults.items():
-            if name in named and name not in opts:
-                opts[name] = value
+    named = registry.accepted_options(kind)
+    defaults = {**target_facts(config), "device": config.deployments.drafter_ensemble.device}
+    for name, value in defaults.items():
+        if name in named and name not in opts:
+            opts[name] = value
     return create({"kind": kind, **opts})
 
 

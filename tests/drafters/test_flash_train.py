@@ -16,6 +16,7 @@ from specula.drafters import create
 from specula.drafters.distill_data import load_answers
 from specula.drafters.flash_head import FlashConfig, FlashHead, load_flash
 from specula.drafters.train_flash import FlashTrainConfig, export_flash, flash_step, train, train_flash_cli
+from specula.runtime.bench_spec import make_drafter
 from specula.targets import load_target
 from specula.targets.processor import load_processor
 from specula.zoo.paths import TOKENIZER_DIR
@@ -63,6 +64,12 @@ def test_train_lowers_the_loss_resumes_exactly_exports_and_reloads(tmp_path, tar
     reqs = answer_requests(processor, imgs, cfg.seed)
     d = create({"kind": "flash", "path": str(out)}, target=target)
     assert_drafts_like_plain(target_dir, target, d, reqs, 5, [processor.tokenizer.eos_token_id])
+
+    # the benches hand their target to a flash drafter (the option comes through EAGLE's drafter): its head uses
+    # that target's embedding and lm_head, not copies read from the checkpoint its record names
+    b = make_drafter({"kind": "flash", "path": str(out)}, target)
+    assert b.head._shared[0] is target.model.get_input_embeddings()
+    assert b.head._shared[1] is target.model.get_output_embeddings()
 
 
 def test_cli_trains_and_exports(tmp_path, target_dir):

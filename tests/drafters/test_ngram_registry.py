@@ -42,3 +42,12 @@ def test_registry_errors_are_clear():
         create({})
     with pytest.raises(ValueError, match="min_n"):
         create({"kind": "ngram", "min_n": 3, "max_n": 2})
+
+
+def test_accepted_options_follow_options_passed_on_to_the_base_class():
+    from specula.drafters import registry
+
+    assert {"target", "device", "tokens_per_pass"} <= registry.accepted_options("flash")  # via EagleDrafter
+    assert "target" in registry.accepted_options("eagle")
+    assert "target" not in registry.accepted_options("ngram") and "image_token_id" in registry.accepted_options("ngram")
+    assert registry.accepted_options("no-such-kind") == frozenset()

@@ -1,0 +1,34 @@
+#!/bin/bash
+# The CUDA checks, for a machine with an NVIDIA GPU (CI has none and does not run this).
+#   bash .ci/device_check.sh [OUT_DIR]
+# 1. tests/runtime/test_cuda.py: greedy speculative decoding on the GPU equals plain decoding (ngram, random chain
+#    and tree drafters, drafts made on the CPU), sampled output reproducible per seed, verification of drafts from
+#    another device;
+# 2. bench spec on cuda with the candidate target and its drafters (tau, speedup vs plain, exactness), JSON +
+#    markdown into OUT_DIR (default reports/cuda).
+# Works with `pip install -e .` or, on a machine that cannot install (no registry), from a package layout of the
+# checkout built here (SPECULA_LAYOUT=1): a transformers wheel of the pinned range may be put in gpu/.
+set -eu
+R=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${1:-$R/reports/cuda}
+mkdir -p "$OUT"
+if [ "${SPECULA_LAYOUT:-0}" = 1 ]; then
+  for w in "$R"/gpu/transformers-*.whl; do
+    [ -f "$w" ] && python3 -m pip install --no-deps --no-index -q --target /tmp/specula-tf "$w"
+  done
+  mkdir -p /tmp/specula-pk/specula && cp -r "$R"/specula/. /tmp/specula-pk/specula/
+  for d in runtime targets drafters world zoo protos; do ln -sfn "$R/$d" "/tmp/specula-pk/specula/$d"; done
+  export PYTHONPATH=/tmp/specula-pk:/tmp/specula-tf
+  SPECULA=(python3 -c "import sys; from specula.cli import main; sys.exit(main(sys.argv[1:]))")
+else
+  SPECULA=(specula)
+fi
+(cd /tmp && python3 -m pytest -q -p no:cacheprovider -o addopts="" "$R/tests/runtime/test_cuda.py")
+cd "$R"
+Z=zoo/candidates; [ -d $Z/target ] || Z=zoo/weights
+DR=()
+for d in eagle flash msd; do
+  if [ -f $Z/$d/specula.json ]; then DR+=(--drafter "{\"kind\": \"$d\", \"path\": \"$Z/$d\"}"); fi
+done
+"${SPECULA[@]}" bench spec --device cuda --model $Z/target --drafter ngram "${DR[@]}" --gamma 5 --n 2 --max-tokens 64 \
+  --out "$OUT"
