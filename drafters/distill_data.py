@@ -122,6 +122,16 @@ def greedy_answers(target, requests, max_new_tokens: int, eos: set[int]) -> list
     return [torch.tensor(toks[r], dtype=torch.long) for r in ids]
 
 
+def cut_at_image_token(response: torch.Tensor, image_token_id: int | None) -> torch.Tensor:
+    """``response`` [Lr] up to its first image placeholder, if any: a target that emits one (an undertrained or a
+    sampled one) has written a token no image stands behind, which every training forward would read as an image
+    slot with no features."""
+    if image_token_id is None:
+        return response
+    hits = (response == image_token_id).nonzero()
+    return response[: int(hits[0, 0])] if len(hits) else response
+
+
 def _answer(target, processor, split: str, indices: list[int], seed: int, max_new_tokens: int,
             gen_batch: int) -> list[Answer]:
     from specula.targets import PrefillRequest
@@ -134,7 +144,7 @@ def _answer(target, processor, split: str, indices: list[int], seed: int, max_ne
         group = order[g:g + gen_batch]
         reqs = [PrefillRequest(f"{split}-{indices[j]}", *encoded[j]) for j in group]
         for j, resp in zip(group, greedy_answers(target, reqs, max_new_tokens, eos)):
-            out[j] = Answer(split, indices[j], encoded[j][0], resp)
+            out[j] = Answer(split, indices[j], encoded[j][0], cut_at_image_token(resp, target.info.image_token_id))
     return out
 
 

@@ -46,8 +46,8 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from specula.drafters.distill_data import (Answer, encode, load_answers, make_answers, pixels, same_data,
-                                           target_fingerprint, world_sample, write_answers)
+from specula.drafters.distill_data import (Answer, cut_at_image_token, encode, load_answers, make_answers, pixels,
+                                           same_data, target_fingerprint, world_sample, write_answers)
 from specula.drafters.ensemble_members import Member, member_context
 from specula.drafters.massv_model import MassvConfig, MassvModel
 from specula.drafters.train_common import Cadence, chunks_to_make, epoch_order, save_checkpoint, warmup_cosine
@@ -196,7 +196,8 @@ def sampled_answers(target, processor, indices: list[int], cfg: MassvTrainConfig
                                     max_tokens=cfg.max_new_tokens)
             reqs.append(GenerationRequest(f"v{i}", encoded[i][0], encoded[i][1], params))
         res = engine.generate(reqs)
-        out += [Answer(split, i, encoded[i][0], torch.tensor(res[f"v{i}"].tokens, dtype=torch.long))
+        out += [Answer(split, i, encoded[i][0], cut_at_image_token(torch.tensor(res[f"v{i}"].tokens, dtype=torch.long),
+                                                                   target.info.image_token_id))
                 for i in indices[g:g + cfg.gen_batch]]
     return out
 

@@ -13,7 +13,7 @@ from trainer_kit import (assert_drafts_like_plain, assert_export_loads, assert_l
                          save_lively_target, zoo_listing)
 
 from specula.drafters import create
-from specula.drafters.distill_data import load_answers, make_answers, same_data
+from specula.drafters.distill_data import cut_at_image_token, load_answers, make_answers, same_data
 from specula.drafters.eagle_head import EagleConfig, EagleHead, load_eagle
 from specula.drafters.train_eagle import EagleTrainConfig, export_eagle, train, train_eagle_cli
 from specula.runtime.engine import GenerationRequest
@@ -97,3 +97,12 @@ def test_cached_answers_follow_the_target_weights_not_its_folder(tmp_path):
         make_answers(folder, None, None, key={**key, "target_sha256": "cd34"}, n=0)
     assert same_data({"target": "a", "x": 1}, {"target": "a", "x": 1})
     assert not same_data({"target": "a"}, {"target": "b"})  # no fingerprint: the folder is all that names it
+
+
+def test_an_answer_stops_before_an_image_placeholder():
+    """A target that writes the image token (an undertrained one, or sampling) leaves answers cut before it: every
+    training forward would read it as an image slot with no features behind it."""
+    r = torch.tensor([5, 6, 9, 7, 9])
+    assert cut_at_image_token(r, 9).tolist() == [5, 6]
+    assert cut_at_image_token(r, 4).tolist() == [5, 6, 9, 7, 9] and cut_at_image_token(r, None) is r
+    assert cut_at_image_token(torch.tensor([9, 5]), 9).tolist() == []
