@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine import SUITES, _near_tie, make_drafter
+from test_engine import _near_tie, kit, make_drafter, requests  # noqa: F401 (kit: the tiny model fixture)
 
 from specula.runtime.engine import GenerationRequest, SpecEngine
 from specula.runtime.prompts import encode_prompt
@@ -14,10 +14,7 @@ from specula.runtime.rejection import verify_chain
 from specula.runtime.sampling import SamplingParams
 from specula.runtime.tree_rejection import verify_tree
 from specula.targets import load_target
-from specula.targets.processor import load_processor
 from specula.world import generate
-from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch, build_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -36,23 +33,10 @@ def test_drafts_from_the_cpu_are_verified_where_the_target_is():
     assert len(t.paths()) == 2
 
 
-@pytest.fixture(scope="module")
-def kit():
-    torch.manual_seed(0)
-    processor = load_processor(TOKENIZER_DIR)
-    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
-    return model, processor
-
-
 @pytest.mark.parametrize("drafter_kind", ["ngram", "random", "random_tree"])
 def test_greedy_on_the_gpu_equals_plain_decoding(kit, drafter_kind):
     model, processor = kit
-    params = SamplingParams(max_tokens=16)
-    reqs = []
-    for i in range(16):
-        s = generate(SUITES[i % len(SUITES)], "eval", i)
-        ids, pix = encode_prompt(processor, s.prompt, s.images)
-        reqs.append(GenerationRequest(f"r{i}", ids, pix, params))
+    reqs = requests(kit, 16, SamplingParams(max_tokens=16))  # 2 prompts from each of the 8 evaluation suites
     eos = [processor.tokenizer.eos_token_id]
     target = load_target(model, device="cuda")
     ref = SpecEngine(target, None, eos_token_ids=eos).generate(reqs)
