@@ -20,8 +20,8 @@ The target, in these run directories:
    the ``scan_suites`` mix, on the schedules the runs had (50,000 cut at 13,680, 27,000 cut at 24,864, 40,000);
    then a second cycle in ``cycle2``: the same stage from 4.'s last checkpoint (rounded to fp16, fresh optimizer
    with a short re-warm-up) on a 90,000-sample schedule, so its rate climbs back to ~1.9e-4 and decays again;
-   the candidate (zoo/candidates/target) is its checkpoint at 55,008 samples.
-   Not shipped yet: ``SHIPPED_UNTIL`` names the last stage of the shipped target.
+   the shipped target is its checkpoint at 55,008 samples (promoted with every drafter retrained on it, stop 39).
+``SHIPPED_UNTIL`` names the last stage of the shipped target.
 """
 
 from __future__ import annotations
@@ -80,11 +80,12 @@ TARGET_STAGES = (
     TargetStage("suites-27k", "cells", {**_DIRECT, "total_samples": 27_000, "stop_at": 24_864}),
     TargetStage("suites-40k", "cells", {**_DIRECT, "total_samples": 40_000}),
     TargetStage("cycle-2", "cycle2", {**_DIRECT, "total_samples": 90_000, "stop_at": 55_008},
-                needs={"init_from": "cells"}),  # stopped at the candidate's checkpoint (zoo/candidates/target)
+                needs={"init_from": "cells"}),  # stopped at the shipped target's checkpoint
 )
-# The shipped target is the export of this stage's run; the stages after it are the candidate under way
-# (zoo/candidates, zoo/TRAINING.md): ``specula zoo build --until <stage>`` builds those too.
-SHIPPED_UNTIL = "joint"
+# The shipped target is the export of this stage's run; stages after it would be a candidate under way
+# (zoo/candidates, zoo/promote.py, zoo/TRAINING.md): ``specula zoo build --until <stage>`` builds those too, and
+# ``--until`` an earlier stage builds an earlier target (``joint``: the one shipped before stop 39).
+SHIPPED_UNTIL = "cycle-2"
 
 
 def stages_until(name: str) -> tuple[TargetStage, ...]:

@@ -1,8 +1,9 @@
-"""Issue 4's quality gates, read off the shipped target on a small held-out sample (the first 60 VQA questions and
-40 captions of the world's eval split; deterministic for given weights).
+"""Issue 4's quality gates, read off the shipped target on a held-out sample (the first 200 VQA questions and 100
+captions of the world's eval split; deterministic for given weights): each gate asserted at its threshold.
 
-What passes is asserted; what the shipped weights do not reach yet is a strict xfail, so meeting a gate turns
-the test red until the gate is asserted for real (the full figures on 300 questions are in the README)."""
+The sample is large enough that the shipped target's figures there (VQA 0.91, captions 0.872, measured in stop 38)
+sit on the same side of the gates as on the README's 300; on the first 60 questions / 40 captions they read
+0.883 / 0.846, within one standard error of the gates. A few minutes on one thread."""
 
 import pytest
 
@@ -19,8 +20,8 @@ def report():
 
     torch.set_num_threads(1)
     model, processor = load_model(str(TARGET_DIR))
-    vqa = evaluate(model, processor, n=60, suites=["vqa"])
-    cap = evaluate(model, processor, n=40, suites=["caption"])
+    vqa = evaluate(model, processor, n=200, suites=["vqa"])
+    cap = evaluate(model, processor, n=100, suites=["caption"])
     return vqa, cap
 
 
@@ -38,11 +39,9 @@ def test_captions_name_what_is_in_the_image(report):
     assert c["caption_attribute_recall"] >= 0.60
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 open: the shipped target is at ~0.89 VQA on 300 questions")
 def test_vqa_gate(report):
-    assert report[0]["gates"]["vqa_exact"]  # >= 0.90
+    assert report[0]["gates"]["vqa_exact"], report[0]["vqa_exact"]  # >= 0.90
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 open: the shipped target's captions recall ~0.70 of attributes")
 def test_caption_gate(report):
-    assert report[1]["gates"]["caption_attribute_recall"]  # >= 0.85
+    assert report[1]["gates"]["caption_attribute_recall"], report[1]["suites"]["caption"]  # >= 0.85

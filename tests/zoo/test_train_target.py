@@ -143,12 +143,14 @@ def test_zoo_build_dry_run_prints_the_recipe(capsys):
     out = capsys.readouterr().out
     assert '"code_lm_stop": 22944' in out and '"vision_images": 180000' in out and '"tower_lr_mult": 0.05' in out
     assert "specula train massv" in out and "--init-lm" in out
-    assert f"target stage {SHIPPED_UNTIL} " in out and "target stage captions" not in out  # the shipped target's
-    # --until a later stage adds the candidate's stages; --drafters-only prints the drafters alone
-    assert main(["zoo", "build", "--dry-run", "--run-dir", "r", "--until", TARGET_STAGES[-1].name]) == 0
-    out = capsys.readouterr().out
-    assert all(f"target stage {st.name} " in out for st in TARGET_STAGES)
+    shipped = [st.name for st in TARGET_STAGES][: [st.name for st in TARGET_STAGES].index(SHIPPED_UNTIL) + 1]
+    assert all(f"target stage {name} " in out for name in shipped)  # the shipped target's stages
+    assert '"stop_at": 55008' in out  # the second cycle's cut, where the shipped target was taken
     assert '"from": "r/direct/ckpt"' in out and '"init_from": "r/target/ckpt"' in out and '"stop_at": 24864' in out
+    # --until an earlier stage stops there (joint: the target shipped before stop 39); --drafters-only: drafters
+    assert main(["zoo", "build", "--dry-run", "--run-dir", "r", "--until", "joint"]) == 0
+    out = capsys.readouterr().out
+    assert "target stage joint " in out and "target stage captions" not in out
     assert main(["zoo", "build", "--dry-run", "--run-dir", "r", "--drafters-only"]) == 0
     out = capsys.readouterr().out
     assert "target stage" not in out and "specula train eagle" in out
