@@ -4,7 +4,8 @@
 # 1. tests/runtime/test_cuda.py: greedy speculative decoding on the GPU equals plain decoding (ngram, random chain
 #    and tree drafters, drafts made on the CPU), sampled output reproducible per seed, verification of drafts from
 #    another device;
-# 2. bench spec on cuda with the candidate target and its drafters (tau, speedup vs plain, exactness), JSON +
+# 2. bench spec on cuda with the candidate zoo (zoo/candidates, when there is one) or else the shipped one: its
+#    target with ngram, eagle, flash and msd (tau, speedup vs plain, exactness), JSON +
 #    markdown into OUT_DIR (default reports/cuda).
 # Works with `pip install -e .` or, on a machine that cannot install (no registry), from a package layout of the
 # checkout built here (SPECULA_LAYOUT=1): a transformers wheel of the pinned range may be put in gpu/.

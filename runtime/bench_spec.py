@@ -74,9 +74,10 @@ def config_label(config: dict) -> str:
 def make_drafter(config: dict, target, tokenizer=None):
     """Build a drafter from ``{"kind": ..., <options>}`` (a ``label`` key is only a name and is dropped).
 
-    Options the config leaves out that the drafter's class takes by name come from the target: ``target`` and
-    ``tokenizer`` (resources), ``vocab_size`` and ``image_token_id``. Only named parameters are filled, because
-    some drafters reject unknown options.
+    Options the config leaves out that the drafter takes by name (``registry.accepted_options``: its class's
+    parameters and, through ``**options``, its base's) come from the target: ``target`` and ``tokenizer``
+    (resources), ``vocab_size`` and ``image_token_id``. Only named parameters are filled, because some drafters
+    reject unknown options.
     """
     from specula.drafters import create, registry
 

@@ -3,7 +3,6 @@ app build through here, so a replica and a test load the same thing the same way
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 from specula.runtime.config import DeploymentSettings, SpeculaConfig
