@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 
 import pytest
 import torch
@@ -70,6 +71,14 @@ def test_train_lowers_the_loss_resumes_exactly_exports_and_reloads(tmp_path, tar
     b = make_drafter({"kind": "flash", "path": str(out)}, target)
     assert b.head._shared[0] is target.model.get_input_embeddings()
     assert b.head._shared[1] is target.model.get_output_embeddings()
+
+    # loaded with no target in the process, a head whose record names its zoo's entry ("target", as in a candidate
+    # zoo) reads the embedding of the target beside it, not of the shipped zoo's target of that name
+    shutil.copytree(target_dir, tmp_path / "zoo" / "target")
+    rec = json.loads((out / "specula.json").read_text())
+    (out / "specula.json").write_text(json.dumps({**rec, "target": "target"}))
+    alone = load_flash(out)
+    assert torch.equal(alone._shared[0].weight, target.model.get_input_embeddings().weight.float())
 
 
 def test_cli_trains_and_exports(tmp_path, target_dir):
