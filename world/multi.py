@@ -46,7 +46,10 @@ def _odd_scenes(rng: random.Random, k: int) -> tuple[list[Scene], int]:
     return [_single(rng, *(other if i == odd_i else base)) for i in range(k)], odd_i
 
 
-def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None) -> Sample:
+def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None, scan: bool = False) -> Sample:
+    """One question about 2-5 images (odd one out, count across, the colour in the n-th image, same shape), or with
+    ``task="caption"`` a description of each image in order; ``scan`` words every image's line the same way
+    ("Image 2 has ...", a fixed reading order the LM writes out, as scene captions' cell scans do)."""
     k = k or rng.randint(2, 5)
     if task == "caption":
         qtype = "story"
@@ -86,8 +89,9 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None) 
         lines = []
         for i, s in enumerate(scenes):
             things = join_list(rng, [f"{article(o.colour)} {o.colour} {o.shape}" for o in s.objects])
-            lines.append(sentence(pick(rng, ("in the {o} image there is {t}.", "the {o} image shows {t}.", "image {n} has {t}."))
-                                  .format(o=ORDINALS[i], t=things, n=i + 1)))
+            form = "image {n} has {t}." if scan else pick(rng, ("in the {o} image there is {t}.", "the {o} image shows {t}.",
+                                                                   "image {n} has {t}."))
+            lines.append(sentence(form.format(o=ORDINALS[i], t=things, n=i + 1)))
         attrs = tuple(w for s in scenes for o in s.objects for w in (o.colour, o.shape))
         return Sample(suite, "multi_caption", images, _prompt(rng, k, q if a is None else "Describe the images in order."),
                       " ".join(lines), None, None, attrs, pw)

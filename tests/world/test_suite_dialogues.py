@@ -163,3 +163,31 @@ def test_scan_suites_mix_adds_the_dialogues_to_the_scan_captions_mix():
     for name, maker, task, _ in added:
         s = maker(random.Random(name), name, task)
         assert s.kind.split("/")[0] == name and s.followups
+
+
+def test_multi_scan_caption_lists_every_image_in_order_in_one_wording():
+    for i in range(40):
+        s = multi.make_multi(random.Random(f"multi-scan/{i}"), "multi_image", "caption", scan=True)
+        lines = [line for line in s.response.split(". ") if line]
+        assert len(lines) == len(s.images)
+        for n, (line, pw) in enumerate(zip(lines, s.patch_words)):
+            assert line.startswith(f"Image {n + 1} has ")
+            named = {(c, sh) for c, sh in _objects(pw) if f"{c} {sh}" in line}
+            assert named == set(_objects(pw)), (line, _objects(pw))
+        plain = multi.make_multi(random.Random(f"multi-scan/{i}"), "multi_image", "caption")
+        assert plain.images and plain.attributes == s.attributes  # same images, same attributes named
+
+
+def test_scan_multi_mix_puts_image_sets_at_about_a_third_and_keeps_the_rest():
+    from specula.world.suites import MIXES
+
+    base = {name: w for name, *_, w in MIXES["scan_suites"]}
+    mix = {name: (maker, task, w) for name, maker, task, w in MIXES["scan_multi"]}
+    share = sum(w for name, (*_, w) in mix.items() if name.startswith("multi")) / sum(w for *_, w in mix.values())
+    assert 0.3 < share < 0.45
+    for name, w in base.items():
+        if not name.startswith("multi"):
+            assert mix[name][2] == w, name
+    maker, task, _ = mix["multi_caption_scan"]
+    s = maker(random.Random("scan-multi"), "multi_caption_scan", task)
+    assert s.response.startswith("Image 1 has ") and s.kind == "multi_caption"
