@@ -14,7 +14,7 @@ import torch
 from specula.world.suites import SUITES, generate
 from specula.zoo.quality import (CAPTION_TOKENS, attribute_recall, blank_like, by_question_type,
                                  caption_attribute_recall, chance_level, greedy_answer, object_precision, object_recall,
-                                 short_answer_accuracy, short_answer_hits)
+                                 short_answer_accuracy, short_answer_hits, short_answers, which_image_by_place)
 
 GATES = {"vqa_exact_min": 0.90, "blank_margin_max": 0.10, "caption_attribute_recall_min": 0.85}
 EVAL_OFFSET = 20_000  # eval indices used by gates; training-time tracking uses 10_000.. of the same split
@@ -146,12 +146,15 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
             qa = [s for s in samples if s.answer]
             r["exact"] = short_answer_accuracy(model, processor, qa)
         else:
-            hits = short_answer_hits(model, processor, samples)
+            answers = short_answers(model, processor, samples)
+            hits = short_answer_hits(model, processor, samples, answers=answers)
             blank_hits = short_answer_hits(model, processor, samples, blank=True)
             r["exact"] = sum(hits) / max(1, len(samples))
             r["exact_blank_image"] = sum(blank_hits) / max(1, len(samples))
             if any("/" in s.kind for s in samples):
                 r["by_type"] = by_question_type(samples, hits, blank_hits)
+            if name == "multi_image":  # does the LM read every image of a set, or only the first?
+                r["which_by_place"] = which_image_by_place(samples, answers)
             chance = chance_level(samples)
             if chance is not None:
                 r["chance"] = chance
@@ -203,8 +206,11 @@ def eval_cli(args) -> int:
     else:
         for name, v in r["suites"].items():
             print(f"{name:12s} " + "  ".join(f"{k}={x:.3f}" if isinstance(x, float) else f"{k}={x}"
-                                             for k, x in v.items() if k != "by_type"))
+                                             for k, x in v.items() if k not in ("by_type", "which_by_place")))
             for qtype, t in v.get("by_type", {}).items():
                 print(f"  {qtype:18s} n={t['n']:<4d} exact={t['exact']:.3f}  blank_image={t['exact_blank_image']:.3f}")
+            for place, t in v.get("which_by_place", {}).items():
+                print(f"  which, {place + ' image':12s} n={t['n']:<4d} exact={t['exact']:.3f}  "
+                      f"first_image_colour={t['first_image_colour']:.3f}")
         print("gates: " + ", ".join(f"{k}={'pass' if ok else 'FAIL'}" for k, ok in r["gates"].items()))
     return 0

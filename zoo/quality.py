@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from specula.world.sample import IMAGE_SIZE, Sample
-from specula.world.vocab import COLOUR_NAMES, SHAPES
+from specula.world.vocab import COLOUR_NAMES, ORDINALS, SHAPES
 from specula.runtime.prompts import encode_prompt
 
 
@@ -34,16 +34,41 @@ def greedy_answer(model, processor, s: Sample, max_new_tokens: int) -> str:
     return processor.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
-def short_answer_hits(model, processor, samples: list[Sample], blank: bool = False) -> list[bool]:
-    """Per sample: does the greedy answer (normalised) equal the sample's short answer?"""
-    hits = []
+def short_answers(model, processor, samples: list[Sample], blank: bool = False) -> list[str]:
+    """Per sample: the greedy short answer, normalised and cut at its first full stop."""
+    out = []
     for s in samples:
-        q = blank_like(s) if blank else s
-        pred = greedy_answer(model, processor, q, max_new_tokens=8)
-        if s.kind.startswith("reasoning") or "." in pred:
-            pred = pred.split(".")[0]
-        hits.append(normalize(pred) == normalize(s.answer or ""))
-    return hits
+        pred = greedy_answer(model, processor, blank_like(s) if blank else s, max_new_tokens=8)
+        out.append(normalize(pred.split(".")[0]))
+    return out
+
+
+def short_answer_hits(model, processor, samples: list[Sample], blank: bool = False,
+                      answers: list[str] | None = None) -> list[bool]:
+    """Per sample: does the greedy answer (normalised) equal the sample's short answer? ``answers``: those answers
+    already made (``short_answers``)."""
+    answers = short_answers(model, processor, samples, blank) if answers is None else answers
+    return [a == normalize(s.answer or "") for s, a in zip(samples, answers)]
+
+
+def which_image_by_place(samples: list[Sample], answers: list[str]) -> dict[str, dict]:
+    """The image-set questions that ask the colour in the n-th image, by n: how often the answer is right, and how
+    often it is the colour of the *first* image's object instead (an LM that reads only the first image of a set
+    answers that for every n)."""
+    out: dict[str, dict] = {}
+    for s, a in zip(samples, answers):
+        if not s.kind.endswith("/which"):
+            continue
+        place = next(i for i, o in enumerate(ORDINALS) if f" {o} image" in s.prompt)
+        first = [w[0] for w in s.patch_words[0] if w]
+        r = out.setdefault(ORDINALS[place], {"n": 0, "exact": 0.0, "first_image_colour": 0.0})
+        r["n"] += 1
+        r["exact"] += a == normalize(s.answer or "")
+        r["first_image_colour"] += bool(first) and a == first[0]
+    for r in out.values():
+        r["exact"] /= r["n"]
+        r["first_image_colour"] /= r["n"]
+    return {o: out[o] for o in ORDINALS if o in out}
 
 
 def short_answer_accuracy(model, processor, samples: list[Sample], blank: bool = False) -> float:

@@ -12,7 +12,7 @@ Recipe (why each part is there is in zoo/TRAINING.md):
   so predicting it needs the image (or the described scene), a denser grounding signal than the short answers;
 - a curriculum: the first ``curriculum`` share of samples is drawn mostly from single-object questions and short
   captions, then the full mix;
-- image-vs-blank accuracy on held-out VQA questions is logged every ``eval_every_s`` seconds;
+- image-vs-blank accuracy on held-out VQA and image-set questions is logged every ``eval_every_s`` seconds;
 - optionally (``code_lm_samples`` > 0) the word-code recipe (``zoo/code_stages.py``): first the LM alone learns the
   world with fixed word codes in place of the image tokens (optionally shallow, then grown), then the vision stage
   regresses tower + projector onto those codes, and the joint stage keeps that regression as ``aux_in``.
@@ -242,6 +242,7 @@ def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
     model.eval()
     described = [s for s in (generate("text", "eval", 10_000 + i, cfg.seed) for i in range(4 * cfg.eval_n))
                  if s.kind == "text/scene"][: cfg.eval_n]
+    image_sets = [generate("multi_image", "eval", 10_000 + i, cfg.seed) for i in range(max(1, cfg.eval_n // 2))]
     res = {
         "vqa_exact": short_answer_accuracy(model, processor, samples),
         "vqa_exact_blank_image": short_answer_accuracy(model, processor, samples, blank=True),
@@ -249,6 +250,9 @@ def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
         # the same lookup over a scene described in words: the LM's own skill, without the vision path
         "text_scene_exact": short_answer_accuracy(model, processor, described),
         "caption_attribute_recall": caption_attribute_recall(model, processor, captions),
+        # image sets (2-5 images per question), the suite a one-image LM does not read: image vs blank here too
+        "multi_image_exact": short_answer_accuracy(model, processor, image_sets),
+        "multi_image_exact_blank_image": short_answer_accuracy(model, processor, image_sets, blank=True),
     }
     model.train()
     return res

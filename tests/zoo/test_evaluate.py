@@ -5,9 +5,9 @@ import torch
 
 from specula.targets.processor import load_processor
 from specula.world import generate
-from specula.zoo.evaluate import evaluate
+from specula.zoo.evaluate import EVAL_OFFSET, evaluate
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.quality import attribute_recall, by_question_type
+from specula.zoo.quality import attribute_recall, by_question_type, which_image_by_place
 from specula.zoo.target_config import TargetArch, build_model
 
 
@@ -28,15 +28,30 @@ def test_by_question_type_counts_each_type():
         assert r["exact"] == pytest.approx(sum(mine) / len(mine)) and r["exact_blank_image"] == 0
 
 
+def test_which_image_by_place_tells_reading_the_first_image_from_reading_the_asked_one():
+    samples = [s for s in (generate("multi_image", "eval", i) for i in range(200)) if s.kind == "multi/which"]
+    first = [next(w[0] for w in s.patch_words[0] if w) for s in samples]
+    right = which_image_by_place(samples, [s.answer for s in samples])
+    assert sum(r["n"] for r in right.values()) == len(samples) and {"first", "second", "third"} <= set(right)
+    assert all(r["exact"] == 1.0 for r in right.values()) and right["first"]["first_image_colour"] == 1.0
+    stuck = which_image_by_place(samples, first)  # an LM that answers the first image's colour whatever is asked
+    assert stuck["first"]["exact"] == 1.0 and all(r["first_image_colour"] == 1.0 for r in stuck.values())
+    later = [r["exact"] for place, r in stuck.items() if place != "first"]
+    assert max(later) < 0.5  # right for a later image only where its colour happens to be the first's
+
+
 def test_evaluate_reports_gate_keys_and_types():
     processor = load_processor(TOKENIZER_DIR)
     model = build_model(TargetArch.from_name("tiny"), processor.tokenizer).eval()
     torch.set_num_threads(1)
-    r = evaluate(model, processor, n=6, suites=["vqa", "caption", "chart"])
+    r = evaluate(model, processor, n=6, suites=["vqa", "caption", "chart", "multi_image"])
     assert {"vqa_exact", "vqa_exact_blank_image", "vqa_chance", "caption_attribute_recall", "gates"} <= set(r)
     types = r["suites"]["vqa"]["by_type"]
     assert sum(t["n"] for t in types.values()) == 6
     assert "by_type" in r["suites"]["chart"]  # chart kinds are "chart/<question>" too
+    places = r["suites"]["multi_image"]["which_by_place"]  # image sets: "which" questions by the asked image
+    which = sum(s.kind == "multi/which" for s in (generate("multi_image", "eval", EVAL_OFFSET + i) for i in range(6)))
+    assert sum(t["n"] for t in places.values()) == which
 
 
 def test_scene_objects_counts_the_shapes_of_a_described_scene():
@@ -74,7 +89,6 @@ def test_probe_reports_real_oracle_and_described():
 
 def test_classify_lookup_tells_selection_from_reading_errors():
     from specula.world.suites import generate
-    from specula.zoo.evaluate import EVAL_OFFSET
     from specula.zoo.probe import LOOKUP_SLOTS, classify_lookup, image_objects
 
     found = 0
