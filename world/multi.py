@@ -98,11 +98,11 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None, 
     return Sample(suite, f"multi/{qtype}", images, _prompt(rng, k, f"{q} {pick(rng, SHORT_SUFFIX)}"), a, a, n, (), pw)
 
 
-def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 8) -> Sample:
-    """A training dialogue: 2-5 images, then up to ``n_turns`` distinct questions about them as successive turns
-    (the first in the evaluation format): the colour in each one-object image, how many images show each shape
-    present (and sometimes one absent), the odd one out when the set has one, same shape for a pair."""
-    k = rng.randint(2, 5)
+def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 8, k: int | None = None) -> Sample:
+    """A training dialogue: ``k`` images (default 2-5), then up to ``n_turns`` distinct questions about them as
+    successive turns (the first in the evaluation format): the colour in each one-object image, how many images show
+    each shape present (and sometimes one absent), the odd one out when the set has one, same shape for a pair."""
+    k = k or rng.randint(2, 5)
     odd_i = None
     if k >= 3 and rng.random() < 0.4:
         scenes, odd_i = _odd_scenes(rng, k)

@@ -101,6 +101,12 @@ def test_multi_image_dialogue_answers_match_the_images():
     assert set(seen) == {"which", "count", "odd", "same"}
 
 
+def test_multi_image_dialogue_takes_a_set_size():
+    for i in range(10):
+        s = multi.make_multi_dialogue(random.Random(f"multi-dialogue-k/{i}"), "multi_image", "qa", k=2)
+        assert len(s.images) == 2 and len(_check_turns(s)) >= 2
+
+
 def test_multi_image_dialogue_with_every_shape_shown_counts_only_shown_shapes():
     # this seed's set shows all six shapes: there is no absent shape to ask about (it used to raise)
     s = multi.make_multi_dialogue(random.Random("multi-dialogue-all-shapes/228"), "multi_image", "qa")
