@@ -210,7 +210,7 @@ def eval_cli(args) -> int:
             for qtype, t in v.get("by_type", {}).items():
                 print(f"  {qtype:18s} n={t['n']:<4d} exact={t['exact']:.3f}  blank_image={t['exact_blank_image']:.3f}")
             for place, t in v.get("which_by_place", {}).items():
-                print(f"  which, {place + ' image':12s} n={t['n']:<4d} exact={t['exact']:.3f}  "
+                print(f"  which, {place + ' image':13s}n={t['n']:<4d} exact={t['exact']:.3f}  "
                       f"first_image_colour={t['first_image_colour']:.3f}")
         print("gates: " + ", ".join(f"{k}={'pass' if ok else 'FAIL'}" for k, ok in r["gates"].items()))
     return 0
