@@ -190,7 +190,6 @@ SCAN_SUITES_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_CAPTIONS_MIX +
 )
 
 
-
 def _multi_scan_caption(rng: random.Random, suite: str, task: str) -> Sample:
     return multi.make_multi(rng, suite, "caption", scan=True)
 
