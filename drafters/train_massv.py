@@ -168,8 +168,9 @@ def reference_answer(processor, sample) -> tuple[torch.Tensor, torch.Tensor | No
 
     tok = processor.tokenizer
     ids, pix = encode(processor, sample)
-    short = tok(format_turns(sample.prompt), add_special_tokens=False).input_ids  # one token per image mark
-    full = tok(format_turns(sample.prompt, sample.response), add_special_tokens=False).input_ids
+    # one token per image mark
+    short = tok(format_turns(sample.prompt, system=sample.system), add_special_tokens=False).input_ids
+    full = tok(format_turns(sample.prompt, sample.response, sample.system), add_special_tokens=False).input_ids
     if full[: len(short)] != short:
         raise ValueError(f"the chat template's prompt is not a token prefix of prompt + answer ({sample.suite})")
     return ids, pix, torch.tensor(full[len(short):], dtype=torch.long)

@@ -122,7 +122,7 @@ def _encode(processor, sample):
     """World sample -> (input_ids [L] with image tokens expanded, pixel_values or None)."""
     from specula.world.tokenizer import format_turns
 
-    text = format_turns(sample.prompt)
+    text = format_turns(sample.prompt, system=sample.system)
     if sample.images:
         enc = processor(text=[text], images=list(sample.images), return_tensors="pt", add_special_tokens=False)
         return enc["input_ids"][0], enc["pixel_values"]

@@ -16,7 +16,7 @@ import sys
 
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
 MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
-             "scan_captions", "colour_captions", "scan_suites", "scan_multi"]
+             "scan_captions", "colour_captions", "scan_suites", "scan_multi", "scan_placed"]
 
 
 def _threads(args) -> None:
@@ -236,8 +236,9 @@ def _add_train(sub) -> None:
                         "captions that name all nine cells in reading order), scan_captions (confusable_scan with "
                         "twice the captions), colour_captions (scan_captions with the captions listed by colour "
                         "instead of by cell), scan_suites (scan_captions plus dialogues about charts, image sets and "
-                        "clips) or scan_multi (scan_suites with image sets at about a third of the samples, their "
-                        "captions worded \"Image N has ...\")")
+                        "clips), scan_multi (scan_suites with image sets at about a third of the samples, their "
+                        "captions worded \"Image N has ...\") or scan_placed (scan_suites with half the prompts "
+                        "asked with text or the question before the image, or after a system turn)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "

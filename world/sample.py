@@ -23,6 +23,7 @@ class Sample:
     holds, per image, the words describing the object under each of the GRID*GRID patches (empty tuple for
     background); training uses it as a dense auxiliary signal. ``followups`` (training only) are further user /
     assistant turns about the same images after the first, so one image's visual tokens serve many answers.
+    ``system`` is the text of a system turn in front of the user turn, if any.
     """
 
     suite: str
@@ -35,6 +36,7 @@ class Sample:
     attributes: tuple[str, ...] = ()
     patch_words: tuple[tuple[tuple[str, ...], ...], ...] = field(default=(), repr=False)
     followups: tuple[tuple[str, str], ...] = ()  # training dialogues: more (question, answer) turns on the same images
+    system: str = ""  # a system turn before the user turn ("" = none; world/placed.py)
 
     def __post_init__(self) -> None:
         if self.prompt.count(IMAGE_MARK) != len(self.images):

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from specula.world import charts, multi, scene, signs, text_only
+from specula.world import charts, multi, placed, scene, signs, text_only
 from specula.world.sample import Sample
 
 Maker = Callable[[random.Random, str, str], Sample]
@@ -203,11 +203,17 @@ SCAN_MULTI_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
     for name, maker, task, w in SCAN_SUITES_MIX if name != "multi_caption") + (
     ("multi_caption_scan", _multi_scan_caption, "caption", 6.0),)
 
+# The suites mix with half of its samples asked the way API users ask: a line of text or the question before the
+# image, or a system turn first (world/placed.py), for an LM that reads an image only at the start of the prompt
+# (zoo/TRAINING.md, "Image sets: the LM reads the first image of a set").
+SCAN_PLACED_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
+    (name, placed.placed(maker), task, w) for name, maker, task, w in SCAN_SUITES_MIX)
+
 MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX, "lookup": LOOKUP_MIX, "scenes": SCENES_MIX,
          "describe": DESCRIBE_MIX, "confusable": CONFUSABLE_MIX, "scenes_confusable": SCENES_CONFUSABLE_MIX,
          "confusable_scan": CONFUSABLE_SCAN_MIX, "scan_captions": SCAN_CAPTIONS_MIX,
          "colour_captions": COLOUR_CAPTIONS_MIX, "scan_suites": SCAN_SUITES_MIX,
-         "scan_multi": SCAN_MULTI_MIX}
+         "scan_multi": SCAN_MULTI_MIX, "scan_placed": SCAN_PLACED_MIX}
 
 
 def suite_names() -> list[str]:

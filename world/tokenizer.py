@@ -30,15 +30,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def format_turns(prompt: str, response: str | None = None) -> str:
-    """The chat template applied to one user turn (and optionally the assistant's answer), as plain text."""
-    text = f"{BOS}{USER}{prompt}{ASSISTANT}"
+def format_turns(prompt: str, response: str | None = None, system: str = "") -> str:
+    """The chat template applied to one user turn (and optionally the assistant's answer), as plain text; a
+    non-empty ``system`` comes first as a system turn."""
+    text = f"{BOS}{SYSTEM}{system}{USER}{prompt}{ASSISTANT}" if system else f"{BOS}{USER}{prompt}{ASSISTANT}"
     return text if response is None else text + response + EOS
 
 
-def format_dialogue(prompt: str, response: str, followups: tuple[tuple[str, str], ...] = ()) -> str:
+def format_dialogue(prompt: str, response: str, followups: tuple[tuple[str, str], ...] = (), system: str = "") -> str:
     """The chat template applied to a whole dialogue: the first turn, then each (question, answer) follow-up."""
-    return format_turns(prompt, response) + "".join(f"{USER}{q}{ASSISTANT}{a}{EOS}" for q, a in followups)
+    return format_turns(prompt, response, system) + "".join(f"{USER}{q}{ASSISTANT}{a}{EOS}" for q, a in followups)
 
 
 def corpus(n_samples: int, seed: int = 0) -> Iterator[str]:

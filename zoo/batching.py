@@ -64,7 +64,7 @@ class Encoder:
         return self._word_ids[word]
 
     def encode(self, s: Sample) -> Encoded:
-        text = format_dialogue(s.prompt, s.response, s.followups)
+        text = format_dialogue(s.prompt, s.response, s.followups, s.system)
         if s.images:
             out = self.processor(text=[text], images=list(s.images), return_tensors="pt", add_special_tokens=False)
             pixels = out["pixel_values"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
@@ -19,13 +20,12 @@ def normalize(text: str) -> str:
 def blank_like(s: Sample, rng_colour: tuple[int, int, int] = (128, 128, 128)) -> Sample:
     """The same question with every image replaced by a plain gray image."""
     blank = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), rng_colour)
-    return Sample(s.suite, s.kind, tuple(blank for _ in s.images), s.prompt, s.response, s.answer, s.n_choices,
-                  s.attributes, s.patch_words)
+    return dataclasses.replace(s, images=tuple(blank for _ in s.images), followups=())
 
 
 @torch.inference_mode()
 def greedy_answer(model, processor, s: Sample, max_new_tokens: int) -> str:
-    ids, pix = encode_prompt(processor, s.prompt, s.images)
+    ids, pix = encode_prompt(processor, s.prompt, s.images, s.system)
     inputs = {"input_ids": ids[None].to(model.device)}
     if pix is not None:
         inputs["pixel_values"] = pix.to(model.device)

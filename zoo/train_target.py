@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from specula.world.placed import variant
 from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
 from specula.zoo.cell_weights import object_cell_weights, opener_ids, stop_ids
@@ -253,6 +254,10 @@ def _eval(model, processor, cfg: TrainConfig) -> dict[str, float]:
         # image sets (2-5 images per question), the suite a one-image LM does not read: image vs blank here too
         "multi_image_exact": short_answer_accuracy(model, processor, image_sets),
         "multi_image_exact_blank_image": short_answer_accuracy(model, processor, image_sets, blank=True),
+        # the VQA questions with a held-out line of text before the image (world/placed.py): a target that reads
+        # an image only at the start of the prompt answers these at blank level
+        "vqa_exact_lead": short_answer_accuracy(model, processor,
+                                                [variant(s, "lead") for s in samples[: cfg.eval_n // 2]]),
     }
     model.train()
     return res

@@ -46,6 +46,8 @@ def test_evaluate_reports_gate_keys_and_types():
     torch.set_num_threads(1)
     r = evaluate(model, processor, n=6, suites=["vqa", "caption", "chart", "multi_image"])
     assert {"vqa_exact", "vqa_exact_blank_image", "vqa_chance", "caption_attribute_recall", "gates"} <= set(r)
+    for form in ("lead", "question_first", "system"):  # the same questions with the image off the prompt's start
+        assert r[f"vqa_exact_{form}"] == r["suites"]["vqa"][f"exact_{form}"]
     types = r["suites"]["vqa"]["by_type"]
     assert sum(t["n"] for t in types.values()) == 6
     assert "by_type" in r["suites"]["chart"]  # chart kinds are "chart/<question>" too

@@ -67,6 +67,7 @@ def test_train_resume_and_export(tmp_path, processor):
     state = json.loads((ckpt / "state.json").read_text())
     assert 96 <= state["samples"] < 144 and state["history"] and "vqa_exact_blank_image" in state["history"][-1]
     assert "multi_image_exact_blank_image" in state["history"][-1]  # image sets tracked against blank images too
+    assert "vqa_exact_lead" in state["history"][-1]  # and VQA with a line of text before the image
     # a longer run over the same directory resumes instead of starting over (here with weighted object-cell openers)
     cfg2 = TrainConfig(**{**cfg.__dict__, "stop_at": 0, "object_cell_weight": 2.0, "object_phrase_weight": 2.0})
     train(cfg2, processor, log=logs.append)
