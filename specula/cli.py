@@ -251,6 +251,13 @@ def _add_train(sub) -> None:
                    help="stop with a checkpoint once the run reaches this many samples, keeping the learning-rate "
                         "schedule of --samples (a later run with a higher --stop-at or none goes on from there; "
                         "default: 0 = run to --samples)")
+    t.add_argument("--device", default="cpu",
+                   help="where the joint stage trains: cpu, cuda or cuda:N (default: cpu). The earlier stages (code "
+                        "LM, vision, projector fit) run on the CPU; a run started with --init-from goes straight to "
+                        "the joint stage")
+    t.add_argument("--max-minutes", type=float, default=0.0,
+                   help="stop the joint stage with a checkpoint after this many minutes of this invocation, e.g. to "
+                        "fit a lease or a session (rerunning goes on; default: 0 = no limit)")
     t.add_argument("--object-phrase-weight", type=float, default=1.0,
                    help="loss weight on the rest of an object cell's phrase ('top, a large purple cross;': 'large "
                         "purple cross'), the object read by its place (default: 1 = off; zoo/cell_weights.py)")

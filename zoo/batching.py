@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -149,6 +149,16 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
     return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
                  torch.cat(cls) if cls else None, user, torch.cat(codes) if codes else None,
                  tuple(e.referents for e in items) if any(e.referents for e in items) else ())
+
+
+def batch_to(batch: Batch, device: torch.device | str) -> Batch:
+    """``batch`` with every tensor on ``device`` (the same batch when they are there already)."""
+    device = torch.device(device)
+    if batch.input_ids.device == device:
+        return batch
+    moved = {f.name: getattr(batch, f.name).to(device) for f in fields(batch)
+             if isinstance(getattr(batch, f.name), torch.Tensor)}
+    return replace(batch, **moved)
 
 
 _PLACE_WORDS = ("top", "bottom", "left", "right", "center")

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from specula.world.placed import VARIANTS, variant
 from specula.world.suites import SUITES, generate
@@ -136,7 +137,9 @@ def tower_readout(model, processor, codes, n: int = 40, seed: int = 0) -> dict[s
 
 def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, seed: int = 0) -> dict:
     out: dict = {"n_per_suite": n, "suites": {}}
-    for name in suites or list(SUITES):
+    bar = tqdm(suites or list(SUITES), desc="zoo eval", unit="suite", leave=False)
+    for name in bar:
+        bar.set_postfix_str(name)
         samples = [generate(name, "eval", EVAL_OFFSET + i, seed) for i in range(n)]
         r: dict = {}
         if name == "caption":

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from specula.world.placed import variant
 from specula.world.suites import MIXES, generate
-from specula.zoo.batching import Encoder, collate, token_budget_batches
+from specula.zoo.batching import Encoder, batch_to, collate, token_budget_batches
 from specula.zoo.cell_weights import object_cell_weights, opener_ids, stop_ids
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
@@ -95,6 +95,8 @@ class TrainConfig:
     caption_referents: bool = False  # with referent_attention: scan captions get targets too (caption_referents)
     vision_from: str | None = None  # a run's ckpt dir whose tower, projector and vision heads a fresh run starts from
     lm_from: str | None = None  # a run's ckpt dir whose LM (and code-stage progress) a fresh run starts from
+    device: str = "cpu"  # where the joint stage trains ("cpu", "cuda", "cuda:N"); the earlier stages run on the CPU
+    max_minutes: float = 0.0  # stop the joint stage with a checkpoint after this many minutes of this run (0 = off)
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -109,6 +111,10 @@ class TrainConfig:
             raise ValueError("object_phrase_weight must be > 0 (1 = off)")
         if self.stop_at < 0:
             raise ValueError("stop_at must be >= 0 (0 = run to total_samples)")
+        if self.max_minutes < 0:
+            raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.code_lm_stop < 0 or (self.code_lm_stop and self.code_lm_stop >= self.code_lm_samples):
             raise ValueError("code_lm_stop must be 0 (off) or below code_lm_samples: it cuts the code stage short")
         if self.code_background_noise < 0:
@@ -334,6 +340,15 @@ def load_heads(heads: VisionHeads, path: Path, log) -> None:
         log("vision heads: the place head starts fresh")
 
 
+def _to_device(model, heads, optimizers, device: torch.device) -> None:
+    """Move ``model`` and ``heads`` to ``device`` and the optimizers' saved moments after them (the parameters stay
+    the same objects, so the optimizers keep pointing at them; ``load_state_dict`` casts moments to their devices)."""
+    model.to(device)
+    heads.to(device)
+    for opt in optimizers:
+        opt.load_state_dict(opt.state_dict())
+
+
 def _print_now(msg: str) -> None:
     print(msg, flush=True)  # a run in the background logs to a file: evaluations must not wait in a buffer
 
@@ -379,7 +394,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     if (ckpt / "state.json").exists():
         model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
         model.tie_weights()
-        saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+        saved = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
         state = json.loads((ckpt / "state.json").read_text())
         if len(saved["param_groups"]) == len(opt.param_groups):
             opt.load_state_dict(saved)
@@ -417,7 +432,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         load_heads(heads, ckpt / "heads.safetensors", log)
         if (ckpt / "heads_optimizer.pt").exists():
             try:
-                heads_opt.load_state_dict(torch.load(ckpt / "heads_optimizer.pt", weights_only=True))
+                heads_opt.load_state_dict(torch.load(ckpt / "heads_optimizer.pt", weights_only=True,
+                                                     map_location="cpu"))
             except ValueError:  # the place head was added or dropped since: the moments do not map
                 log("vision heads: the saved optimizer has other heads; its moments restart")
     model.train()
@@ -429,10 +445,10 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         tmp.mkdir(exist_ok=True)
         for name, sd_extra in (extra or {}).items():
             torch.save(sd_extra, tmp / f"{name}.pt")
-        sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
         save_file(sd, tmp / "model.safetensors")
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
-        save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, tmp / "heads.safetensors")
+        save_file({k: v.detach().cpu().contiguous() for k, v in heads.state_dict().items()}, tmp / "heads.safetensors")
         torch.save(heads_opt.state_dict(), tmp / "heads_optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         for f in tmp.iterdir():
@@ -443,7 +459,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     extend = state.get("code_lm_samples", 0) < cfg.code_lm_samples and state.get("samples", 0) == 0
     if cfg.uses_codes and (not state.get("code_lm_done") or extend):
         if (ckpt / "code_optimizer.pt").exists():
-            state["_code_opt_state"] = torch.load(ckpt / "code_optimizer.pt", weights_only=True)
+            state["_code_opt_state"] = torch.load(ckpt / "code_optimizer.pt", weights_only=True, map_location="cpu")
         eval_samples = [generate("vqa", "eval", 10_000 + i, cfg.seed) for i in range(cfg.eval_n)]
         code_lm_stage(model, enc, codes, cfg, state, save,
                       lambda i, frac: sample_at(i, frac, cfg, mix=cfg.code_lm_mix), eval_samples, log=log)
@@ -462,7 +478,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         vis_opt = ckpt / "vision_optimizer.pt"
         vision_stage(model, heads, enc, cfg.vision_images - vision_done, cfg.seed, lr=cfg.vision_lr or cfg.lr, log=log,
                      start=vision_done, checkpoint=vision_checkpoint, ckpt_every_s=cfg.ckpt_every_s,
-                     opt_state=torch.load(vis_opt, weights_only=True) if vis_opt.exists() else None,
+                     opt_state=torch.load(vis_opt, weights_only=True, map_location="cpu") if vis_opt.exists() else None,
                      pos_lr_mult=cfg.vision_pos_lr_mult,
                      train_projector=not (cfg.projector_fit_images and "projector_fit" in state))
         state["vision_stage_at"] = state["samples"]  # 0 for a fresh run; later when added to a running recipe
@@ -483,7 +499,11 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         for n, p in model.named_parameters():
             if n.startswith("model.multi_modal_projector."):
                 p.requires_grad_(False)
+    if cfg.device != "cpu":  # the joint stage on the accelerator: the model, the heads and both optimizers' moments
+        _to_device(model, heads, (opt, heads_opt), torch.device(cfg.device))
+        log(f"joint stage on {cfg.device}")
     bar = tqdm(total=cfg.total_samples, initial=state["samples"], unit="sample", desc="train target", mininterval=5.0)
+    t_start = time.time()
     t_last = time.time()
     last_ckpt = last_eval = time.time()
     ema: dict[str, float] = {}
@@ -497,6 +517,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             if cfg.object_cell_weight != 1.0 or cfg.object_phrase_weight != 1.0:
                 batch = replace(batch, label_weights=object_cell_weights(
                     batch.input_ids, batch.labels, *openers, cfg.object_cell_weight, stops, cfg.object_phrase_weight))
+            batch = batch_to(batch, model.device)
             lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]
@@ -529,6 +550,9 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         if now - last_ckpt > cfg.ckpt_every_s:
             save()
             last_ckpt = time.time()
+        if cfg.max_minutes and time.time() - t_start > 60.0 * cfg.max_minutes:
+            log(f"stopping at {state['samples']} samples: --max-minutes {cfg.max_minutes:g} reached")
+            break
     bar.close()
     res = _eval(model, processor, cfg)
     res.update(samples=state["samples"], minutes=round(state["elapsed_s"] / 60, 1))

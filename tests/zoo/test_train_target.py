@@ -255,6 +255,52 @@ def test_training_continues_from_exported_weights(tmp_path, processor):
     assert state["samples"] >= 96 and state["warm_restart_at"] >= 48
 
 
+def test_max_minutes_stops_the_joint_stage_with_a_checkpoint_that_resumes(tmp_path, processor):
+    cfg = TrainConfig(run_dir=str(tmp_path / "a"), arch="tiny", total_samples=96, pool=16, token_budget=2048,
+                      warmup_samples=10, eval_n=2, eval_every_s=1e9, ckpt_every_s=1e9, threads=1,
+                      vision_images=16, max_minutes=1e-6)
+    logs = []
+    ckpt = train(cfg, processor, log=logs.append)
+    stopped = json.loads((ckpt / "state.json").read_text())["samples"]
+    assert 16 <= stopped < 96 and any("--max-minutes" in m for m in logs)  # one pool, then the time is up
+    ckpt = train(TrainConfig(**{**cfg.__dict__, "max_minutes": 0.0}), processor, log=lambda m: None)
+    assert json.loads((ckpt / "state.json").read_text())["samples"] >= 96  # a rerun goes on to the end
+
+
+def test_train_config_checks_device_and_max_minutes():
+    with pytest.raises(ValueError, match="device must be"):
+        TrainConfig(run_dir="x", device="gpu0")
+    with pytest.raises(ValueError, match="max_minutes"):
+        TrainConfig(run_dir="x", max_minutes=-1)
+    assert TrainConfig(run_dir="x", device="cuda:1").device == "cuda:1"
+
+
+def test_batch_to_moves_every_tensor(processor):
+    from specula.zoo.batching import batch_to
+
+    enc = Encoder(processor)
+    b = collate([enc.encode(generate("vqa", "eval", i)) for i in range(2)], processor.tokenizer.pad_token_id)
+    assert batch_to(b, "cpu") is b  # already there
+    meta = batch_to(b, "meta")
+    assert meta.input_ids.is_meta and meta.pixel_values.is_meta and meta.patch_targets.is_meta
+    assert meta.n_samples == b.n_samples and meta.input_ids.shape == b.input_ids.shape
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bash .ci/device_check.sh)")
+def test_joint_stage_trains_on_cuda_and_checkpoints_on_the_cpu(tmp_path, processor):
+    cfg = TrainConfig(run_dir=str(tmp_path / "a"), arch="tiny", total_samples=64, pool=16, token_budget=2048,
+                      warmup_samples=10, eval_n=2, eval_every_s=1e9, ckpt_every_s=1e9, threads=1,
+                      vision_images=16, device="cuda")
+    logs = []
+    ckpt = train(cfg, processor, log=logs.append)
+    assert any("joint stage on cuda" in m for m in logs)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["samples"] >= 64 and state["history"][-1]["vqa_exact"] >= 0.0
+    # and a CPU run resumes the CUDA checkpoint (moments included)
+    ckpt = train(TrainConfig(**{**cfg.__dict__, "device": "cpu", "total_samples": 96}), processor, log=lambda m: None)
+    assert json.loads((ckpt / "state.json").read_text())["samples"] >= 96
+
+
 @pytest.mark.slow
 def test_exported_word_code_target_continues_with_its_joint_stage_only(tmp_path, processor):
     """--init-from with the word-code flags: the exported weights are past the code LM, vision and fit stages, so
