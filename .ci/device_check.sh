@@ -14,17 +14,7 @@ set -eu
 R=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-$R/reports/cuda}
 mkdir -p "$OUT"
-if [ "${SPECULA_LAYOUT:-0}" = 1 ]; then
-  for w in "$R"/gpu/transformers-*.whl; do
-    [ -f "$w" ] && python3 -m pip install --no-deps --no-index -q --target /tmp/specula-tf "$w"
-  done
-  mkdir -p /tmp/specula-pk/specula && cp -r "$R"/specula/. /tmp/specula-pk/specula/
-  for d in runtime targets drafters world zoo protos; do ln -sfn "$R/$d" "/tmp/specula-pk/specula/$d"; done
-  export PYTHONPATH=/tmp/specula-pk:/tmp/specula-tf
-  SPECULA=(python3 -c "import sys; from specula.cli import main; sys.exit(main(sys.argv[1:]))")
-else
-  SPECULA=(specula)
-fi
+. "$R/.ci/specula_cmd.sh"
 (cd /tmp && python3 -m pytest -q -p no:cacheprovider -o addopts="" "$R/tests/runtime/test_cuda.py" \
   "$R/tests/zoo/test_train_target.py::test_joint_stage_trains_on_cuda_and_checkpoints_on_the_cpu")
 cd "$R"

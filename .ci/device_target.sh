@@ -16,17 +16,7 @@ OUT=${1:?OUT_DIR}; MINUTES=${2:-8}; SAMPLES=${4:-80000}
 Z=zoo/candidates; [ -f "$R/$Z/target/config.json" ] || Z=zoo/weights
 INIT=${3:-$Z/target}
 mkdir -p "$OUT"
-if [ "${SPECULA_LAYOUT:-0}" = 1 ]; then
-  for w in "$R"/gpu/transformers-*.whl; do
-    [ -f "$w" ] && python3 -m pip install --no-deps --no-index -q --target /tmp/specula-tf "$w"
-  done
-  mkdir -p /tmp/specula-pk/specula && cp -r "$R"/specula/. /tmp/specula-pk/specula/
-  for d in runtime targets drafters world zoo protos; do ln -sfn "$R/$d" "/tmp/specula-pk/specula/$d"; done
-  export PYTHONPATH=/tmp/specula-pk:/tmp/specula-tf
-  SPECULA=(python3 -c "import sys; from specula.cli import main; sys.exit(main(sys.argv[1:]))")
-else
-  SPECULA=(specula)
-fi
+. "$R/.ci/specula_cmd.sh"
 cd "$R"
 RUN=/tmp/specula-target-run
 "${SPECULA[@]}" train target --run-dir $RUN --device "${DEVICE:-cuda}" --max-minutes "$MINUTES" --threads "${THREADS:-8}" --init-from "$INIT" \
