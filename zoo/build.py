@@ -79,7 +79,8 @@ def train_config_from_args(args):
                        code_background_noise=args.code_background_noise,
                        object_cell_weight=args.object_cell_weight,
                        object_phrase_weight=args.object_phrase_weight,
-                       stop_at=args.stop_at, device=args.device, max_minutes=args.max_minutes)
+                       stop_at=args.stop_at, device=args.device, max_minutes=args.max_minutes,
+                       placed_consistency=args.placed_consistency)
 
 
 def train_target_cli(args) -> int:

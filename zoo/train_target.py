@@ -97,6 +97,7 @@ class TrainConfig:
     lm_from: str | None = None  # a run's ckpt dir whose LM (and code-stage progress) a fresh run starts from
     device: str = "cpu"  # where the joint stage trains ("cpu", "cuda", "cuda:N"); the earlier stages run on the CPU
     max_minutes: float = 0.0  # stop the joint stage with a checkpoint after this many minutes of this run (0 = off)
+    placed_consistency: float = 0.0  # weight of placed_consistency_loss (moved images' states vs image first); 0 = off
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -111,6 +112,8 @@ class TrainConfig:
             raise ValueError("object_phrase_weight must be > 0 (1 = off)")
         if self.stop_at < 0:
             raise ValueError("stop_at must be >= 0 (0 = run to total_samples)")
+        if self.placed_consistency < 0:
+            raise ValueError("placed_consistency must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -190,8 +193,10 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
     refs = cfg.referent_attention > 0 and bool(batch.referents)
+    twins = cfg.placed_consistency > 0 and batch.twin_rows is not None and img is not None
     with eager_attention(lm, refs):
-        out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs)
+        out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
+                 output_hidden_states=twins)
     hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
@@ -202,6 +207,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
     else:  # weighted mean over the answer's labels (object-cell openers, zoo/cell_weights.py)
         w = batch.label_weights[:, 1:][sel].to(logits.device)  # [M]
         losses = {"lm": (w * F.cross_entropy(logits.float(), tgt[sel], reduction="none")).sum() / w.sum()}
+    if twins:
+        losses["placed"] = placed_consistency_loss(model, batch, img, out.hidden_states)
     if cfg.user_loss > 0 and batch.user_labels is not None:
         utgt = batch.user_labels[:, 1:]  # [B, L-1]
         usel = utgt != -100
@@ -219,6 +226,34 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
     if feats is not None and heads is not None and batch.patch_classes is not None:
         losses["vis"] = heads.loss(feats, batch.patch_classes)
     return _referent(losses, out, batch, refs)
+
+
+def placed_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """How far the image tokens' hidden states, layer by layer, lie from where the same model puts them when the
+    image opens the prompt: each row with an image-first twin (``Batch.twin_ids``) is run again in that form without
+    gradient, and every layer's states at the image positions are pulled towards the twin's (squared distance over
+    the twin's mean squared norm, averaged over layers). Text, a system turn or the question in front of an image
+    otherwise rewrites its tokens' states from the first layer on (zoo/TRAINING.md, stop 41)."""
+    lm = model.model.language_model
+    img_id = model.config.image_token_id
+    n_tok = img.shape[1]
+    is_img = batch.input_ids == img_id  # [B, L]
+    per_row = is_img.sum(1) // n_tok  # [B] images per row
+    starts = torch.cumsum(per_row, 0) - per_row  # [B] each row's first image in ``img``
+    rows = batch.twin_rows.tolist()
+    sel = torch.cat([torch.arange(int(starts[b]), int(starts[b] + per_row[b])) for b in rows]).to(img.device)
+    with torch.no_grad():
+        emb = model.get_input_embeddings()(batch.twin_ids)  # [B_t, L', H]
+        twin_img = (batch.twin_ids == img_id)  # [B_t, L']
+        emb = emb.masked_scatter(twin_img.unsqueeze(-1), img[sel].reshape(-1, img.shape[-1]).to(emb.dtype))
+        teacher = lm(inputs_embeds=emb, attention_mask=batch.twin_mask, output_hidden_states=True).hidden_states
+    mine = is_img[batch.twin_rows]  # [B_t, L]
+    total = img.new_zeros(())
+    for s_h, t_h in zip(states[1:], teacher[1:]):
+        s = s_h[batch.twin_rows][mine]  # [M, H]
+        t = t_h[twin_img]  # [M, H]
+        total = total + ((s - t) ** 2).sum(-1).mean() / (t.pow(2).sum(-1).mean() + 1e-6)
+    return total / (len(states) - 1)
 
 
 def _referent(losses: dict, out, batch, refs: bool) -> dict[str, torch.Tensor]:
@@ -524,7 +559,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             losses = forward_losses(model, batch, cfg, heads)
             loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
                 + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0) \
-                + cfg.referent_attention * losses.get("referent", 0.0)
+                + cfg.referent_attention * losses.get("referent", 0.0) \
+                + cfg.placed_consistency * losses.get("placed", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -14,7 +14,7 @@ from specula.zoo.build import export
 from specula.zoo.manifest import verify
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.quality import greedy_answer
-from specula.zoo.train_target import TrainConfig, patch_loss, train
+from specula.zoo.train_target import TrainConfig, patch_loss, sample_at, train
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +265,54 @@ def test_max_minutes_stops_the_joint_stage_with_a_checkpoint_that_resumes(tmp_pa
     assert 16 <= stopped < 96 and any("--max-minutes" in m for m in logs)  # one pool, then the time is up
     ckpt = train(TrainConfig(**{**cfg.__dict__, "max_minutes": 0.0}), processor, log=lambda m: None)
     assert json.loads((ckpt / "state.json").read_text())["samples"] >= 96  # a rerun goes on to the end
+
+
+def _placed_samples(n: int):
+    """Training samples of the scan_placed mix whose one image was moved off the prompt's start, and their originals."""
+    import dataclasses
+
+    out = []
+    for i in range(400):
+        s = sample_at(i, 0.0, TrainConfig(run_dir="x", mix="scan_placed"))
+        if s.placed_from and len(s.images) == 1:
+            out.append((s, dataclasses.replace(s, prompt=s.placed_from, system="", placed_from="")))
+        if len(out) == n:
+            return out
+    raise AssertionError("too few placed samples")
+
+
+def test_placed_samples_carry_their_image_first_twin(processor):
+    enc = Encoder(processor)
+    for placed, original in _placed_samples(4):
+        e, o = enc.encode(placed), enc.encode(original)
+        assert torch.equal(e.twin_ids, o.input_ids) and o.twin_ids is None
+        assert not torch.equal(e.input_ids, o.input_ids)
+    b = collate([enc.encode(s) for pair in _placed_samples(2) for s in pair], processor.tokenizer.pad_token_id)
+    assert b.twin_rows.tolist() == [0, 2] and b.twin_ids.shape[0] == 2  # the originals have no twin
+
+
+def test_placed_consistency_is_zero_for_the_image_first_form_and_trains_the_lm(processor):
+    import dataclasses
+
+    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.train_target import forward_losses
+
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    enc = Encoder(processor)
+    cfg = TrainConfig(run_dir="x", placed_consistency=1.0, freeze_vision=True)
+    pairs = _placed_samples(2)
+    same = [dataclasses.replace(o, placed_from=o.prompt) for _, o in pairs]  # its own twin
+    b = collate([enc.encode(s) for s in same], processor.tokenizer.pad_token_id)
+    assert float(forward_losses(model, b, cfg)["placed"].detach()) < 1e-8
+    b = collate([enc.encode(p) for p, _ in pairs], processor.tokenizer.pad_token_id)
+    loss = forward_losses(model, b, cfg)["placed"]
+    assert float(loss.detach()) > 1e-3
+    loss.backward()
+    grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
+    assert grads and any(float(g.abs().sum()) > 0 for g in grads)
+    off = forward_losses(model, b, TrainConfig(run_dir="x", freeze_vision=True))
+    assert "placed" not in off
 
 
 def test_train_config_checks_device_and_max_minutes():
