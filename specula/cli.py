@@ -255,10 +255,11 @@ def _add_train(sub) -> None:
                    help="where the joint stage trains: cpu, cuda or cuda:N (default: cpu). The earlier stages (code "
                         "LM, vision, projector fit) run on the CPU; a run started with --init-from goes straight to "
                         "the joint stage")
-    t.add_argument("--placed-consistency", type=float, default=0.0,
-                   help="weight of a loss that pulls the image tokens' hidden states, in every layer, of a prompt "
-                        "whose image was moved off the start (--mix scan_placed) towards the same model's states "
-                        "for the image-first prompt (default: 0 = off; zoo/train_target.py placed_consistency_loss)")
+    t.add_argument("--image-consistency", type=float, default=0.0,
+                   help="weight of a loss that pulls the hidden states, in every layer, of each image that does not "
+                        "open its prompt (text or a system turn in front, later images of a set) towards the same "
+                        "model's states for that image alone at the start (default: 0 = off; zoo/train_target.py "
+                        "image_consistency_loss)")
     t.add_argument("--max-minutes", type=float, default=0.0,
                    help="stop the joint stage with a checkpoint after this many minutes of this invocation, e.g. to "
                         "fit a lease or a session (rerunning goes on; default: 0 = no limit)")

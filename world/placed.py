@@ -70,18 +70,17 @@ def variant(s: Sample, form: str, lead: str = EVAL_LEAD, system: str = EVAL_SYST
 def place(rng: random.Random, s: Sample, share: float = 0.5) -> Sample:
     """With probability ``share``, ``s`` with its image moved off the start of the prompt: a lead line (40%), the
     question first (30%) or a system turn (30%, half of those also with a lead line). Image sets and text-only
-    samples get only the system turn. Draws from ``rng`` after the sample's own draws, so it stays deterministic.
-    A moved sample keeps its suite's prompt in ``placed_from`` (the twin of ``--placed-consistency``)."""
+    samples get only the system turn. Draws from ``rng`` after the sample's own draws, so it stays deterministic."""
     if rng.random() >= share:
         return s
     one_image = len(s.images) == 1 and s.prompt.startswith(IMAGE_MARK)
     r = rng.random()
     if one_image and r < 0.4:
-        return dataclasses.replace(s, prompt=lead_line(rng) + s.prompt, placed_from=s.prompt)
+        return dataclasses.replace(s, prompt=lead_line(rng) + s.prompt)
     if one_image and r < 0.7:
-        return dataclasses.replace(s, prompt=question_first(s.prompt), placed_from=s.prompt)
+        return dataclasses.replace(s, prompt=question_first(s.prompt))
     prompt = lead_line(rng) + s.prompt if one_image and rng.random() < 0.5 else s.prompt
-    return dataclasses.replace(s, prompt=prompt, system=rng.choice(SYSTEMS), placed_from=s.prompt)
+    return dataclasses.replace(s, prompt=prompt, system=rng.choice(SYSTEMS))
 
 
 def placed(maker, share: float = 0.5):

@@ -37,8 +37,6 @@ class Sample:
     patch_words: tuple[tuple[tuple[str, ...], ...], ...] = field(default=(), repr=False)
     followups: tuple[tuple[str, str], ...] = ()  # training dialogues: more (question, answer) turns on the same images
     system: str = ""  # a system turn before the user turn ("" = none; world/placed.py)
-    placed_from: str = ""  # training: the prompt as its suite wrote it (image first, no system turn) when
-    #                        world/placed.py moved the image off the start ("" = not moved)
 
     def __post_init__(self) -> None:
         if self.prompt.count(IMAGE_MARK) != len(self.images):

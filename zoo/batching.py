@@ -21,7 +21,6 @@ class Encoded:
     user_labels: torch.Tensor | None = None  # [L] int64: the user turns' text tokens, -100 elsewhere (``user_labels``)
     patch_codes: torch.Tensor | None = None  # [n_img, T_img, H] fp32 word codes (zoo/word_codes.py), when asked for
     referents: tuple = ()  # zoo/referents.py ReferentTarget per lookup turn, when asked for
-    twin_ids: torch.Tensor | None = None  # [L'] int64: the same dialogue with the image first (Sample.placed_from)
 
 
 @dataclass(frozen=True)
@@ -37,9 +36,6 @@ class Batch:
     patch_codes: torch.Tensor | None = None  # [N_img, T_img, H]
     referents: tuple = ()  # per row: that row's ReferentTargets (empty tuple: none asked for)
     label_weights: torch.Tensor | None = None  # [B, L] fp32 per-label loss weight (zoo/cell_weights.py); None = 1
-    twin_rows: torch.Tensor | None = None  # [B_t] int64: the rows that have an image-first twin (Encoded.twin_ids)
-    twin_ids: torch.Tensor | None = None  # [B_t, L'] those twins, padded
-    twin_mask: torch.Tensor | None = None  # [B_t, L'] their attention mask
 
 
 class Encoder:
@@ -94,19 +90,7 @@ class Encoder:
 
             refs = referent_targets(s, ids, labels, self.image_id, self.word_id, captions=self.caption_referents)
         return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
-                       codes, refs, self.twin_ids(s, ids))
-
-    def twin_ids(self, s: Sample, ids: torch.Tensor) -> torch.Tensor | None:
-        """The token ids of ``s`` as its suite wrote it (``placed_from``: image first, no system turn), each image
-        mark expanded as the processor expanded it in ``ids`` (the same images, so no pixels are made again)."""
-        if not s.placed_from or not s.images:
-            return None
-        per_image = int((ids == self.image_id).sum()) // len(s.images)
-        text = format_dialogue(s.placed_from, s.response, s.followups)
-        out: list[int] = []
-        for t in self.tok(text, add_special_tokens=False).input_ids:
-            out.extend([t] * per_image if t == self.image_id else [t])
-        return torch.tensor(out, dtype=torch.long)  # [L']
+                       codes, refs)
 
 
 def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch.Tensor:
@@ -162,19 +146,9 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
     tgt = [e.patch_targets for e in items if e.patch_targets is not None]
     cls = [e.patch_classes for e in items if e.patch_classes is not None]
     codes = [e.patch_codes for e in items if e.patch_codes is not None]
-    twins = [(b, e.twin_ids) for b, e in enumerate(items) if e.twin_ids is not None]
-    twin_rows = twin_ids = twin_mask = None
-    if twins:
-        Lt = max(len(t) for _, t in twins)
-        twin_ids = torch.full((len(twins), Lt), pad_id, dtype=torch.long)
-        twin_mask = torch.zeros((len(twins), Lt), dtype=torch.long)
-        for k, (_, t) in enumerate(twins):
-            twin_ids[k, :len(t)], twin_mask[k, :len(t)] = t, 1
-        twin_rows = torch.tensor([b for b, _ in twins], dtype=torch.long)
     return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
                  torch.cat(cls) if cls else None, user, torch.cat(codes) if codes else None,
-                 tuple(e.referents for e in items) if any(e.referents for e in items) else (),
-                 twin_rows=twin_rows, twin_ids=twin_ids, twin_mask=twin_mask)
+                 tuple(e.referents for e in items) if any(e.referents for e in items) else ())
 
 
 def batch_to(batch: Batch, device: torch.device | str) -> Batch:

@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from specula.world.placed import variant
+from specula.world.tokenizer import BOS, USER
 from specula.world.suites import MIXES, generate
 from specula.zoo.batching import Encoder, batch_to, collate, token_budget_batches
 from specula.zoo.cell_weights import object_cell_weights, opener_ids, stop_ids
@@ -97,7 +98,7 @@ class TrainConfig:
     lm_from: str | None = None  # a run's ckpt dir whose LM (and code-stage progress) a fresh run starts from
     device: str = "cpu"  # where the joint stage trains ("cpu", "cuda", "cuda:N"); the earlier stages run on the CPU
     max_minutes: float = 0.0  # stop the joint stage with a checkpoint after this many minutes of this run (0 = off)
-    placed_consistency: float = 0.0  # weight of placed_consistency_loss (moved images' states vs image first); 0 = off
+    image_consistency: float = 0.0  # weight of image_consistency_loss (images not at the start vs there); 0 = off
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -112,8 +113,8 @@ class TrainConfig:
             raise ValueError("object_phrase_weight must be > 0 (1 = off)")
         if self.stop_at < 0:
             raise ValueError("stop_at must be >= 0 (0 = run to total_samples)")
-        if self.placed_consistency < 0:
-            raise ValueError("placed_consistency must be >= 0 (0 = off)")
+        if self.image_consistency < 0:
+            raise ValueError("image_consistency must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -183,7 +184,10 @@ def patch_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -(picked.sum(-1) / v.sum(-1)).mean()
 
 
-def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torch.Tensor]:
+def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Tensor | None = None
+                   ) -> dict[str, torch.Tensor]:
+    """The stage's losses on one batch; ``opening``: the token ids that open a dialogue's user turn (``<s><|user|>``),
+    needed by ``image_consistency``."""
     lm = model.model.language_model
     embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
     img = feats = None
@@ -193,10 +197,10 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
     refs = cfg.referent_attention > 0 and bool(batch.referents)
-    twins = cfg.placed_consistency > 0 and batch.twin_rows is not None and img is not None
+    consistency = cfg.image_consistency > 0 and img is not None
     with eager_attention(lm, refs):
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
-                 output_hidden_states=twins)
+                 output_hidden_states=consistency)
     hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
@@ -207,8 +211,10 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
     else:  # weighted mean over the answer's labels (object-cell openers, zoo/cell_weights.py)
         w = batch.label_weights[:, 1:][sel].to(logits.device)  # [M]
         losses = {"lm": (w * F.cross_entropy(logits.float(), tgt[sel], reduction="none")).sum() / w.sum()}
-    if twins:
-        losses["placed"] = placed_consistency_loss(model, batch, img, out.hidden_states)
+    if consistency:
+        if opening is None:
+            raise ValueError("image_consistency needs the opening token ids (<s><|user|>)")
+        losses["consistency"] = image_consistency_loss(model, batch, img, out.hidden_states, opening)
     if cfg.user_loss > 0 and batch.user_labels is not None:
         utgt = batch.user_labels[:, 1:]  # [B, L-1]
         usel = utgt != -100
@@ -228,31 +234,34 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None) -> dict[str, torc
     return _referent(losses, out, batch, refs)
 
 
-def placed_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """How far the image tokens' hidden states, layer by layer, lie from where the same model puts them when the
-    image opens the prompt: each row with an image-first twin (``Batch.twin_ids``) is run again in that form without
-    gradient, and every layer's states at the image positions are pulled towards the twin's (squared distance over
-    the twin's mean squared norm, averaged over layers). Text, a system turn or the question in front of an image
-    otherwise rewrites its tokens' states from the first layer on (zoo/TRAINING.md, stop 41)."""
+def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.Tensor, ...],
+                           opening: torch.Tensor) -> torch.Tensor:
+    """How far each image's token states, layer by layer, lie from where the same model puts them when that image
+    alone opens the prompt. Attention is causal, so an image's states in an image-first prompt are those of the
+    short sequence ``opening`` + the image (``<s><|user|><image>``): for every image that sits anywhere else (text,
+    a system turn or the question in front of it; the second and later images of a set or clip) that sequence is run
+    without gradient and each layer's states at the image's tokens are pulled towards it (squared distance over the
+    reference's mean squared norm, averaged over layers). Anything in front of an image otherwise rewrites its
+    tokens' states from the first layer on (zoo/TRAINING.md, stop 41). 0 when every image opens its prompt."""
     lm = model.model.language_model
-    img_id = model.config.image_token_id
-    n_tok = img.shape[1]
-    is_img = batch.input_ids == img_id  # [B, L]
-    per_row = is_img.sum(1) // n_tok  # [B] images per row
-    starts = torch.cumsum(per_row, 0) - per_row  # [B] each row's first image in ``img``
-    rows = batch.twin_rows.tolist()
-    sel = torch.cat([torch.arange(int(starts[b]), int(starts[b] + per_row[b])) for b in rows]).to(img.device)
+    n_tok, k = img.shape[1], len(opening)
+    pos = (batch.input_ids == model.config.image_token_id).nonzero().view(-1, n_tok, 2)  # [N_img, T, (row, position)]
+    first = pos[:, 0]  # [N_img, 2] each image's first token
+    opens = (first[:, 1] == k) & (batch.input_ids[first[:, 0], :k] == opening.to(first.device)).all(-1)
+    moved = ~opens  # [N_img]
+    if not bool(moved.any()):
+        return img.new_zeros(())
     with torch.no_grad():
-        emb = model.get_input_embeddings()(batch.twin_ids)  # [B_t, L', H]
-        twin_img = (batch.twin_ids == img_id)  # [B_t, L']
-        emb = emb.masked_scatter(twin_img.unsqueeze(-1), img[sel].reshape(-1, img.shape[-1]).to(emb.dtype))
-        teacher = lm(inputs_embeds=emb, attention_mask=batch.twin_mask, output_hidden_states=True).hidden_states
-    mine = is_img[batch.twin_rows]  # [B_t, L]
+        n = int(moved.sum())
+        head = model.get_input_embeddings()(opening.to(batch.input_ids.device))  # [k, H]
+        emb = torch.cat([head.expand(n, k, head.shape[-1]), img[moved].to(head.dtype)], 1)  # [n, k + T, H]
+        ref = lm(inputs_embeds=emb, output_hidden_states=True).hidden_states
+    at = pos[moved]  # [n, T, 2]
     total = img.new_zeros(())
-    for s_h, t_h in zip(states[1:], teacher[1:]):
-        s = s_h[batch.twin_rows][mine]  # [M, H]
-        t = t_h[twin_img]  # [M, H]
-        total = total + ((s - t) ** 2).sum(-1).mean() / (t.pow(2).sum(-1).mean() + 1e-6)
+    for s_h, r_h in zip(states[1:], ref[1:]):
+        s = s_h[at[..., 0], at[..., 1]]  # [n, T, H]
+        r = r_h[:, k:]  # [n, T, H]
+        total = total + ((s - r) ** 2).sum(-1).mean() / (r.pow(2).sum(-1).mean() + 1e-6)
     return total / (len(states) - 1)
 
 
@@ -423,6 +432,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     tok = processor.tokenizer
     openers = opener_ids(tok)
     stops = stop_ids(tok)
+    opening = torch.tensor(tok(BOS + USER, add_special_tokens=False).input_ids)  # [2] <s><|user|>
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}
@@ -556,11 +566,11 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]
-            losses = forward_losses(model, batch, cfg, heads)
+            losses = forward_losses(model, batch, cfg, heads, opening)
             loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
                 + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0) \
                 + cfg.referent_attention * losses.get("referent", 0.0) \
-                + cfg.placed_consistency * losses.get("placed", 0.0)
+                + cfg.image_consistency * losses.get("consistency", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -14,7 +14,7 @@ from specula.zoo.build import export
 from specula.zoo.manifest import verify
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.quality import greedy_answer
-from specula.zoo.train_target import TrainConfig, patch_loss, sample_at, train
+from specula.zoo.train_target import TrainConfig, patch_loss, train
 
 
 @pytest.fixture(scope="module")
@@ -267,52 +267,49 @@ def test_max_minutes_stops_the_joint_stage_with_a_checkpoint_that_resumes(tmp_pa
     assert json.loads((ckpt / "state.json").read_text())["samples"] >= 96  # a rerun goes on to the end
 
 
-def _placed_samples(n: int):
-    """Training samples of the scan_placed mix whose one image was moved off the prompt's start, and their originals."""
-    import dataclasses
+def _states_at_images(model, enc, s):
+    """The LM's hidden states (every layer) at the image tokens of ``s``, run alone: [layers, T, H]."""
+    from specula.zoo.vision_heads import tower_features
 
-    out = []
-    for i in range(400):
-        s = sample_at(i, 0.0, TrainConfig(run_dir="x", mix="scan_placed"))
-        if s.placed_from and len(s.images) == 1:
-            out.append((s, dataclasses.replace(s, prompt=s.placed_from, system="", placed_from="")))
-        if len(out) == n:
-            return out
-    raise AssertionError("too few placed samples")
-
-
-def test_placed_samples_carry_their_image_first_twin(processor):
-    enc = Encoder(processor)
-    for placed, original in _placed_samples(4):
-        e, o = enc.encode(placed), enc.encode(original)
-        assert torch.equal(e.twin_ids, o.input_ids) and o.twin_ids is None
-        assert not torch.equal(e.input_ids, o.input_ids)
-    b = collate([enc.encode(s) for pair in _placed_samples(2) for s in pair], processor.tokenizer.pad_token_id)
-    assert b.twin_rows.tolist() == [0, 2] and b.twin_ids.shape[0] == 2  # the originals have no twin
+    e = enc.encode(s)
+    _, img = tower_features(model, e.pixel_values)
+    emb = model.get_input_embeddings()(e.input_ids[None])
+    mask = (e.input_ids[None] == model.config.image_token_id).unsqueeze(-1)
+    emb = emb.masked_scatter(mask, img.reshape(-1, img.shape[-1]))
+    hs = model.model.language_model(inputs_embeds=emb, output_hidden_states=True).hidden_states
+    return torch.stack([h[0, mask[0, :, 0]] for h in hs[1:]])
 
 
-def test_placed_consistency_is_zero_for_the_image_first_form_and_trains_the_lm(processor):
-    import dataclasses
-
+def test_image_consistency_pulls_a_moved_image_towards_its_image_first_states(processor):
+    from specula.world import placed
+    from specula.world.tokenizer import BOS, USER
     from specula.zoo.target_config import TargetArch, build_model
     from specula.zoo.train_target import forward_losses
 
     torch.manual_seed(0)
     model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
     enc = Encoder(processor)
-    cfg = TrainConfig(run_dir="x", placed_consistency=1.0, freeze_vision=True)
-    pairs = _placed_samples(2)
-    same = [dataclasses.replace(o, placed_from=o.prompt) for _, o in pairs]  # its own twin
-    b = collate([enc.encode(s) for s in same], processor.tokenizer.pad_token_id)
-    assert float(forward_losses(model, b, cfg)["placed"].detach()) < 1e-8
-    b = collate([enc.encode(p) for p, _ in pairs], processor.tokenizer.pad_token_id)
-    loss = forward_losses(model, b, cfg)["placed"]
-    assert float(loss.detach()) > 1e-3
+    opening = torch.tensor(processor.tokenizer(BOS + USER, add_special_tokens=False).input_ids)
+    cfg = TrainConfig(run_dir="x", image_consistency=1.0, freeze_vision=True)
+    first = [generate("vqa", "train", i) for i in range(2)]
+    b = collate([enc.encode(s) for s in first], processor.tokenizer.pad_token_id)
+    assert float(forward_losses(model, b, cfg, opening=opening)["consistency"].detach()) == 0.0  # images open
+    s = first[0]
+    moved = placed.variant(s, "lead")
+    b = collate([enc.encode(moved)], processor.tokenizer.pad_token_id)
+    loss = forward_losses(model, b, cfg, opening=opening)["consistency"]
+    with torch.no_grad():  # by hand: the same image's states with the image first and after the lead line
+        ref, got = _states_at_images(model, enc, s), _states_at_images(model, enc, moved)
+        want = (((got - ref) ** 2).sum(-1).mean(-1) / ref.pow(2).sum(-1).mean(-1)).mean()
+    assert float(loss.detach()) > 1e-3 and torch.allclose(loss.detach(), want, rtol=1e-4)
     loss.backward()
     grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
     assert grads and any(float(g.abs().sum()) > 0 for g in grads)
-    off = forward_losses(model, b, TrainConfig(run_dir="x", freeze_vision=True))
-    assert "placed" not in off
+    sets = collate([enc.encode(generate("multi_image", "train", 0))], processor.tokenizer.pad_token_id)
+    assert float(forward_losses(model, sets, cfg, opening=opening)["consistency"].detach()) > 1e-3  # every image
+    assert "consistency" not in forward_losses(model, b, TrainConfig(run_dir="x", freeze_vision=True))
+    with pytest.raises(ValueError, match="opening"):
+        forward_losses(model, b, cfg)
 
 
 def test_train_config_checks_device_and_max_minutes():
