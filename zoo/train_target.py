@@ -238,17 +238,22 @@ def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.
                            opening: torch.Tensor) -> torch.Tensor:
     """How far each image's token states, layer by layer, lie from where the same model puts them when that image
     alone opens the prompt. Attention is causal, so an image's states in an image-first prompt are those of the
-    short sequence ``opening`` + the image (``<s><|user|><image>``): for every image that sits anywhere else (text,
-    a system turn or the question in front of it; the second and later images of a set or clip) that sequence is run
-    without gradient and each layer's states at the image's tokens are pulled towards it (squared distance over the
+    short sequence ``opening`` + the image (``<s><|user|><image>``): for every row whose first image sits anywhere
+    else (text, a system turn or the question in front of it; "Image 1: " before a set) that sequence is run without
+    gradient and each layer's states at the image's tokens are pulled towards it (squared distance over the
     reference's mean squared norm, averaged over layers). Anything in front of an image otherwise rewrites its
-    tokens' states from the first layer on (zoo/TRAINING.md, stop 41). 0 when every image opens its prompt."""
+    tokens' states from the first layer on (zoo/TRAINING.md, stop 41). Later images of a set or clip are left alone:
+    their states depend on the images before them (pulled towards their lone states too, clip reading fell and the
+    loss rose). 0 when every row's first image opens its prompt."""
     lm = model.model.language_model
     n_tok, k = img.shape[1], len(opening)
     pos = (batch.input_ids == model.config.image_token_id).nonzero().view(-1, n_tok, 2)  # [N_img, T, (row, position)]
     first = pos[:, 0]  # [N_img, 2] each image's first token
     opens = (first[:, 1] == k) & (batch.input_ids[first[:, 0], :k] == opening.to(first.device)).all(-1)
-    moved = ~opens  # [N_img]
+    row = first[:, 0]
+    lead = torch.ones_like(opens)  # [N_img] the first image of its row (images come in row-major order)
+    lead[1:] = row[1:] != row[:-1]
+    moved = lead & ~opens  # [N_img]
     if not bool(moved.any()):
         return img.new_zeros(())
     with torch.no_grad():

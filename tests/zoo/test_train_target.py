@@ -305,8 +305,13 @@ def test_image_consistency_pulls_a_moved_image_towards_its_image_first_states(pr
     loss.backward()
     grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
     assert grads and any(float(g.abs().sum()) > 0 for g in grads)
-    sets = collate([enc.encode(generate("multi_image", "train", 0))], processor.tokenizer.pad_token_id)
-    assert float(forward_losses(model, sets, cfg, opening=opening)["consistency"].detach()) > 1e-3  # every image
+    s = next(s for s in (generate("multi_image", "train", i) for i in range(20)) if s.prompt.startswith("Image 1: "))
+    sets = collate([enc.encode(s)], processor.tokenizer.pad_token_id)
+    assert float(forward_losses(model, sets, cfg, opening=opening)["consistency"].detach()) > 1e-3  # after "Image 1: "
+    clip = generate("video", "train", 0)  # frames back to back from the start: later frames are left alone
+    assert clip.prompt.startswith("<image><image>")
+    b_clip = collate([enc.encode(clip)], processor.tokenizer.pad_token_id)
+    assert float(forward_losses(model, b_clip, cfg, opening=opening)["consistency"].detach()) == 0.0
     assert "consistency" not in forward_losses(model, b, TrainConfig(run_dir="x", freeze_vision=True))
     with pytest.raises(ValueError, match="opening"):
         forward_losses(model, b, cfg)
