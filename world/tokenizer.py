@@ -37,7 +37,8 @@ def format_turns(prompt: str, response: str | None = None, system: str = "") -> 
     return text if response is None else text + response + EOS
 
 
-def format_dialogue(prompt: str, response: str, followups: tuple[tuple[str, str], ...] = (), system: str = "") -> str:
+def format_dialogue(prompt: str, response: str, followups: tuple[tuple[str, str], ...] = (),
+                    system: str = "") -> str:
     """The chat template applied to a whole dialogue: the first turn, then each (question, answer) follow-up."""
     return format_turns(prompt, response, system) + "".join(f"{USER}{q}{ASSISTANT}{a}{EOS}" for q, a in followups)
 

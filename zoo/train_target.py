@@ -36,8 +36,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from specula.world.placed import variant
-from specula.world.tokenizer import BOS, USER
 from specula.world.suites import MIXES, generate
+from specula.world.tokenizer import BOS, USER
 from specula.zoo.batching import Encoder, batch_to, collate, token_budget_batches
 from specula.zoo.cell_weights import object_cell_weights, opener_ids, stop_ids
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
@@ -252,9 +252,9 @@ def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.
     first = pos[:, 0]  # [N_img, 2] each image's first token
     opens = (first[:, 1] == k) & (batch.input_ids[first[:, 0], :k] == opening.to(first.device)).all(-1)
     row = first[:, 0]
-    lead = torch.ones_like(opens)  # [N_img] the first image of its row (images come in row-major order)
-    lead[1:] = row[1:] != row[:-1]
-    moved = lead & ~opens  # [N_img]
+    first_of_row = torch.ones_like(opens)  # [N_img] (images come in row-major order)
+    first_of_row[1:] = row[1:] != row[:-1]
+    moved = first_of_row & ~opens  # [N_img]
     if not bool(moved.any()):
         return img.new_zeros(())
     with torch.no_grad():
