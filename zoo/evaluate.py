@@ -135,7 +135,10 @@ def tower_readout(model, processor, codes, n: int = 40, seed: int = 0) -> dict[s
     return {k: sum(v) / max(1, len(v)) for k, v in hits.items()}
 
 
-def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, seed: int = 0) -> dict:
+def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, seed: int = 0,
+             forms: tuple[str, ...] = VARIANTS) -> dict:
+    """Every suite asked for on its first ``n`` held-out samples, each beside its blank-image control; the VQA
+    questions also in each of ``forms`` (world/placed.py: the image off the start of the prompt)."""
     out: dict = {"n_per_suite": n, "suites": {}}
     bar = tqdm(suites or list(SUITES), desc="zoo eval", unit="suite", leave=False)
     for name in bar:
@@ -162,7 +165,7 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
             if name == "multi_image":  # does the LM read every image of a set, or only the first?
                 r["which_by_place"] = which_image_by_place(samples, answers)
             if name == "vqa":  # the same questions asked with the image off the start of the prompt (world/placed.py)
-                for form in VARIANTS:
+                for form in forms:
                     r[f"exact_{form}"] = short_answer_accuracy(model, processor, [variant(s, form) for s in samples])
             chance = chance_level(samples)
             if chance is not None:
@@ -173,7 +176,7 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
         out["vqa_exact"] = s["vqa"]["exact"]
         out["vqa_exact_blank_image"] = s["vqa"]["exact_blank_image"]
         out["vqa_chance"] = s["vqa"]["chance"]
-        for form in VARIANTS:  # reported, no gate: the cycle-2 target answers these at its blank-image level
+        for form in forms:  # reported, no gate: the cycle-2 target answers these at its blank-image level
             out[f"vqa_exact_{form}"] = s["vqa"][f"exact_{form}"]
     if "caption" in s:
         out["caption_attribute_recall"] = s["caption"]["caption_attribute_recall"]

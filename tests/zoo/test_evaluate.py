@@ -48,6 +48,8 @@ def test_evaluate_reports_gate_keys_and_types():
     assert {"vqa_exact", "vqa_exact_blank_image", "vqa_chance", "caption_attribute_recall", "gates"} <= set(r)
     for form in ("lead", "question_first", "system"):  # the same questions with the image off the prompt's start
         assert r[f"vqa_exact_{form}"] == r["suites"]["vqa"][f"exact_{form}"]
+    only = evaluate(model, processor, n=2, suites=["vqa"], forms=("lead",))
+    assert "vqa_exact_lead" in only and "vqa_exact_system" not in only
     types = r["suites"]["vqa"]["by_type"]
     assert sum(t["n"] for t in types.values()) == 6
     assert "by_type" in r["suites"]["chart"]  # chart kinds are "chart/<question>" too

@@ -20,7 +20,7 @@ def report():
 
     torch.set_num_threads(1)
     model, processor = load_model(str(TARGET_DIR))
-    vqa = evaluate(model, processor, n=200, suites=["vqa"])
+    vqa = evaluate(model, processor, n=200, suites=["vqa"], forms=())  # the gates: image-first prompts
     cap = evaluate(model, processor, n=100, suites=["caption"])
     return vqa, cap
 
