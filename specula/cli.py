@@ -256,10 +256,19 @@ def _add_train(sub) -> None:
                         "LM, vision, projector fit) run on the CPU; a run started with --init-from goes straight to "
                         "the joint stage")
     t.add_argument("--image-consistency", type=float, default=0.0,
-                   help="weight of a loss that pulls the hidden states, in every layer, of each image that does not "
-                        "open its prompt (text or a system turn in front, later images of a set) towards the same "
+                   help="weight of a loss that pulls the hidden states, in every layer, of each row's first image "
+                        "when it does not open its prompt (text or a system turn in front) towards the same "
                         "model's states for that image alone at the start (default: 0 = off; zoo/train_target.py "
                         "image_consistency_loss)")
+    t.add_argument("--twin-states", type=float, default=0.0,
+                   help="weight of a loss that pulls a moved prompt's states (a lead line, a system turn or the "
+                        "question in front of the image; --mix scan_placed), every layer, over the tokens it ends "
+                        "with in common with its image-first twin, towards the twin's states (no gradient through "
+                        "the twin; default: 0 = off; zoo/train_target.py twin_losses)")
+    t.add_argument("--twin-answer", type=float, default=0.0,
+                   help="weight of KL(twin || moved) of the next-token distributions at a moved prompt's answer "
+                        "tokens, the twin being the same sample with its image first (default: 0 = off; "
+                        "zoo/train_target.py twin_losses)")
     t.add_argument("--max-minutes", type=float, default=0.0,
                    help="stop the joint stage with a checkpoint after this many minutes of this invocation, e.g. to "
                         "fit a lease or a session (rerunning goes on; default: 0 = no limit)")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from specula.world.placed import image_first
 from specula.world.sample import Sample
 from specula.world.tokenizer import ASSISTANT, IMAGE, USER, format_dialogue
 
@@ -21,6 +22,7 @@ class Encoded:
     user_labels: torch.Tensor | None = None  # [L] int64: the user turns' text tokens, -100 elsewhere (``user_labels``)
     patch_codes: torch.Tensor | None = None  # [n_img, T_img, H] fp32 word codes (zoo/word_codes.py), when asked for
     referents: tuple = ()  # zoo/referents.py ReferentTarget per lookup turn, when asked for
+    twin_ids: torch.Tensor | None = None  # [L'] int64: the image-first twin's tokens (world/placed.py image_first)
 
 
 @dataclass(frozen=True)
@@ -36,14 +38,18 @@ class Batch:
     patch_codes: torch.Tensor | None = None  # [N_img, T_img, H]
     referents: tuple = ()  # per row: that row's ReferentTargets (empty tuple: none asked for)
     label_weights: torch.Tensor | None = None  # [B, L] fp32 per-label loss weight (zoo/cell_weights.py); None = 1
+    twin_ids: torch.Tensor | None = None  # [B_t, L'] the image-first twins of the rows ``twin_rows``, right-padded
+    twin_mask: torch.Tensor | None = None  # [B_t, L']
+    twin_rows: torch.Tensor | None = None  # [B_t] int64: the batch row each twin belongs to
 
 
 class Encoder:
     """Holds the processor and the word -> token map for dense patch targets."""
 
     def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False,
-                 caption_referents: bool = False):
+                 caption_referents: bool = False, twins: bool = False):
         self.processor = processor
+        self.twins = twins  # each moved sample also carries its image-first twin's tokens (``Encoded.twin_ids``)
         self.codes = codes  # a WordCodes: each encoded sample also carries its patches' codes
         self.referents = referents  # each encoded scene dialogue also carries its lookup turns' attention targets
         self.caption_referents = caption_referents  # ... and each scene caption its phrases' (zoo/referents.py)
@@ -90,7 +96,17 @@ class Encoder:
 
             refs = referent_targets(s, ids, labels, self.image_id, self.word_id, captions=self.caption_referents)
         return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
-                       codes, refs)
+                       codes, refs, self._twin_ids(s))
+
+    def _twin_ids(self, s: Sample) -> torch.Tensor | None:
+        twin = image_first(s) if self.twins else None
+        if twin is None:
+            return None
+        text = format_dialogue(twin.prompt, twin.response, twin.followups, twin.system)
+        if twin.images:  # the processor writes one image token per patch
+            return self.processor(text=[text], images=list(twin.images), return_tensors="pt",
+                                  add_special_tokens=False)["input_ids"][0]
+        return self.tok([text], return_tensors="pt", add_special_tokens=False)["input_ids"][0]
 
 
 def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch.Tensor:
@@ -146,9 +162,18 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
     tgt = [e.patch_targets for e in items if e.patch_targets is not None]
     cls = [e.patch_classes for e in items if e.patch_classes is not None]
     codes = [e.patch_codes for e in items if e.patch_codes is not None]
+    twins = [(b, e.twin_ids) for b, e in enumerate(items) if e.twin_ids is not None]
+    t_ids = t_mask = t_rows = None
+    if twins:
+        t_ids = torch.full((len(twins), max(len(t) for _, t in twins)), pad_id, dtype=torch.long)
+        t_mask = torch.zeros_like(t_ids)
+        for i, (_, t) in enumerate(twins):
+            t_ids[i, : len(t)], t_mask[i, : len(t)] = t, 1
+        t_rows = torch.tensor([b for b, _ in twins], dtype=torch.long)
     return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
                  torch.cat(cls) if cls else None, user, torch.cat(codes) if codes else None,
-                 tuple(e.referents for e in items) if any(e.referents for e in items) else ())
+                 tuple(e.referents for e in items) if any(e.referents for e in items) else (), None,
+                 t_ids, t_mask, t_rows)
 
 
 def batch_to(batch: Batch, device: torch.device | str) -> Batch:

@@ -99,6 +99,8 @@ class TrainConfig:
     device: str = "cpu"  # where the joint stage trains ("cpu", "cuda", "cuda:N"); the earlier stages run on the CPU
     max_minutes: float = 0.0  # stop the joint stage with a checkpoint after this many minutes of this run (0 = off)
     image_consistency: float = 0.0  # weight of image_consistency_loss (images not at the start vs there); 0 = off
+    twin_states: float = 0.0  # weight of twin_losses' "twin_states" (a moved prompt's states vs its twin's); 0 = off
+    twin_answer: float = 0.0  # weight of twin_losses' "twin_answer" (KL to the twin's answer distribution); 0 = off
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -115,6 +117,8 @@ class TrainConfig:
             raise ValueError("stop_at must be >= 0 (0 = run to total_samples)")
         if self.image_consistency < 0:
             raise ValueError("image_consistency must be >= 0 (0 = off)")
+        if self.twin_states < 0 or self.twin_answer < 0:
+            raise ValueError("twin_states and twin_answer must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -198,9 +202,10 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
     refs = cfg.referent_attention > 0 and bool(batch.referents)
     consistency = cfg.image_consistency > 0 and img is not None
+    twins = (cfg.twin_states > 0 or cfg.twin_answer > 0) and batch.twin_ids is not None
     with eager_attention(lm, refs):
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
-                 output_hidden_states=consistency)
+                 output_hidden_states=consistency or (twins and cfg.twin_states > 0))
     hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
@@ -215,6 +220,9 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         if opening is None:
             raise ValueError("image_consistency needs the opening token ids (<s><|user|>)")
         losses["consistency"] = image_consistency_loss(model, batch, img, out.hidden_states, opening)
+    if twins:
+        losses.update(twin_losses(model, batch, img, out.hidden_states if cfg.twin_states > 0 else None, hidden,
+                                  answer=cfg.twin_answer > 0))
     if cfg.user_loss > 0 and batch.user_labels is not None:
         utgt = batch.user_labels[:, 1:]  # [B, L-1]
         usel = utgt != -100
@@ -269,6 +277,77 @@ def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.
         r = r_h[:, k:]  # [n, T, H]
         total = total + ((s - r) ** 2).sum(-1).mean() / (r.pow(2).sum(-1).mean() + 1e-6)
     return total / (len(states) - 1)
+
+
+def common_tail(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many tokens two sequences end with in common (fewer than the shorter one has: a first token stays out).
+
+    a # [La] int64, b # [Lb] int64
+    """
+    m = min(len(a), len(b)) - 1
+    same = a.flip(0)[:m] == b.flip(0)[:m]  # [m]
+    return m if bool(same.all()) else int((~same).nonzero()[0])
+
+
+def twin_losses(model, batch, img: torch.Tensor | None, states: tuple[torch.Tensor, ...] | None,
+                hidden: torch.Tensor, answer: bool) -> dict[str, torch.Tensor]:
+    """A moved prompt pulled towards its image-first twin (world/placed.py ``image_first``: the same sample without
+    its lead line or system turn, the question put back after the image), which this model reads far better.
+
+    Each twin runs through the LM without gradient, with the images of its row. The two sequences end alike: from the
+    image on after a lead line or system turn, from ``<|end|>`` on after an image that closed the question. Over that
+    common tail,
+    - ``twin_states``: every layer's states, each token's scaled to unit RMS (what the next layer's input norm reads;
+      layer 1 writes norms of ~1,000, so raw distances hide the direction), squared distance averaged over the
+      hidden size; image tokens and text tokens averaged apart and then together, so that the 144 image tokens do
+      not drown the question's and answer's;
+    - ``twin_answer``: KL(twin || moved) of the next-token distributions at every answer position.
+    The twin's answer stands in for the labels' one-hot with what the reading gives (a dense target at each answer
+    position), and its states say what a prompt read as if nothing stood in front of its image looks like inside.
+
+    hidden # [B, L, H] the final normed states of the batch
+    """
+    lm = model.model.language_model
+    image_id = model.config.image_token_id
+    rows, t_ids, t_mask = batch.twin_rows, batch.twin_ids, batch.twin_mask  # [B_t], [B_t, L'], [B_t, L']
+    emb = model.get_input_embeddings()(t_ids)  # [B_t, L', H]
+    if img is not None:
+        n_tok = img.shape[1]
+        img_row = (batch.input_ids == image_id).nonzero()[::n_tok, 0]  # [N_img] the row of each image
+        feats = torch.cat([img[img_row == r] for r in rows.tolist()])  # [N_twin_img, T, H]
+        emb = emb.masked_scatter((t_ids == image_id).unsqueeze(-1), feats.reshape(-1, feats.shape[-1]).to(emb.dtype))
+    with torch.no_grad():
+        ref = lm(inputs_embeds=emb.detach(), attention_mask=t_mask, output_hidden_states=states is not None)
+    n_rows, n_twin = batch.attention_mask.sum(-1).tolist(), t_mask.sum(-1).tolist()
+    state_terms, answer_terms = [], []
+    for i, r in enumerate(rows.tolist()):
+        n, nt = n_rows[r], n_twin[i]
+        c = common_tail(batch.input_ids[r, :n], t_ids[i, :nt])
+        if states is not None and c > 0:
+            is_img = batch.input_ids[r, n - c:n] == image_id  # [c]
+            per_tok = 0.0
+            for s_h, r_h in zip(states[1:], ref.hidden_states[1:]):
+                s, t = s_h[r, n - c:n], r_h[i, nt - c:nt]  # [c, H]
+                s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)
+                t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
+                per_tok = per_tok + (s - t).pow(2).mean(-1)  # [c]
+            per_tok = per_tok / (len(states) - 1)
+            parts = [per_tok[m].mean() for m in (is_img, ~is_img) if bool(m.any())]
+            state_terms.append(sum(parts) / len(parts))
+        if answer:
+            at = (batch.labels[r, 1:n] != -100).nonzero().squeeze(-1)  # [M] positions that predict an answer token
+            at = at[at >= n - c]  # inside the common tail (always, for the mix's forms)
+            if len(at):
+                logp = F.log_softmax(model.lm_head(hidden[r, at]).float(), -1)  # [M, V]
+                with torch.no_grad():
+                    ref_logp = F.log_softmax(model.lm_head(ref.last_hidden_state[i, at - n + nt]).float(), -1)
+                answer_terms.append((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean())
+    out = {}
+    if state_terms:
+        out["twin_states"] = torch.stack(state_terms).mean()
+    if answer_terms:
+        out["twin_answer"] = torch.stack(answer_terms).mean()
+    return out
 
 
 def _referent(losses: dict, out, batch, refs: bool) -> dict[str, torch.Tensor]:
@@ -472,7 +551,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             f"{'; the vision heads start fresh' if cfg.vis_weight else ''})")
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
         if cfg.uses_codes else None
-    enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents)
+    enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
+                  twins=cfg.twin_states > 0 or cfg.twin_answer > 0)
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
         _lm_from(model, Path(cfg.lm_from), cfg, state, log)
@@ -576,7 +656,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
                 + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0) \
                 + cfg.referent_attention * losses.get("referent", 0.0) \
-                + cfg.image_consistency * losses.get("consistency", 0.0)
+                + cfg.image_consistency * losses.get("consistency", 0.0) \
+                + cfg.twin_states * losses.get("twin_states", 0.0) + cfg.twin_answer * losses.get("twin_answer", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -317,6 +317,66 @@ def test_image_consistency_pulls_a_moved_image_towards_its_image_first_states(pr
         forward_losses(model, b, cfg)
 
 
+def _run_alone(model, enc, s):
+    """The LM's states (every layer) and the next-token log-probabilities of ``s`` run alone."""
+    from specula.zoo.vision_heads import tower_features
+
+    e = enc.encode(s)
+    _, img = tower_features(model, e.pixel_values)
+    emb = model.get_input_embeddings()(e.input_ids[None])
+    mask = (e.input_ids[None] == model.config.image_token_id).unsqueeze(-1)
+    out = model.model.language_model(inputs_embeds=emb.masked_scatter(mask, img.reshape(-1, img.shape[-1])),
+                                     output_hidden_states=True)
+    logp = torch.log_softmax(model.lm_head(out.last_hidden_state[0]), -1)  # [L, V]
+    return e, torch.stack([h[0] for h in out.hidden_states[1:]]), logp  # [layers, L, H]
+
+
+def test_twin_losses_pull_a_moved_prompt_towards_its_image_first_twin(processor):
+    from specula.world import placed
+    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.train_target import common_tail, forward_losses
+
+    assert common_tail(torch.tensor([1, 2, 3, 4]), torch.tensor([9, 3, 4])) == 2
+    assert common_tail(torch.tensor([5, 3, 4]), torch.tensor([3, 4])) == 1  # the shorter one's first token stays out
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    plain, enc = Encoder(processor), Encoder(processor, twins=True)
+    s = generate("vqa", "train", 1)
+    forms = [placed.variant(s, f) for f in placed.VARIANTS]
+    assert enc.encode(s).twin_ids is None
+    for moved in forms:
+        assert torch.equal(enc.encode(moved).twin_ids, plain.encode(s).input_ids)
+    b = collate([enc.encode(x) for x in [s, *forms]], processor.tokenizer.pad_token_id)
+    assert b.twin_rows.tolist() == [1, 2, 3] and b.twin_ids.shape[0] == 3
+    assert collate([plain.encode(x) for x in forms], processor.tokenizer.pad_token_id).twin_ids is None
+    cfg = TrainConfig(run_dir="x", twin_states=1.0, twin_answer=1.0, freeze_vision=True)
+    losses = forward_losses(model, b, cfg)
+    assert float(losses["twin_states"].detach()) > 1e-3 and float(losses["twin_answer"].detach()) > 1e-4
+    # by hand, for the lead line alone: the two prompts run apart, compared over the tokens from the image on
+    lead = collate([enc.encode(forms[0])], processor.tokenizer.pad_token_id)
+    got = forward_losses(model, lead, cfg)
+    with torch.no_grad():
+        e_t, st_t, lp_t = _run_alone(model, plain, s)
+        e_m, st_m, lp_m = _run_alone(model, plain, forms[0])
+        c = len(e_t.input_ids) - 2  # everything after <s><|user|>
+        assert torch.equal(e_m.input_ids[-c:], e_t.input_ids[-c:]) and e_m.input_ids[-c - 1] != e_t.input_ids[-c - 1]
+        unit = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # noqa: E731
+        per_tok = (unit(st_m[:, -c:]) - unit(st_t[:, -c:])).pow(2).mean(-1).mean(0)  # [c]
+        is_img = e_t.input_ids[-c:] == model.config.image_token_id
+        want_states = (per_tok[is_img].mean() + per_tok[~is_img].mean()) / 2
+        at = (e_m.labels[1:] != -100).nonzero().squeeze(-1)  # positions that predict an answer token
+        shift = len(e_t.input_ids) - len(e_m.input_ids)
+        want_answer = (lp_t[at + shift].exp() * (lp_t[at + shift] - lp_m[at])).sum(-1).mean()
+    assert torch.allclose(got["twin_states"].detach(), want_states, rtol=1e-3)
+    assert torch.allclose(got["twin_answer"].detach(), want_answer, rtol=1e-3, atol=1e-6)
+    (losses["twin_states"] + losses["twin_answer"]).backward()
+    grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
+    assert grads and any(float(g.abs().sum()) > 0 for g in grads)
+    assert "twin_states" not in forward_losses(model, b, TrainConfig(run_dir="x", freeze_vision=True))
+    with pytest.raises(ValueError, match="twin_states"):
+        TrainConfig(run_dir="x", twin_states=-1.0)
+
+
 def test_train_config_checks_device_and_max_minutes():
     with pytest.raises(ValueError, match="device must be"):
         TrainConfig(run_dir="x", device="gpu0")
