@@ -181,6 +181,11 @@ class ModelConfig(_Strict):
                                             "directory (LLaVA, Qwen2.5-VL); never fetched from a hub.")
     dtype: str | None = Field(None, description="Compute dtype ('float32', 'float16', 'bfloat16'); null = the "
                                                 "checkpoint's.")
+    image_parts_first: bool | None = Field(
+        None, description="Move each user message's images in front of its text before the chat template (only a "
+                          "message whose images form one run; interleaved ones keep their order), the order LLaVA "
+                          "targets were trained on: the embedded target answers VQA 0.91 with the image first and "
+                          "0.02 with the question before it. null = on for LLaVA targets, off for Qwen2.5-VL.")
 
     @field_validator("dtype")
     @classmethod

@@ -33,6 +33,16 @@ def load_processor_for(config: SpeculaConfig):
     return load_processor(model_dir(config))
 
 
+def reads_images_first(config: SpeculaConfig) -> bool:
+    """``model.image_parts_first``, or where it is null whether the target is a LLaVA (trained on prompts that open
+    with their image; runtime/serve/image_order.py) rather than a Qwen2.5-VL (trained on interleaved ones)."""
+    if config.model.image_parts_first is not None:
+        return config.model.image_parts_first
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir(config), local_files_only=True).model_type == "llava"
+
+
 def target_facts(config: SpeculaConfig) -> dict:
     """What a drafter may need to know of the target without loading it: vocab_size, image_token_id."""
     from transformers import AutoConfig

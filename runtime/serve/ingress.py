@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specula.runtime.engine import GenerationRequest
 from specula.runtime.sampling import SamplingParams
 from specula.runtime.serve.errors import RequestError, error_record
+from specula.runtime.serve.image_order import image_parts_first
 from specula.runtime.serve.images import IMAGE_FORMATS, ImageLoader
 
 __all__ = ["Detokenizer", "GenerateBody", "IMAGE_FORMATS", "IngressEngine", "RequestError", "Response",
@@ -63,8 +64,9 @@ class IngressEngine:
     """
 
     def __init__(self, processor, limits, model_name: str = "target", drafter_kind: str | None = None,
-                 drafters: tuple[str, ...] | None = None) -> None:
+                 drafters: tuple[str, ...] | None = None, image_parts_first: bool = False) -> None:
         self.processor, self.limits = processor, limits
+        self.image_parts_first = image_parts_first  # each user message's run of images goes first (image_order.py)
         self.model_name, self.drafter_kind = model_name, drafter_kind
         self.drafters = tuple(drafters) if drafters is not None else ((drafter_kind,) if drafter_kind else ())
         self.tokenizer = processor.tokenizer
@@ -73,13 +75,13 @@ class IngressEngine:
 
     @classmethod
     def from_config(cls, config) -> IngressEngine:
-        from specula.runtime.serve.factory import load_processor_for, set_threads
+        from specula.runtime.serve.factory import load_processor_for, reads_images_first, set_threads
 
         set_threads(config.deployments.ingress)
         on = config.drafter.gamma > 0
         return cls(load_processor_for(config), config.limits, model_name=served_model_name(config),
                    drafter_kind=config.drafter.default_name if on else None,
-                   drafters=config.drafter.names() if on else ())
+                   drafters=config.drafter.names() if on else (), image_parts_first=reads_images_first(config))
 
     # ------------------------------------------------------------------------------------------- requests
 
@@ -149,6 +151,8 @@ class IngressEngine:
         if len(images) > self.limits.max_images:
             raise RequestError(f"{len(images)} images > max_images={self.limits.max_images}", where)
         self.check_max_tokens(params.max_tokens)
+        if self.image_parts_first:
+            messages = image_parts_first(messages)
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         if images:
             enc = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
