@@ -310,14 +310,15 @@ def twin_losses(model, batch, img: torch.Tensor | None, states: tuple[torch.Tens
     lm = model.model.language_model
     image_id = model.config.image_token_id
     rows, t_ids, t_mask = batch.twin_rows, batch.twin_ids, batch.twin_mask  # [B_t], [B_t, L'], [B_t, L']
-    emb = model.get_input_embeddings()(t_ids)  # [B_t, L', H]
-    if img is not None:
-        n_tok = img.shape[1]
-        img_row = (batch.input_ids == image_id).nonzero()[::n_tok, 0]  # [N_img] the row of each image
-        feats = torch.cat([img[img_row == r] for r in rows.tolist()])  # [N_twin_img, T, H]
-        emb = emb.masked_scatter((t_ids == image_id).unsqueeze(-1), feats.reshape(-1, feats.shape[-1]).to(emb.dtype))
     with torch.no_grad():
-        ref = lm(inputs_embeds=emb.detach(), attention_mask=t_mask, output_hidden_states=states is not None)
+        emb = model.get_input_embeddings()(t_ids)  # [B_t, L', H]
+        if img is not None:
+            n_tok = img.shape[1]
+            img_row = (batch.input_ids == image_id).nonzero()[::n_tok, 0]  # [N_img] the row of each image
+            feats = torch.cat([img[img_row == r] for r in rows.tolist()])  # [N_twin_img, T, H]
+            flat = feats.reshape(-1, feats.shape[-1]).to(emb.dtype)  # [N_twin_img * T, H]
+            emb = emb.masked_scatter((t_ids == image_id).unsqueeze(-1), flat)
+        ref = lm(inputs_embeds=emb, attention_mask=t_mask, output_hidden_states=states is not None)
     n_rows, n_twin = batch.attention_mask.sum(-1).tolist(), t_mask.sum(-1).tolist()
     state_terms, answer_terms = [], []
     for i, r in enumerate(rows.tolist()):
