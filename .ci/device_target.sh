@@ -1,7 +1,7 @@
 #!/bin/bash
 # A target cycle on a CUDA machine (CI has none and does not run this): the joint stage of the recipe's
-# frozen-vision flags on the scan_placed mix with --twin-states 1 --twin-answer 1 (zoo/TRAINING.md, stops 41-42), on the GPU for
-# MINUTES, then the export, fp16, in parts small enough for a lease's file limits (16 MiB each).
+# frozen-vision flags on the scan_placed mix with --twin-states 1 --twin-answer 1 (zoo/TRAINING.md, stops
+# 41-42), on the GPU for MINUTES, then the export, fp16, in parts small enough for a lease's file limits (16 MiB each).
 #   bash .ci/device_target.sh OUT_DIR [MINUTES] [INIT] [SAMPLES]     (DEVICE=cpu THREADS=1 to try it here)
 # INIT: exported weights or a run's ckpt to start from (default: zoo/candidates/target when there is one, else the
 # shipped target); SAMPLES: the schedule's length (default 80000, the stop-41 CPU run's). Back here:
