@@ -377,6 +377,19 @@ def test_twin_losses_pull_a_moved_prompt_towards_its_image_first_twin(processor)
         TrainConfig(run_dir="x", twin_states=-1.0)
 
 
+def test_cli_flags_reach_the_training_config():
+    from specula.cli import build_parser
+    from specula.zoo.build import train_config_from_args
+
+    args = build_parser().parse_args(["train", "target", "--run-dir", "x", "--twin-states", "1", "--twin-answer",
+                                      "0.5", "--image-consistency", "2", "--device", "cuda:1", "--max-minutes", "3"])
+    cfg = train_config_from_args(args)
+    assert (cfg.twin_states, cfg.twin_answer, cfg.image_consistency) == (1.0, 0.5, 2.0)
+    assert (cfg.device, cfg.max_minutes) == ("cuda:1", 3.0)
+    off = train_config_from_args(build_parser().parse_args(["train", "target", "--run-dir", "x"]))
+    assert (off.twin_states, off.twin_answer, off.image_consistency) == (0.0, 0.0, 0.0)
+
+
 def test_train_config_checks_device_and_max_minutes():
     with pytest.raises(ValueError, match="device must be"):
         TrainConfig(run_dir="x", device="gpu0")
