@@ -267,6 +267,27 @@ def test_max_minutes_stops_the_joint_stage_with_a_checkpoint_that_resumes(tmp_pa
     assert json.loads((ckpt / "state.json").read_text())["samples"] >= 96  # a rerun goes on to the end
 
 
+def test_twin_losses_take_part_in_the_joint_stage(tmp_path, processor):
+    """The twin terms reach the step: the same run with and without them ends with other weights (and a rerun
+    without them with the same ones, so the difference is theirs), and the check logs them."""
+    from safetensors.torch import load_file
+
+    base = dict(arch="tiny", total_samples=16, pool=16, token_budget=2048, warmup_samples=4, eval_n=2,
+                eval_every_s=0.0, ckpt_every_s=1e9, threads=1, vision_images=16, mix="scan_placed")
+    quiet = lambda m: None  # noqa: E731
+    weights, history = {}, {}
+    for name, twin in (("plain", 0.0), ("again", 0.0), ("twins", 1.0)):
+        ckpt = train(TrainConfig(run_dir=str(tmp_path / name), twin_states=twin, twin_answer=twin, **base),
+                     processor, log=quiet)
+        weights[name] = load_file(ckpt / "model.safetensors")
+        history[name] = json.loads((ckpt / "state.json").read_text())["history"]
+    lm = [k for k in weights["plain"] if "language_model.layers.0." in k]
+    assert all(torch.equal(weights["plain"][k], weights["again"][k]) for k in lm)
+    assert any(not torch.equal(weights["plain"][k], weights["twins"][k]) for k in lm)
+    assert any("loss_twin_states" in h and "loss_twin_answer" in h for h in history["twins"])
+    assert not any("loss_twin_states" in h for h in history["plain"])
+
+
 def _states_at_images(model, enc, s):
     """The LM's hidden states (every layer) at the image tokens of ``s``, run alone: [layers, T, H]."""
     from specula.zoo.vision_heads import tower_features
