@@ -16,7 +16,8 @@ import sys
 
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
 MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
-             "scan_captions", "colour_captions", "scan_suites", "scan_multi", "scan_placed"]
+             "scan_captions", "colour_captions", "scan_suites", "scan_multi", "scan_placed",
+             "scan_placed_multi"]
 
 
 def _threads(args) -> None:
@@ -237,8 +238,9 @@ def _add_train(sub) -> None:
                         "twice the captions), colour_captions (scan_captions with the captions listed by colour "
                         "instead of by cell), scan_suites (scan_captions plus dialogues about charts, image sets and "
                         "clips), scan_multi (scan_suites with image sets at about a third of the samples, their "
-                        "captions worded \"Image N has ...\") or scan_placed (scan_suites with half the prompts "
-                        "asked with text or the question before the image, or after a system turn)")
+                        "captions worded \"Image N has ...\"), scan_placed (scan_suites with half the prompts "
+                        "asked with text or the question before the image, or after a system turn) or "
+                        "scan_placed_multi (scan_multi placed the same way)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     t.add_argument("--token-budget", type=int, default=4096,
                    help="tokens per optimizer step (rows x longest row; default: 4096). Smaller budgets give more "
@@ -269,6 +271,11 @@ def _add_train(sub) -> None:
                    help="weight of KL(twin || moved) of the next-token distributions at a moved prompt's answer "
                         "tokens, the twin being the same sample with its image first (default: 0 = off; "
                         "zoo/train_target.py twin_losses)")
+    t.add_argument("--set-consistency", type=float, default=0.0,
+                   help="weight of a loss that pulls the hidden states, in every layer, of each image of an image "
+                        "set that does not open its prompt (the second and later images, or a first one after "
+                        "'Image 1: ') towards the same model's states for that image alone at the start; clips are "
+                        "left out (default: 0 = off; zoo/train_target.py set_consistency_loss)")
     t.add_argument("--max-minutes", type=float, default=0.0,
                    help="stop the joint stage with a checkpoint after this many minutes of this invocation, e.g. to "
                         "fit a lease or a session (rerunning goes on; default: 0 = no limit)")

@@ -209,11 +209,16 @@ SCAN_MULTI_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
 SCAN_PLACED_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
     (name, placed.placed(maker), task, w) for name, maker, task, w in SCAN_SUITES_MIX)
 
+# The image-sets mix with half of its samples placed as in SCAN_PLACED_MIX, for a stage that works on image sets
+# (the second and later images of a set, read at about the blank level) without undoing what the placed mix taught.
+SCAN_PLACED_MULTI_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
+    (name, placed.placed(maker), task, w) for name, maker, task, w in SCAN_MULTI_MIX)
+
 MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX, "lookup": LOOKUP_MIX, "scenes": SCENES_MIX,
          "describe": DESCRIBE_MIX, "confusable": CONFUSABLE_MIX, "scenes_confusable": SCENES_CONFUSABLE_MIX,
          "confusable_scan": CONFUSABLE_SCAN_MIX, "scan_captions": SCAN_CAPTIONS_MIX,
          "colour_captions": COLOUR_CAPTIONS_MIX, "scan_suites": SCAN_SUITES_MIX,
-         "scan_multi": SCAN_MULTI_MIX, "scan_placed": SCAN_PLACED_MIX}
+         "scan_multi": SCAN_MULTI_MIX, "scan_placed": SCAN_PLACED_MIX, "scan_placed_multi": SCAN_PLACED_MULTI_MIX}
 
 
 def suite_names() -> list[str]:

@@ -23,6 +23,7 @@ class Encoded:
     patch_codes: torch.Tensor | None = None  # [n_img, T_img, H] fp32 word codes (zoo/word_codes.py), when asked for
     referents: tuple = ()  # zoo/referents.py ReferentTarget per lookup turn, when asked for
     twin_ids: torch.Tensor | None = None  # [L'] int64: the image-first twin's tokens (world/placed.py image_first)
+    lone_images: torch.Tensor | None = None  # [n_img] bool: images pulled towards their states alone (``sets``)
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,16 @@ class Batch:
     twin_ids: torch.Tensor | None = None  # [B_t, L'] the image-first twins of the rows ``twin_rows``, right-padded
     twin_mask: torch.Tensor | None = None  # [B_t, L']
     twin_rows: torch.Tensor | None = None  # [B_t] int64: the batch row each twin belongs to
+    lone_images: torch.Tensor | None = None  # [N_img] bool, in pixel_values' order (Encoded.lone_images)
 
 
 class Encoder:
     """Holds the processor and the word -> token map for dense patch targets."""
 
     def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False,
-                 caption_referents: bool = False, twins: bool = False):
+                 caption_referents: bool = False, twins: bool = False, sets: bool = False):
         self.processor = processor
+        self.sets = sets  # each image of an image-set sample is flagged in ``Encoded.lone_images``
         self.twins = twins  # each moved sample also carries its image-first twin's tokens (``Encoded.twin_ids``)
         self.codes = codes  # a WordCodes: each encoded sample also carries its patches' codes
         self.referents = referents  # each encoded scene dialogue also carries its lookup turns' attention targets
@@ -96,7 +99,14 @@ class Encoder:
 
             refs = referent_targets(s, ids, labels, self.image_id, self.word_id, captions=self.caption_referents)
         return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
-                       codes, refs, self._twin_ids(s))
+                       codes, refs, self._twin_ids(s), self._lone_images(s))
+
+    def _lone_images(self, s: Sample) -> torch.Tensor | None:
+        """With ``sets``: one flag per image, set for the images of an image set (``kind`` multi/..., multi_caption,
+        multi_dialogue; a clip's frames are read through each other and stay unflagged)."""
+        if not (self.sets and s.images):
+            return None
+        return torch.full((len(s.images),), s.kind.startswith("multi"), dtype=torch.bool)
 
     def _twin_ids(self, s: Sample) -> torch.Tensor | None:
         twin = image_first(s) if self.twins else None
@@ -163,6 +173,11 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
     cls = [e.patch_classes for e in items if e.patch_classes is not None]
     codes = [e.patch_codes for e in items if e.patch_codes is not None]
     twins = [(b, e.twin_ids) for b, e in enumerate(items) if e.twin_ids is not None]
+    lone = None
+    if any(e.lone_images is not None for e in items):  # rows with images but no flags (not encoded with sets): False
+        lone = torch.cat([e.lone_images if e.lone_images is not None
+                          else torch.zeros(len(e.pixel_values), dtype=torch.bool)
+                          for e in items if e.pixel_values is not None])  # [N_img]
     t_ids = t_mask = t_rows = None
     if twins:
         t_ids = torch.full((len(twins), max(len(t) for _, t in twins)), pad_id, dtype=torch.long)
@@ -173,7 +188,7 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
     return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
                  torch.cat(cls) if cls else None, user, torch.cat(codes) if codes else None,
                  tuple(e.referents for e in items) if any(e.referents for e in items) else (), None,
-                 t_ids, t_mask, t_rows)
+                 t_ids, t_mask, t_rows, lone)
 
 
 def batch_to(batch: Batch, device: torch.device | str) -> Batch:

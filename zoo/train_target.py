@@ -101,6 +101,7 @@ class TrainConfig:
     image_consistency: float = 0.0  # weight of image_consistency_loss (images not at the start vs there); 0 = off
     twin_states: float = 0.0  # weight of twin_losses' "twin_states" (a moved prompt's states vs its twin's); 0 = off
     twin_answer: float = 0.0  # weight of twin_losses' "twin_answer" (KL to the twin's answer distribution); 0 = off
+    set_consistency: float = 0.0  # weight of set_consistency_loss (a set's images vs each alone at the start); 0 = off
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -119,6 +120,8 @@ class TrainConfig:
             raise ValueError("image_consistency must be >= 0 (0 = off)")
         if self.twin_states < 0 or self.twin_answer < 0:
             raise ValueError("twin_states and twin_answer must be >= 0 (0 = off)")
+        if self.set_consistency < 0:
+            raise ValueError("set_consistency must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -202,10 +205,11 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
     refs = cfg.referent_attention > 0 and bool(batch.referents)
     consistency = cfg.image_consistency > 0 and img is not None
+    sets = cfg.set_consistency > 0 and img is not None and batch.lone_images is not None
     twins = (cfg.twin_states > 0 or cfg.twin_answer > 0) and batch.twin_ids is not None
     with eager_attention(lm, refs):
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
-                 output_hidden_states=consistency or (twins and cfg.twin_states > 0))
+                 output_hidden_states=consistency or sets or (twins and cfg.twin_states > 0))
     hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
@@ -220,6 +224,10 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         if opening is None:
             raise ValueError("image_consistency needs the opening token ids (<s><|user|>)")
         losses["consistency"] = image_consistency_loss(model, batch, img, out.hidden_states, opening)
+    if sets:
+        if opening is None:
+            raise ValueError("set_consistency needs the opening token ids (<s><|user|>)")
+        losses["set_consistency"] = set_consistency_loss(model, batch, img, out.hidden_states, opening)
     if twins:
         losses.update(twin_losses(model, batch, img, out.hidden_states if cfg.twin_states > 0 else None, hidden,
                                   answer=cfg.twin_answer > 0))
@@ -254,7 +262,6 @@ def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.
     their states depend on the images before them (pulled towards their lone states too, 1,200 samples raised both
     the answer and this loss and brought VQA after a lead line to its blank level). 0 when every row's first image
     opens its prompt."""
-    lm = model.model.language_model
     n_tok, k = img.shape[1], len(opening)
     pos = (batch.input_ids == model.config.image_token_id).nonzero().view(-1, n_tok, 2)  # [N_img, T, (row, position)]
     first = pos[:, 0]  # [N_img, 2] each image's first token
@@ -265,18 +272,65 @@ def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.
     moved = first_of_row & ~opens  # [N_img]
     if not bool(moved.any()):
         return img.new_zeros(())
-    with torch.no_grad():
-        n = int(moved.sum())
-        head = model.get_input_embeddings()(opening.to(batch.input_ids.device))  # [k, H]
-        emb = torch.cat([head.expand(n, k, head.shape[-1]), img[moved].to(head.dtype)], 1)  # [n, k + T, H]
-        ref = lm(inputs_embeds=emb, output_hidden_states=True).hidden_states
+    ref = lone_states(model, img[moved], opening)
     at = pos[moved]  # [n, T, 2]
     total = img.new_zeros(())
     for s_h, r_h in zip(states[1:], ref[1:]):
         s = s_h[at[..., 0], at[..., 1]]  # [n, T, H]
-        r = r_h[:, k:]  # [n, T, H]
+        r = r_h[:, len(opening):]  # [n, T, H]
         total = total + ((s - r) ** 2).sum(-1).mean() / (r.pow(2).sum(-1).mean() + 1e-6)
     return total / (len(states) - 1)
+
+
+def lone_states(model, img: torch.Tensor, opening: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every layer's states of each image run alone after ``opening`` (``<s><|user|><image>``: how an image-first
+    prompt begins, so by causality the states any image-first prompt gives that image), without gradient.
+
+    img # [n, T, H] projected image features -> each # [n, k + T, H]
+    """
+    with torch.no_grad():
+        head = model.get_input_embeddings()(opening.to(img.device))  # [k, H]
+        emb = torch.cat([head.expand(len(img), *head.shape), img.to(head.dtype)], 1)  # [n, k + T, H]
+        return model.model.language_model(inputs_embeds=emb, output_hidden_states=True).hidden_states
+
+
+def unit_rms(x: torch.Tensor) -> torch.Tensor:
+    """Each vector scaled to unit RMS (what a layer's input norm reads, up to its gain). x # [..., H]"""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def set_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.Tensor, ...],
+                         opening: torch.Tensor) -> torch.Tensor:
+    """How far the images of an image set lie, layer by layer, from their states alone at the start of a prompt.
+
+    The target reads a set's first image and hardly the others: an image's tokens attend to everything before them,
+    so the second image of a set is, from layer 1 on, something else than the same image alone (zoo/TRAINING.md,
+    stops 40-41). Every image flagged in ``batch.lone_images`` (the images of set samples; clips are left out, their
+    later frames are read through the earlier ones) that does not already open its prompt is run alone
+    (``lone_states``) and its states are pulled there: unit-RMS states (as ``twin_states``), squared distance averaged
+    over the hidden size and the layers, then over the object patches and over the background patches apart (a
+    background patch enters as a zero vector; 94% of a one-object image's patches are background, and the object's
+    few are what a question reads), the two averages averaged. 0 when no such image is in the batch.
+    """
+    n_tok, k = img.shape[1], len(opening)
+    if batch.lone_images is None:
+        return img.new_zeros(())
+    pos = (batch.input_ids == model.config.image_token_id).nonzero().view(-1, n_tok, 2)  # [N_img, T, (row, pos)]
+    first = pos[:, 0]  # [N_img, 2]
+    opens = (first[:, 1] == k) & (batch.input_ids[first[:, 0], :k] == opening.to(first.device)).all(-1)
+    sel = batch.lone_images.to(opens.device) & ~opens  # [N_img]
+    if not bool(sel.any()):
+        return img.new_zeros(())
+    ref = lone_states(model, img[sel], opening)
+    at = pos[sel]  # [n, T, 2]
+    obj = img[sel].abs().amax(-1) > 0  # [n, T] patches with features (background patches enter as zero vectors)
+    per_tok = 0.0
+    for s_h, r_h in zip(states[1:], ref[1:]):
+        s = unit_rms(s_h[at[..., 0], at[..., 1]])  # [n, T, H]
+        per_tok = per_tok + (s - unit_rms(r_h[:, k:])).pow(2).mean(-1)  # [n, T]
+    per_tok = per_tok / (len(states) - 1)
+    parts = [per_tok[m].mean() for m in (obj, ~obj) if bool(m.any())]
+    return sum(parts) / len(parts)
 
 
 def common_tail(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -328,9 +382,7 @@ def twin_losses(model, batch, img: torch.Tensor | None, states: tuple[torch.Tens
             is_img = batch.input_ids[r, n - c:n] == image_id  # [c]
             per_tok = 0.0
             for s_h, r_h in zip(states[1:], ref.hidden_states[1:]):
-                s, t = s_h[r, n - c:n], r_h[i, nt - c:nt]  # [c, H]
-                s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)
-                t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
+                s, t = unit_rms(s_h[r, n - c:n]), unit_rms(r_h[i, nt - c:nt])  # [c, H]
                 per_tok = per_tok + (s - t).pow(2).mean(-1)  # [c]
             per_tok = per_tok / (len(states) - 1)
             parts = [per_tok[m].mean() for m in (is_img, ~is_img) if bool(m.any())]
@@ -553,7 +605,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
-                  twins=cfg.twin_states > 0 or cfg.twin_answer > 0)
+                  twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0)
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
         _lm_from(model, Path(cfg.lm_from), cfg, state, log)
@@ -658,7 +710,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0) \
                 + cfg.referent_attention * losses.get("referent", 0.0) \
                 + cfg.image_consistency * losses.get("consistency", 0.0) \
-                + cfg.twin_states * losses.get("twin_states", 0.0) + cfg.twin_answer * losses.get("twin_answer", 0.0)
+                + cfg.twin_states * losses.get("twin_states", 0.0) + cfg.twin_answer * losses.get("twin_answer", 0.0) \
+                + cfg.set_consistency * losses.get("set_consistency", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -107,3 +107,17 @@ def test_image_first_undoes_every_form_of_the_mix_and_of_the_evaluation():
             assert twin == original
             undone += 1
     assert undone > 100
+
+
+def test_placed_multi_mix_is_the_image_sets_mix_placed():
+    from specula.world.suites import MIXES
+
+    mix, base = MIXES["scan_placed_multi"], {n: m for n, m, _, _ in MIXES["scan_multi"]}
+    assert [(n, t, w) for n, _, t, w in mix] == [(n, t, w) for n, _, t, w in MIXES["scan_multi"]]
+    moved = 0
+    for i in range(120):
+        name, maker, task, _ = mix[i % len(mix)]
+        s, original = maker(random.Random(f"pm/{i}"), name, task), base[name](random.Random(f"pm/{i}"), name, task)
+        assert s.response == original.response and s.images == original.images
+        moved += (s.prompt, s.system) != (original.prompt, original.system)
+    assert 30 <= moved <= 90  # about half

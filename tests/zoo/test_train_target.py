@@ -267,25 +267,27 @@ def test_max_minutes_stops_the_joint_stage_with_a_checkpoint_that_resumes(tmp_pa
     assert json.loads((ckpt / "state.json").read_text())["samples"] >= 96  # a rerun goes on to the end
 
 
-def test_twin_losses_take_part_in_the_joint_stage(tmp_path, processor):
-    """The twin terms reach the step: the same run with and without them ends with other weights (and a rerun
-    without them with the same ones, so the difference is theirs), and the check logs them."""
+def test_twin_and_set_losses_take_part_in_the_joint_stage(tmp_path, processor):
+    """The twin and set-consistency terms reach the step: the same run with and without them ends with other weights
+    (and a rerun without them with the same ones, so the difference is theirs), and the check logs them."""
     from safetensors.torch import load_file
 
     base = dict(arch="tiny", total_samples=16, pool=16, token_budget=2048, warmup_samples=4, eval_n=2,
-                eval_every_s=0.0, ckpt_every_s=1e9, threads=1, vision_images=16, mix="scan_placed")
+                eval_every_s=0.0, ckpt_every_s=1e9, threads=1, vision_images=16, mix="scan_placed_multi")
     quiet = lambda m: None  # noqa: E731
     weights, history = {}, {}
-    for name, twin in (("plain", 0.0), ("again", 0.0), ("twins", 1.0)):
-        ckpt = train(TrainConfig(run_dir=str(tmp_path / name), twin_states=twin, twin_answer=twin, **base),
-                     processor, log=quiet)
+    for name, twin, sets in (("plain", 0.0, 0.0), ("again", 0.0, 0.0), ("twins", 1.0, 0.0), ("sets", 0.0, 1.0)):
+        ckpt = train(TrainConfig(run_dir=str(tmp_path / name), twin_states=twin, twin_answer=twin,
+                                 set_consistency=sets, **base), processor, log=quiet)
         weights[name] = load_file(ckpt / "model.safetensors")
         history[name] = json.loads((ckpt / "state.json").read_text())["history"]
     lm = [k for k in weights["plain"] if "language_model.layers.0." in k]
     assert all(torch.equal(weights["plain"][k], weights["again"][k]) for k in lm)
     assert any(not torch.equal(weights["plain"][k], weights["twins"][k]) for k in lm)
+    assert any(not torch.equal(weights["plain"][k], weights["sets"][k]) for k in lm)
     assert any("loss_twin_states" in h and "loss_twin_answer" in h for h in history["twins"])
-    assert not any("loss_twin_states" in h for h in history["plain"])
+    assert any(h.get("loss_set_consistency", 0) > 0 for h in history["sets"])
+    assert not any("loss_twin_states" in h or "loss_set_consistency" in h for h in history["plain"])
 
 
 def _states_at_images(model, enc, s):
@@ -336,6 +338,59 @@ def test_image_consistency_pulls_a_moved_image_towards_its_image_first_states(pr
     assert "consistency" not in forward_losses(model, b, TrainConfig(run_dir="x", freeze_vision=True))
     with pytest.raises(ValueError, match="opening"):
         forward_losses(model, b, cfg)
+
+
+def test_set_consistency_pulls_later_images_of_a_set_towards_their_states_alone(processor):
+    from specula.world import multi
+    from specula.world.sample import Sample
+    from specula.world.tokenizer import BOS, USER
+    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.train_target import forward_losses, unit_rms
+    from specula.zoo.vision_heads import tower_features
+
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    enc = Encoder(processor, sets=True)
+    opening = torch.tensor(processor.tokenizer(BOS + USER, add_special_tokens=False).input_ids)
+    cfg = TrainConfig(run_dir="x", set_consistency=1.0, freeze_vision=True)
+    s = next(s for s in (multi.make_multi(random.Random(f"sets/{i}"), "multi_image", "qa", k=3) for i in range(40))
+             if s.prompt.startswith("<image><image><image>"))
+    e = enc.encode(s)
+    assert e.lone_images.tolist() == [True, True, True]
+    loss = forward_losses(model, collate([e], processor.tokenizer.pad_token_id), cfg, opening=opening)
+    loss = loss["set_consistency"]
+    with torch.no_grad():  # by hand: images 2 and 3 in the set against each alone opening a prompt
+        got = _states_at_images(model, enc, s).view(-1, 3, 144, model.config.text_config.hidden_size)
+        _, feats = tower_features(model, e.pixel_values)  # [3, T, H]
+        d = []
+        for j in (1, 2):
+            alone = Sample(s.suite, s.kind, (s.images[j],), "<image>What is this?", "a", "a", None, (),
+                           (s.patch_words[j],))
+            ref = _states_at_images(model, enc, alone)  # [layers, T, H]
+            d.append((unit_rms(got[:, j]) - unit_rms(ref)).pow(2).mean((0, 2)))  # [T]
+        d, obj = torch.stack(d), feats[1:].abs().amax(-1) > 0  # [2, T]
+        want = torch.stack([d[m].mean() for m in (obj, ~obj) if m.any()]).mean()
+    assert float(loss.detach()) > 1e-3 and torch.allclose(loss.detach(), want, rtol=1e-4)
+    loss.backward()
+    grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
+    assert grads and any(float(g.abs().sum()) > 0 for g in grads)
+    # the first image opens the prompt: nothing to pull; a marker before it ("Image 1: ") makes it count
+    one = Sample(s.suite, s.kind, s.images[:1], "<image>What colour is the object in the first image?", "a", "a",
+                 None, (), s.patch_words[:1])
+    b = collate([enc.encode(one)], processor.tokenizer.pad_token_id)
+    assert float(forward_losses(model, b, cfg, opening=opening)["set_consistency"]) == 0.0
+    marked = Sample(s.suite, s.kind, s.images[:1], "Image 1: <image>What colour is it?", "a", "a", None, (),
+                    s.patch_words[:1])
+    b = collate([enc.encode(marked)], processor.tokenizer.pad_token_id)
+    assert float(forward_losses(model, b, cfg, opening=opening)["set_consistency"].detach()) > 1e-3
+    clip = generate("video", "train", 0)  # a clip's frames are not flagged: read through each other
+    assert not enc.encode(clip).lone_images.any()
+    b = collate([enc.encode(clip)], processor.tokenizer.pad_token_id)
+    assert float(forward_losses(model, b, cfg, opening=opening)["set_consistency"]) == 0.0
+    plain = collate([Encoder(processor).encode(s)], processor.tokenizer.pad_token_id)  # not encoded for sets
+    assert plain.lone_images is None and "set_consistency" not in forward_losses(model, plain, cfg, opening=opening)
+    with pytest.raises(ValueError, match="opening"):
+        forward_losses(model, collate([e], processor.tokenizer.pad_token_id), cfg)
 
 
 def _run_alone(model, enc, s):
@@ -396,6 +451,8 @@ def test_twin_losses_pull_a_moved_prompt_towards_its_image_first_twin(processor)
     assert "twin_states" not in forward_losses(model, b, TrainConfig(run_dir="x", freeze_vision=True))
     with pytest.raises(ValueError, match="twin_states"):
         TrainConfig(run_dir="x", twin_states=-1.0)
+    with pytest.raises(ValueError, match="set_consistency"):
+        TrainConfig(run_dir="x", set_consistency=-1.0)
 
 
 def test_cli_flags_reach_the_training_config():
@@ -403,12 +460,14 @@ def test_cli_flags_reach_the_training_config():
     from specula.zoo.build import train_config_from_args
 
     args = build_parser().parse_args(["train", "target", "--run-dir", "x", "--twin-states", "1", "--twin-answer",
-                                      "0.5", "--image-consistency", "2", "--device", "cuda:1", "--max-minutes", "3"])
+                                      "0.5", "--image-consistency", "2", "--device", "cuda:1", "--max-minutes", "3",
+                                      "--set-consistency", "0.25", "--mix", "scan_placed_multi"])
     cfg = train_config_from_args(args)
-    assert (cfg.twin_states, cfg.twin_answer, cfg.image_consistency) == (1.0, 0.5, 2.0)
+    assert (cfg.twin_states, cfg.twin_answer, cfg.image_consistency, cfg.set_consistency) == (1.0, 0.5, 2.0, 0.25)
+    assert cfg.mix == "scan_placed_multi"
     assert (cfg.device, cfg.max_minutes) == ("cuda:1", 3.0)
     off = train_config_from_args(build_parser().parse_args(["train", "target", "--run-dir", "x"]))
-    assert (off.twin_states, off.twin_answer, off.image_consistency) == (0.0, 0.0, 0.0)
+    assert (off.twin_states, off.twin_answer, off.image_consistency, off.set_consistency) == (0.0, 0.0, 0.0, 0.0)
 
 
 def test_train_config_checks_device_and_max_minutes():
