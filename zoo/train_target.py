@@ -250,6 +250,16 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     return _referent(losses, out, batch, refs)
 
 
+def image_places(model, batch, n_tok: int, opening: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each image's tokens sit (row-major, as the features come) and whether the image opens its prompt (its
+    first token right after ``opening``, ``<s><|user|>``): pos # [N_img, T, (row, position)], opens # [N_img] bool."""
+    k = len(opening)
+    pos = (batch.input_ids == model.config.image_token_id).nonzero().view(-1, n_tok, 2)  # [N_img, T, 2]
+    first = pos[:, 0]  # [N_img, 2] each image's first token
+    opens = (first[:, 1] == k) & (batch.input_ids[first[:, 0], :k] == opening.to(first.device)).all(-1)
+    return pos, opens
+
+
 def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.Tensor, ...],
                            opening: torch.Tensor) -> torch.Tensor:
     """How far each image's token states, layer by layer, lie from where the same model puts them when that image
@@ -260,13 +270,10 @@ def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.
     reference's mean squared norm, averaged over layers). Anything in front of an image otherwise rewrites its
     tokens' states from the first layer on (zoo/TRAINING.md, stop 41). Later images of a set or clip are left alone:
     their states depend on the images before them (pulled towards their lone states too, 1,200 samples raised both
-    the answer and this loss and brought VQA after a lead line to its blank level). 0 when every row's first image
-    opens its prompt."""
-    n_tok, k = img.shape[1], len(opening)
-    pos = (batch.input_ids == model.config.image_token_id).nonzero().view(-1, n_tok, 2)  # [N_img, T, (row, position)]
-    first = pos[:, 0]  # [N_img, 2] each image's first token
-    opens = (first[:, 1] == k) & (batch.input_ids[first[:, 0], :k] == opening.to(first.device)).all(-1)
-    row = first[:, 0]
+    the answer and this loss and brought VQA after a lead line to its blank level; ``set_consistency_loss`` does that
+    for sets only, clips left out). 0 when every row's first image opens its prompt."""
+    pos, opens = image_places(model, batch, img.shape[1], opening)
+    row = pos[:, 0, 0]
     first_of_row = torch.ones_like(opens)  # [N_img] (images come in row-major order)
     first_of_row[1:] = row[1:] != row[:-1]
     moved = first_of_row & ~opens  # [N_img]
@@ -312,12 +319,10 @@ def set_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.Te
     background patch enters as a zero vector; 94% of a one-object image's patches are background, and the object's
     few are what a question reads), the two averages averaged. 0 when no such image is in the batch.
     """
-    n_tok, k = img.shape[1], len(opening)
     if batch.lone_images is None:
         return img.new_zeros(())
-    pos = (batch.input_ids == model.config.image_token_id).nonzero().view(-1, n_tok, 2)  # [N_img, T, (row, pos)]
-    first = pos[:, 0]  # [N_img, 2]
-    opens = (first[:, 1] == k) & (batch.input_ids[first[:, 0], :k] == opening.to(first.device)).all(-1)
+    k = len(opening)
+    pos, opens = image_places(model, batch, img.shape[1], opening)
     sel = batch.lone_images.to(opens.device) & ~opens  # [N_img]
     if not bool(sel.any()):
         return img.new_zeros(())

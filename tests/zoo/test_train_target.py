@@ -374,6 +374,25 @@ def test_set_consistency_pulls_later_images_of_a_set_towards_their_states_alone(
     loss.backward()
     grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
     assert grads and any(float(g.abs().sum()) > 0 for g in grads)
+    # object and background patches averaged apart: features zero outside each image's first 8 patches (a trained
+    # projector gives background patches zero vectors; this random one gives none)
+    from specula.zoo.train_target import set_consistency_loss
+
+    batch = collate([e], processor.tokenizer.pad_token_id)
+    with torch.no_grad():
+        feats = feats.clone()
+        feats[:, 8:] = 0
+        mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)
+        emb = model.get_input_embeddings()(batch.input_ids).masked_scatter(mask, feats.reshape(-1, feats.shape[-1]))
+        states = model.model.language_model(inputs_embeds=emb, output_hidden_states=True).hidden_states
+        split = set_consistency_loss(model, batch, feats, states, opening)
+        lone = model.model.language_model(inputs_embeds=torch.cat(
+            [model.get_input_embeddings()(opening).expand(2, -1, -1), feats[1:]], 1), output_hidden_states=True)
+        k, at = len(opening), mask[0, :, 0].nonzero().view(3, 144)[1:]  # [2, T] positions of images 2 and 3
+        d = torch.stack([(unit_rms(h[0, at]) - unit_rms(r[:, k:])).pow(2).mean(-1)
+                         for h, r in zip(states[1:], lone.hidden_states[1:])]).mean(0)  # [2, T]
+    assert torch.allclose(split, (d[:, :8].mean() + d[:, 8:].mean()) / 2, rtol=1e-4)
+    assert not torch.allclose(split, d.mean(), rtol=1e-2)  # not the plain mean over the patches
     # the first image opens the prompt: nothing to pull; a marker before it ("Image 1: ") makes it count
     one = Sample(s.suite, s.kind, s.images[:1], "<image>What colour is the object in the first image?", "a", "a",
                  None, (), s.patch_words[:1])
