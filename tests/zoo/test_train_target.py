@@ -406,6 +406,14 @@ def test_set_consistency_pulls_later_images_of_a_set_towards_their_states_alone(
     assert not enc.encode(clip).lone_images.any()
     b = collate([enc.encode(clip)], processor.tokenizer.pad_token_id)
     assert float(forward_losses(model, b, cfg, opening=opening)["set_consistency"]) == 0.0
+    # flags follow the features' order across rows, padding included: a one-image row in front (encoded with or
+    # without sets) leaves the set row's loss as it was alone
+    vqa = generate("vqa", "train", 0)
+    for first in (enc.encode(vqa), Encoder(processor).encode(vqa)):
+        mixed = collate([first, e], processor.tokenizer.pad_token_id)
+        assert mixed.lone_images.tolist() == [False, True, True, True]
+        both = forward_losses(model, mixed, cfg, opening=opening)["set_consistency"]
+        assert torch.allclose(both.detach(), loss.detach(), rtol=1e-4)
     plain = collate([Encoder(processor).encode(s)], processor.tokenizer.pad_token_id)  # not encoded for sets
     assert plain.lone_images is None and "set_consistency" not in forward_losses(model, plain, cfg, opening=opening)
     with pytest.raises(ValueError, match="opening"):
