@@ -276,6 +276,11 @@ def _add_train(sub) -> None:
                         "set that does not open its prompt (the second and later images, or a first one after "
                         "'Image 1: ') towards the same model's states for that image alone at the start; clips are "
                         "left out (default: 0 = off; zoo/train_target.py set_consistency_loss)")
+    t.add_argument("--set-referents", type=float, default=0.0,
+                   help="weight of an attention loss that teaches which image of a set is meant: for each 'which "
+                        "image' question and each 'Image n has ...' caption line, head 0 of layer 2 attends to the "
+                        "ordinal (or the line's number) and head 0 of layer 4 to that image's object patches "
+                        "(default: 0 = off; zoo/set_referents.py)")
     t.add_argument("--max-minutes", type=float, default=0.0,
                    help="stop the joint stage with a checkpoint after this many minutes of this invocation, e.g. to "
                         "fit a lease or a session (rerunning goes on; default: 0 = no limit)")

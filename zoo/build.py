@@ -81,7 +81,8 @@ def train_config_from_args(args):
                        object_phrase_weight=args.object_phrase_weight,
                        stop_at=args.stop_at, device=args.device, max_minutes=args.max_minutes,
                        image_consistency=args.image_consistency, twin_states=args.twin_states,
-                       twin_answer=args.twin_answer, set_consistency=args.set_consistency)
+                       twin_answer=args.twin_answer, set_consistency=args.set_consistency,
+                       set_referents=args.set_referents)
 
 
 def train_target_cli(args) -> int:

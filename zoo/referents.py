@@ -48,6 +48,9 @@ class ReferentTarget:
     query: int  # the position whose logits predict the answer's first token
     patches: tuple[int, ...]  # the referent object's image tokens
     words: tuple[int, ...]  # the question's referent words (shape and/or colour)
+    patch_layer: int = PATCH_LAYER  # the decoder layer whose head ``HEAD`` makes the patch hop
+    word_layer: int = WORD_LAYER  # ... and the word hop
+    group: str = "scene"  # which loss the target feeds: "scene" (referent_attention) or "set" (zoo/set_referents.py)
 
 
 def _words(question: str) -> list[str]:
@@ -85,9 +88,7 @@ def referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, i
     if not s.kind.startswith("vqa") or len(s.images) != 1 or not s.patch_words:
         return ()
     questions = [s.prompt.replace("<image>", "")] + [u for u, _ in s.followups]
-    lab = labels.tolist()
-    starts = [j for j in range(1, len(lab)) if lab[j] != -100 and lab[j - 1] == -100]  # each answer's first token
-    ends = [j for j in range(1, len(lab)) if lab[j] == -100 and lab[j - 1] != -100]  # the position after each answer
+    starts, ends = answer_spans(labels)
     image_pos = (input_ids == image_id).nonzero()[:, 0].tolist()
     if len(image_pos) != len(s.patch_words[0]):
         return ()
@@ -101,6 +102,14 @@ def referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, i
             words = tuple(j for j in range(prev, a) if ids[j] in want)
             out.append(ReferentTarget(a - 1, tuple(image_pos[t] for t in patches), words))
     return tuple(out)
+
+
+def answer_spans(labels: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Each answer's first token and the position after each answer (labels # [L], -100 outside the answers)."""
+    lab = labels.tolist()
+    starts = [j for j in range(1, len(lab)) if lab[j] != -100 and lab[j - 1] == -100]
+    ends = [j for j in range(1, len(lab)) if lab[j] == -100 and lab[j - 1] != -100]
+    return starts, ends
 
 
 SINK = 0  # the sequence's first token (BOS): where a place lookup that finds no object puts its attention
@@ -188,19 +197,22 @@ def eager_attention(lm, on: bool = True):
         lm.config._attn_implementation = before
 
 
-def referent_attention_loss(attentions: Sequence[torch.Tensor], targets: Sequence[Sequence[ReferentTarget]]
-                            ) -> torch.Tensor | None:
-    """-log attention mass on the targets, averaged over every (turn, hop); None when the batch has no target.
+def referent_attention_loss(attentions: Sequence[torch.Tensor], targets: Sequence[Sequence[ReferentTarget]],
+                            group: str = "scene") -> torch.Tensor | None:
+    """-log attention mass on the targets of ``group``, averaged over every (turn, hop); None when the batch has
+    none.
 
     attentions: per decoder layer [B, heads, L, L] (softmax weights); targets: per batch row.
     """
     terms = []
     for b, row in enumerate(targets):
         for t in row:
-            if t.patches and len(attentions) > PATCH_LAYER:
-                terms.append(attentions[PATCH_LAYER][b, HEAD, t.query, list(t.patches)].sum())
-            if t.words:
-                terms.append(attentions[WORD_LAYER][b, HEAD, t.query, list(t.words)].sum())
+            if t.group != group:
+                continue
+            if t.patches and len(attentions) > t.patch_layer:
+                terms.append(attentions[t.patch_layer][b, HEAD, t.query, list(t.patches)].sum())
+            if t.words and len(attentions) > t.word_layer:
+                terms.append(attentions[t.word_layer][b, HEAD, t.query, list(t.words)].sum())
     if not terms:
         return None
     return -(torch.stack(terms).float() + 1e-6).log().mean()

@@ -1,0 +1,95 @@
+"""Set referents: teach the LM which image of a set a question or a caption line is about (addressing).
+
+Stop 43 made a set's later images readable at their place (``--set-consistency``), yet "what colour is the object
+in the second image?" stayed near its blank level: the answer reads the first image's colour. Picking the image is
+the same two-hop lookup ``zoo/referents.py`` supervises for objects in one scene, with the image's number in place
+of the object's words: at the position that predicts the answer, a head fetches the question's ordinal ("second"),
+and a head deeper in the LM uses it to attend to that image's object patches. For the patch hop to find them, the
+image tokens must carry their image's number, which the layers below it have to work out (from an ``Image 2:``
+marker before the image, or from where the image sits); so the set's hops sit deeper than the scene's
+(``SET_WORD_LAYER``, ``SET_PATCH_LAYER``), leaving the layers below to do that.
+
+Targets (group ``"set"``, their own loss weight: ``--set-referents W``):
+- every "which" turn of an image set ("What colour is the object in the {ordinal} image?", single questions and
+  the training dialogues' turns): at the answer's query position, the patch hop on the named image's object
+  patches, the word hop on the ordinal;
+- every line of a scan caption of a set ("Image 2 has a black star."): at each position from "has" to the token
+  that predicts the line's last word, the patch hop on that image's object patches, the word hop on the line's
+  number token.
+Placed forms (question first, a lead line, a system turn) keep their targets: positions come from the tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+
+from specula.world.sample import Sample
+from specula.world.vocab import COLOUR_NAMES, ORDINALS
+from specula.zoo.referents import ReferentTarget, answer_spans
+
+SET_WORD_LAYER = 2  # the head that fetches the question's ordinal (or the caption line's number)
+SET_PATCH_LAYER = 4  # the head that attends to the named image's object patches
+_WHICH = re.compile(r"\bthe (" + "|".join(ORDINALS) + r") image\b")
+
+
+def object_patches(patch_words: tuple[tuple[str, ...], ...]) -> list[int]:
+    """The patch indices of an image that show an object (their words start with a colour)."""
+    return [t for t, w in enumerate(patch_words) if w and w[0] in COLOUR_NAMES]
+
+
+def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
+                         word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+    """The addressing targets of an image-set sample (``kind`` multi/..., multi_dialogue, multi_caption); () for
+    anything else or when the image tokens do not match the sample's images.
+
+    input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
+    """
+    if not s.kind.startswith("multi") or len(s.images) < 2 or len(s.patch_words) != len(s.images):
+        return ()
+    n_tok = len(s.patch_words[0])
+    image_pos = (input_ids == image_id).nonzero()[:, 0].tolist()
+    if len(image_pos) != n_tok * len(s.images):
+        return ()
+
+    def patches(n: int) -> tuple[int, ...]:  # image n's object patches, as token positions
+        return tuple(image_pos[n * n_tok + t] for t in object_patches(s.patch_words[n]))
+
+    if s.kind == "multi_caption":
+        return _caption_lines(input_ids, labels, patches, len(s.images), word_id)
+    ids = input_ids.tolist()
+    starts, ends = answer_spans(labels)
+    questions = [s.prompt] + [u for u, _ in s.followups]
+    out = []
+    for i, (q, a) in enumerate(zip(questions, starts)):
+        m = _WHICH.search(q.lower())
+        if m is None:
+            continue
+        n = ORDINALS.index(m.group(1))
+        prev = ends[i - 1] if i > 0 and i - 1 < len(ends) else 0  # the question's turn starts after the last answer
+        ordinal = [j for j in range(prev, a) if ids[j] == word_id(m.group(1))]
+        pos = patches(n) if n < len(s.images) else ()
+        if pos and ordinal:
+            out.append(ReferentTarget(a - 1, pos, (ordinal[-1],), SET_PATCH_LAYER, SET_WORD_LAYER, "set"))
+    return tuple(out)
+
+
+def _caption_lines(input_ids: torch.Tensor, labels: torch.Tensor, patches: Callable[[int], tuple[int, ...]], k: int,
+                   word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+    """A scan caption's lines ("Image n has ... ."): each position from "has" to the one predicting the line's last
+    word attends to image n's object patches (patch hop) and to the line's number token (word hop)."""
+    ids, lab = input_ids.tolist(), labels.tolist()
+    image, has, dot = word_id("Image"), word_id("has"), word_id(".")
+    numbers = {word_id(str(n + 1)): n for n in range(k)}
+    out = []
+    for j in range(len(ids) - 2):
+        if lab[j] == -100 or ids[j] != image or ids[j + 1] not in numbers or ids[j + 2] != has:
+            continue
+        end = next((e for e in range(j + 3, len(ids)) if ids[e] == dot or lab[e] == -100), None)
+        pos = patches(numbers[ids[j + 1]])
+        if end is None or not pos:
+            continue
+        out.extend(ReferentTarget(q, pos, (j + 1,), SET_PATCH_LAYER, SET_WORD_LAYER, "set") for q in range(j + 2, end - 1))
+    return tuple(out)
