@@ -281,6 +281,10 @@ def _add_train(sub) -> None:
                         "image' question and each 'Image n has ...' caption line, head 0 of layer 2 attends to the "
                         "ordinal (or the line's number) and head 0 of layer 4 to that image's object patches "
                         "(default: 0 = off; zoo/set_referents.py)")
+    t.add_argument("--set-index", type=float, default=0.0,
+                   help="weight of an attention loss that gives a set's image tokens their image's number: at each "
+                        "object patch of image n, head 1 of layer 1 spreads its mass evenly over the first token and "
+                        "the first token of images 1..n (default: 0 = off; zoo/set_referents.py set_index_targets)")
     t.add_argument("--max-minutes", type=float, default=0.0,
                    help="stop the joint stage with a checkpoint after this many minutes of this invocation, e.g. to "
                         "fit a lease or a session (rerunning goes on; default: 0 = no limit)")

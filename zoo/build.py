@@ -82,7 +82,7 @@ def train_config_from_args(args):
                        stop_at=args.stop_at, device=args.device, max_minutes=args.max_minutes,
                        image_consistency=args.image_consistency, twin_states=args.twin_states,
                        twin_answer=args.twin_answer, set_consistency=args.set_consistency,
-                       set_referents=args.set_referents)
+                       set_referents=args.set_referents, set_index=args.set_index)
 
 
 def train_target_cli(args) -> int:

@@ -48,9 +48,11 @@ class ReferentTarget:
     query: int  # the position whose logits predict the answer's first token
     patches: tuple[int, ...]  # the referent object's image tokens
     words: tuple[int, ...]  # the question's referent words (shape and/or colour)
-    patch_layer: int = PATCH_LAYER  # the decoder layer whose head ``HEAD`` makes the patch hop
+    patch_layer: int = PATCH_LAYER  # the decoder layer whose head ``head`` makes the patch hop
     word_layer: int = WORD_LAYER  # ... and the word hop
-    group: str = "scene"  # which loss the target feeds: "scene" (referent_attention) or "set" (zoo/set_referents.py)
+    group: str = "scene"  # the loss the target feeds: "scene" (referent_attention), "set" / "set_index" (set_referents)
+    head: int = HEAD
+    spread: bool = False  # the patch hop's mass spread evenly over ``patches`` (-mean log of each) rather than summed
 
 
 def _words(question: str) -> list[str]:
@@ -200,7 +202,8 @@ def eager_attention(lm, on: bool = True):
 def referent_attention_loss(attentions: Sequence[torch.Tensor], targets: Sequence[Sequence[ReferentTarget]],
                             group: str = "scene") -> torch.Tensor | None:
     """-log attention mass on the targets of ``group``, averaged over every (turn, hop); None when the batch has
-    none.
+    none. A ``spread`` patch hop counts -mean log of each target position's weight instead (least when the mass is
+    shared evenly among them).
 
     attentions: per decoder layer [B, heads, L, L] (softmax weights); targets: per batch row.
     """
@@ -210,9 +213,10 @@ def referent_attention_loss(attentions: Sequence[torch.Tensor], targets: Sequenc
             if t.group != group:
                 continue
             if t.patches and len(attentions) > t.patch_layer:
-                terms.append(attentions[t.patch_layer][b, HEAD, t.query, list(t.patches)].sum())
+                w = attentions[t.patch_layer][b, t.head, t.query, list(t.patches)].float()  # [n]
+                terms.append(-(w + 1e-6).log().mean() if t.spread else -(w.sum() + 1e-6).log())
             if t.words and len(attentions) > t.word_layer:
-                terms.append(attentions[t.word_layer][b, HEAD, t.query, list(t.words)].sum())
+                terms.append(-(attentions[t.word_layer][b, t.head, t.query, list(t.words)].float().sum() + 1e-6).log())
     if not terms:
         return None
-    return -(torch.stack(terms).float() + 1e-6).log().mean()
+    return torch.stack(terms).mean()
