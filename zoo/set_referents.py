@@ -48,6 +48,16 @@ def object_patches(patch_words: tuple[tuple[str, ...], ...]) -> list[int]:
     return [t for t, w in enumerate(patch_words) if w and w[0] in COLOUR_NAMES]
 
 
+def set_image_tokens(s: Sample, input_ids: torch.Tensor, image_id: int) -> tuple[int, list[int]] | None:
+    """(tokens per image, every image token's position) of an image-set sample (``kind`` multi/...,
+    multi_dialogue, multi_caption); None for anything else or when the image tokens do not match its images."""
+    if not s.kind.startswith("multi") or len(s.images) < 2 or len(s.patch_words) != len(s.images):
+        return None
+    n_tok = len(s.patch_words[0])
+    image_pos = (input_ids == image_id).nonzero()[:, 0].tolist()
+    return (n_tok, image_pos) if len(image_pos) == n_tok * len(s.images) else None
+
+
 def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
                          word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
     """The addressing targets of an image-set sample (``kind`` multi/..., multi_dialogue, multi_caption); () for
@@ -55,12 +65,10 @@ def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tenso
 
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
     """
-    if not s.kind.startswith("multi") or len(s.images) < 2 or len(s.patch_words) != len(s.images):
+    images = set_image_tokens(s, input_ids, image_id)
+    if images is None:
         return ()
-    n_tok = len(s.patch_words[0])
-    image_pos = (input_ids == image_id).nonzero()[:, 0].tolist()
-    if len(image_pos) != n_tok * len(s.images):
-        return ()
+    n_tok, image_pos = images
 
     def patches(n: int) -> tuple[int, ...]:  # image n's object patches, as token positions
         return tuple(image_pos[n * n_tok + t] for t in object_patches(s.patch_words[n]))
@@ -109,12 +117,10 @@ def set_index_targets(s: Sample, input_ids: torch.Tensor, image_id: int) -> tupl
 
     input_ids # [L] int64
     """
-    if not s.kind.startswith("multi") or len(s.images) < 2 or len(s.patch_words) != len(s.images):
+    images = set_image_tokens(s, input_ids, image_id)
+    if images is None:
         return ()
-    n_tok = len(s.patch_words[0])
-    image_pos = (input_ids == image_id).nonzero()[:, 0].tolist()
-    if len(image_pos) != n_tok * len(s.images):
-        return ()
+    n_tok, image_pos = images
     out = []
     for n, words in enumerate(s.patch_words):
         firsts = (0,) + tuple(image_pos[i * n_tok] for i in range(n + 1))
