@@ -52,8 +52,8 @@ class Encoder:
                  caption_referents: bool = False, twins: bool = False, sets: bool = False,
                  set_referents: bool = False, set_index: bool = False):
         self.processor = processor
-        self.set_index = set_index  # ... and the image-number targets of its object patches (set_index_targets)
         self.set_referents = set_referents  # each image-set sample also carries its addressing targets (zoo/set_referents.py)
+        self.set_index = set_index  # ... and the image-number targets of its object patches (set_index_targets)
         self.sets = sets  # each image of an image-set sample is flagged in ``Encoded.lone_images``
         self.twins = twins  # each moved sample also carries its image-first twin's tokens (``Encoded.twin_ids``)
         self.codes = codes  # a WordCodes: each encoded sample also carries its patches' codes

@@ -124,6 +124,6 @@ def set_index_targets(s: Sample, input_ids: torch.Tensor, image_id: int) -> tupl
     out = []
     for n, words in enumerate(s.patch_words):
         firsts = (0,) + tuple(image_pos[i * n_tok] for i in range(n + 1))
-        out.extend(ReferentTarget(image_pos[n * n_tok + t], firsts, (), SET_INDEX_LAYER, SET_WORD_LAYER, "set_index",
-                                  SET_INDEX_HEAD, spread=True) for t in object_patches(words))
+        out.extend(ReferentTarget(image_pos[n * n_tok + t], firsts, (), patch_layer=SET_INDEX_LAYER, group="set_index",
+                                  head=SET_INDEX_HEAD, spread=True) for t in object_patches(words))
     return tuple(out)
