@@ -285,6 +285,15 @@ def _add_train(sub) -> None:
                    help="weight of an attention loss that gives a set's image tokens their image's number: at each "
                         "object patch of image n, head 1 of layer 1 spreads its mass evenly over the first token and "
                         "the first token of images 1..n (default: 0 = off; zoo/set_referents.py set_index_targets)")
+    t.add_argument("--set-marks", type=float, default=0.0,
+                   help="weight of an attention loss that gives a set's image tokens their image's number from the "
+                        "prompt: at each object patch of image n, head 2 of layer 1 attends to the number of the "
+                        "'Image n:' marker before it (use with --number-images; default: 0 = off; "
+                        "zoo/set_referents.py set_mark_targets)")
+    t.add_argument("--number-images", action="store_true",
+                   help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
+                        "added where missing); the exported processor numbers them the same way for every caller "
+                        "(default: off; targets/image_marks.py)")
     t.add_argument("--max-minutes", type=float, default=0.0,
                    help="stop the joint stage with a checkpoint after this many minutes of this invocation, e.g. to "
                         "fit a lease or a session (rerunning goes on; default: 0 = no limit)")

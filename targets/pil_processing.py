@@ -34,6 +34,8 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer
 from transformers.image_utils import make_flat_list_of_images
 
+from .image_marks import number_image_marks
+
 IMAGE_TYPES = "a PIL image, a numpy array / torch tensor ([H, W, C] or [C, H, W]) or a local file path"
 
 
@@ -113,6 +115,9 @@ class PilProcessorMixin:
     """Put in front of a stock processor class; see the module docstring."""
 
     stock_class: str = ""  # the HF class name written to saved configs, e.g. "LlavaProcessor"
+    # Number a set's images in the prompt ("Image n: " before each placeholder; targets/image_marks.py). Saved as
+    # ``number_images`` in processor_config.json when on; a stock processor ignores it.
+    number_images: bool = False
 
     @classmethod
     def _init_defaults(cls, path: str, processor_dict: dict) -> dict:
@@ -130,13 +135,21 @@ class PilProcessorMixin:
         processor_dict, init_kwargs = cls.get_processor_dict(path, **kwargs)
         image_processor = AutoImageProcessor.from_pretrained(path, backend="pil", local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        number_images = bool(processor_dict.pop("number_images", False))
         defaults = {k: v for k, v in cls._init_defaults(path, processor_dict).items() if k not in processor_dict}
-        return cls.from_args_and_dict([image_processor, tokenizer], processor_dict, **{**defaults, **init_kwargs})
+        processor = cls.from_args_and_dict([image_processor, tokenizer], processor_dict, **{**defaults, **init_kwargs})
+        processor.number_images = number_images
+        return processor
 
     def prepare_inputs_layout(self, images=None, text=None, videos=None, audio=None, **kwargs):
         if images is not None:
             images = read_images(images)
-        return super().prepare_inputs_layout(images=images, text=text, videos=videos, audio=audio, **kwargs)
+        images, text, videos, audio = super().prepare_inputs_layout(images=images, text=text, videos=videos,
+                                                                    audio=audio, **kwargs)
+        token = getattr(self, "image_token", None)
+        if self.number_images and token and isinstance(text, list) and all(isinstance(t, str) for t in text):
+            text = [number_image_marks(t, token) for t in text]
+        return images, text, videos, audio
 
     def validate_inputs(self, images=None, text=None, videos=None, audio=None, **kwargs):
         check_image_count(text, images, getattr(self, "image_token", None))
@@ -145,6 +158,8 @@ class PilProcessorMixin:
     def to_dict(self):
         out = super().to_dict()
         out["processor_class"] = self.stock_class
+        if self.number_images:
+            out["number_images"] = True
         return out
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):

@@ -30,6 +30,7 @@ def export(ckpt: Path, out: Path = TARGET_DIR, tokenizer_dir: Path = TOKENIZER_D
 
     state = json.loads((ckpt / "state.json").read_text())
     processor = load_processor(tokenizer_dir)
+    processor.number_images = bool(state["config"].get("number_images", False))  # saved in processor_config.json
     model = build_model(TargetArch.from_name(state["config"]["arch"]), processor.tokenizer)
     model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
     model.tie_weights()
@@ -82,7 +83,8 @@ def train_config_from_args(args):
                        stop_at=args.stop_at, device=args.device, max_minutes=args.max_minutes,
                        image_consistency=args.image_consistency, twin_states=args.twin_states,
                        twin_answer=args.twin_answer, set_consistency=args.set_consistency,
-                       set_referents=args.set_referents, set_index=args.set_index)
+                       set_referents=args.set_referents, set_index=args.set_index,
+                       set_marks=args.set_marks, number_images=args.number_images)
 
 
 def train_target_cli(args) -> int:

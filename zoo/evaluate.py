@@ -49,6 +49,7 @@ def load_checkpoint(ckpt: str):
         raise FileNotFoundError(f"{path}: not a training checkpoint (needs state.json and model.safetensors)")
     state = json.loads((path / "state.json").read_text())
     processor = load_processor(TOKENIZER_DIR)
+    processor.number_images = bool(state["config"].get("number_images", False))  # the prompt form it trained on
     model = build_model(TargetArch.from_name(state["config"]["arch"]), processor.tokenizer)
     sd = {k: v.to(torch.float16).to(torch.float32) for k, v in load_file(path / "model.safetensors").items()}
     model.load_state_dict(sd, strict=False)

@@ -24,6 +24,12 @@ tokens do not know their image's number. ``--set-index W`` gives it to them (gro
 patch of image n, head ``SET_INDEX_HEAD`` of layer ``SET_INDEX_LAYER`` spreads its mass evenly over the sequence's
 first token and the first token of images 1..n (``spread``), so the share that lands on the first token, 1 / (n + 1),
 says which image the patch is in, with or without ``Image n:`` markers.
+
+The index formed only part way (images 3 and 4 barely apart after 3,200 samples) and the layer-4 hop did not read it.
+``--set-marks W`` (group ``"set_mark"``) takes the number from the prompt instead: with the processor numbering every
+set's images (``--number-images``, targets/image_marks.py), each image follows its ``Image n:`` marker, and at every
+object patch of image n head ``SET_MARK_HEAD`` of layer ``SET_MARK_LAYER`` attends to that marker's number token, so
+the patch carries the embedding of "2" itself, a key the ordinal "second" can match.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from specula.zoo.referents import ReferentTarget, answer_spans
 SET_WORD_LAYER = 2  # the head that fetches the question's ordinal (or the caption line's number)
 SET_PATCH_LAYER = 4  # the head that attends to the named image's object patches
 SET_INDEX_LAYER, SET_INDEX_HEAD = 1, 1  # the head that counts the images up to a patch's own
+SET_MARK_LAYER, SET_MARK_HEAD = 1, 2  # the head that fetches a patch's ``Image n:`` number
+MARK_REACH = 4  # the marker's number token lies at most this many tokens before its image's first token
 _WHICH = re.compile(r"\bthe (" + "|".join(ORDINALS) + r") image\b")
 
 
@@ -126,4 +134,28 @@ def set_index_targets(s: Sample, input_ids: torch.Tensor, image_id: int) -> tupl
         firsts = (0,) + tuple(image_pos[i * n_tok] for i in range(n + 1))
         out.extend(ReferentTarget(image_pos[n * n_tok + t], firsts, (), patch_layer=SET_INDEX_LAYER, group="set_index",
                                   head=SET_INDEX_HEAD, spread=True) for t in object_patches(words))
+    return tuple(out)
+
+
+def set_mark_targets(s: Sample, input_ids: torch.Tensor, image_id: int,
+                     word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+    """At every object patch of image n of an image-set sample, the number token of the ``Image n:`` marker just
+    before the image (within ``MARK_REACH`` tokens); images without their marker get none; () for anything else.
+
+    input_ids # [L] int64
+    """
+    images = set_image_tokens(s, input_ids, image_id)
+    if images is None:
+        return ()
+    n_tok, image_pos = images
+    ids = input_ids.tolist()
+    out = []
+    for n, words in enumerate(s.patch_words):
+        first = image_pos[n * n_tok]
+        number, mark = word_id(str(n + 1)), word_id("Image")
+        at = [j for j in range(max(1, first - MARK_REACH), first) if ids[j] == number and ids[j - 1] == mark]
+        if not at:
+            continue
+        out.extend(ReferentTarget(image_pos[n * n_tok + t], (at[-1],), (), patch_layer=SET_MARK_LAYER,
+                                  group="set_mark", head=SET_MARK_HEAD) for t in object_patches(words))
     return tuple(out)

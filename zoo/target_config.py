@@ -31,8 +31,8 @@ class TargetArch:
         if name == "tiny":  # for tests: same shape of model, a fraction of the cost
             return cls(vision_hidden=64, vision_layers=1, vision_heads=2, lm_hidden=64, lm_layers=2, lm_heads=2,
                        lm_kv_heads=2, lm_ffn=128)
-        if name == "tiny_deep":  # for tests of losses on deeper layers (zoo/set_referents.py hops at layer 4)
-            return dataclasses.replace(cls.from_name("tiny"), lm_layers=6)
+        if name == "tiny_deep":  # for tests of losses on deeper layers and other heads (zoo/set_referents.py)
+            return dataclasses.replace(cls.from_name("tiny"), lm_layers=6, lm_heads=4, lm_kv_heads=4)
         raise ValueError(f"unknown target arch {name!r} (embedded, tiny, tiny_deep)")
 
 

@@ -105,6 +105,8 @@ class TrainConfig:
     set_consistency: float = 0.0  # weight of set_consistency_loss (a set's images vs each alone at the start); 0 = off
     set_referents: float = 0.0  # weight of the set-addressing attention loss (zoo/set_referents.py); 0 = off
     set_index: float = 0.0  # weight of the image-number attention loss of a set's patches (set_index_targets); 0 = off
+    set_marks: float = 0.0  # weight of the "Image n:" marker attention loss of a set's patches (set_mark_targets); 0 = off
+    number_images: bool = False  # the processor numbers every set's images ("Image n: <image>"; targets/image_marks.py)
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -127,8 +129,8 @@ class TrainConfig:
             raise ValueError("set_consistency must be >= 0 (0 = off)")
         if self.set_referents < 0:
             raise ValueError("set_referents must be >= 0 (0 = off)")
-        if self.set_index < 0:
-            raise ValueError("set_index must be >= 0 (0 = off)")
+        if self.set_index < 0 or self.set_marks < 0:
+            raise ValueError("set_index and set_marks must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -210,7 +212,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
             feats, img = tower_features(model, batch.pixel_values)  # [N_img, T, D_vis], [N_img, T, H]
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
-    refs = (cfg.referent_attention > 0 or cfg.set_referents > 0 or cfg.set_index > 0) and bool(batch.referents)
+    refs = (cfg.referent_attention > 0 or cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0) \
+        and bool(batch.referents)
     consistency = cfg.image_consistency > 0 and img is not None
     sets = cfg.set_consistency > 0 and img is not None and batch.lone_images is not None
     twins = (cfg.twin_states > 0 or cfg.twin_answer > 0) and batch.twin_ids is not None
@@ -417,7 +420,8 @@ def twin_losses(model, batch, img: torch.Tensor | None, states: tuple[torch.Tens
 
 def _referent(losses: dict, out, batch, refs: bool) -> dict[str, torch.Tensor]:
     if refs:
-        for key, group in (("referent", "scene"), ("set_referent", "set"), ("set_index", "set_index")):
+        for key, group in (("referent", "scene"), ("set_referent", "set"), ("set_index", "set_index"),
+                           ("set_mark", "set_mark")):
             ref = referent_attention_loss(out.attentions, batch.referents, group)
             if ref is not None:
                 losses[key] = ref
@@ -580,13 +584,15 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     run = Path(cfg.run_dir)
     ckpt = run / "ckpt"
     run.mkdir(parents=True, exist_ok=True)
+    processor.number_images = cfg.number_images  # the checkpoint's state.json and the export say so too
     tok = processor.tokenizer
     openers = opener_ids(tok)
     stops = stop_ids(tok)
     opening = torch.tensor(tok(BOS + USER, add_special_tokens=False).input_ids)  # [2] <s><|user|>
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
-    if (cfg.set_referents > 0 or cfg.set_index > 0) and model.config.text_config.num_hidden_layers <= SET_PATCH_LAYER:
-        raise ValueError(f"--set-referents / --set-index need an LM deeper than layer {SET_PATCH_LAYER} (zoo/set_referents.py); "
+    if (cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0) \
+            and model.config.text_config.num_hidden_layers <= SET_PATCH_LAYER:
+        raise ValueError(f"--set-referents / --set-index / --set-marks need an LM deeper than layer {SET_PATCH_LAYER} (zoo/set_referents.py); "
                          f"arch {cfg.arch!r} has {model.config.text_config.num_hidden_layers} layers")
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}
@@ -618,11 +624,12 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 state["projector_fit"] = {"from": str(src)}  # the exported projector is the fit: no refit
         log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts"
             f"{'; the vision heads start fresh' if cfg.vis_weight else ''})")
+    state["config"]["number_images"] = cfg.number_images  # this run's prompt form, even when resumed from another's
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
-                  set_referents=cfg.set_referents > 0, set_index=cfg.set_index > 0)
+                  set_referents=cfg.set_referents > 0, set_index=cfg.set_index > 0, set_marks=cfg.set_marks > 0)
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
         _lm_from(model, Path(cfg.lm_from), cfg, state, log)
@@ -729,7 +736,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.image_consistency * losses.get("consistency", 0.0) \
                 + cfg.twin_states * losses.get("twin_states", 0.0) + cfg.twin_answer * losses.get("twin_answer", 0.0) \
                 + cfg.set_consistency * losses.get("set_consistency", 0.0) \
-                + cfg.set_referents * losses.get("set_referent", 0.0) + cfg.set_index * losses.get("set_index", 0.0)
+                + cfg.set_referents * losses.get("set_referent", 0.0) + cfg.set_index * losses.get("set_index", 0.0) \
+                + cfg.set_marks * losses.get("set_mark", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

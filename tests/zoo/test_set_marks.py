@@ -1,0 +1,99 @@
+"""Set marks: each object patch of a numbered image set attends to its image's ``Image n:`` number (targets, loss,
+training with ``number_images``, and the prompt form carried to checkpoints and exports)."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from specula.targets.processor import load_processor
+from specula.world import multi
+from specula.world.scene import make_dialogue
+from specula.zoo.batching import Encoder, collate
+from specula.zoo.build import export
+from specula.zoo.evaluate import load_checkpoint
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.set_referents import MARK_REACH, SET_MARK_HEAD, SET_MARK_LAYER, object_patches, set_mark_targets
+from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.train_target import TrainConfig, forward_losses, train
+
+T = 144  # image tokens per image
+
+
+@pytest.fixture(scope="module")
+def numbering():
+    proc = load_processor(TOKENIZER_DIR)
+    proc.number_images = True
+    return proc
+
+
+def _sets(n: int):
+    return [multi.make_multi(random.Random(f"set-marks/{i}"), "multi_image", "qa") for i in range(n)]
+
+
+def test_each_object_patch_points_at_its_images_number(numbering):
+    enc = Encoder(numbering, set_marks=True)
+    tok = numbering.tokenizer
+    samples = _sets(8)
+    assert {"Image 1:" in s.prompt for s in samples} == {True, False}  # bare and marked prompts alike
+    for s in samples:
+        e = enc.encode(s)
+        img = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
+        want = [(n, p) for n, words in enumerate(s.patch_words) for p in object_patches(words)]
+        assert len(e.referents) == len(want) > 0
+        for t, (n, p) in zip(e.referents, want):
+            assert t.query == img[n * T + p] and t.words == () and not t.spread
+            assert (t.group, t.patch_layer, t.head) == ("set_mark", SET_MARK_LAYER, SET_MARK_HEAD)
+            (m,) = t.patches
+            assert tok.convert_ids_to_tokens(e.input_ids[m - 1: m + 1].tolist()) == ["▁Image", f"▁{n + 1}"]
+            assert 0 < img[n * T] - m <= MARK_REACH  # just before the image's first token
+
+
+def test_unnumbered_and_other_samples_have_no_marks(numbering):
+    plain = Encoder(load_processor(TOKENIZER_DIR), set_marks=True)
+    bare = next(s for s in _sets(40) if "Image 1:" not in s.prompt)
+    assert plain.encode(bare).referents == ()  # no markers, no targets
+    rng = random.Random("set-marks/none")
+    enc = Encoder(numbering, set_marks=True)
+    assert enc.encode(make_dialogue(rng, "vqa_dialogue", "vqa")).referents == ()
+    assert enc.encode(multi.make_video(rng, "video", "qa")).referents == ()  # frames: numbered, but not a set
+    assert set_mark_targets(make_dialogue(rng, "vqa_dialogue", "vqa"), torch.zeros(4, dtype=torch.long), 3,
+                            lambda w: 5) == ()
+
+
+def test_the_mark_term_is_its_own_loss_and_reaches_the_first_layer(numbering):
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny_deep"), numbering.tokenizer, seed=0)
+    enc = Encoder(numbering, set_marks=True)
+    batch = collate([enc.encode(s) for s in _sets(2)], numbering.tokenizer.pad_token_id)
+    losses = forward_losses(model, batch, TrainConfig(run_dir="x", set_marks=1.0, freeze_vision=True))
+    assert float(losses["set_mark"].detach()) > 0 and "set_referent" not in losses and "set_index" not in losses
+    losses["set_mark"].backward()
+    grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
+    assert grads and any(float(g.abs().sum()) > 0 for g in grads)
+    assert "set_mark" not in forward_losses(model, batch, TrainConfig(run_dir="x", freeze_vision=True))
+    with pytest.raises(ValueError, match="set_marks"):
+        TrainConfig(run_dir="x", set_marks=-1.0)
+
+
+def test_a_numbered_run_trains_the_term_and_keeps_its_prompt_form(tmp_path):
+    """A short run with ``set_marks`` 1 ends with other weights than one at 1e-12 and logs the term; its checkpoint
+    and its export number image sets (``number_images``) while the default run's do not."""
+    from safetensors.torch import load_file
+
+    base = dict(arch="tiny_deep", total_samples=16, pool=16, token_budget=4096, warmup_samples=4, eval_n=2,
+                eval_every_s=0.0, ckpt_every_s=1e9, threads=1, vision_images=16, mix="scan_multi")
+    ckpts = {name: train(TrainConfig(run_dir=str(tmp_path / name), set_marks=w, number_images=numbered, **base),
+                         load_processor(TOKENIZER_DIR), log=lambda m: None)
+             for name, w, numbered in (("faint", 1e-12, True), ("marks", 1.0, True), ("plain", 0.0, False))}
+    faint, marks = (load_file(ckpts[k] / "model.safetensors") for k in ("faint", "marks"))
+    lm = [k for k in faint if "language_model.layers.0." in k]
+    assert any(not torch.equal(faint[k], marks[k]) for k in lm)
+    state = json.loads((ckpts["marks"] / "state.json").read_text())
+    assert state["config"]["number_images"] and any(h.get("loss_set_mark", 0) > 0 for h in state["history"])
+    assert load_checkpoint(str(ckpts["marks"]))[1].number_images
+    assert not load_checkpoint(str(ckpts["plain"]))[1].number_images
+    out = export(ckpts["marks"], tmp_path / "exported")
+    assert load_processor(out).number_images
+    assert json.loads((out / "processor_config.json").read_text())["number_images"] is True
