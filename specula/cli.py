@@ -290,6 +290,10 @@ def _add_train(sub) -> None:
                         "prompt: at each object patch of image n, head 2 of layer 1 attends to the number of the "
                         "'Image n:' marker before it (use with --number-images; default: 0 = off; "
                         "zoo/set_referents.py set_mark_targets)")
+    t.add_argument("--set-hops", choices=("deep", "shallow"), default="deep",
+                   help="where the --set-referents / --set-marks hops sit: deep (ordinal at layer 2, the named "
+                        "image's patches at layer 4, marks at layer 1) or shallow (layers 0 and 1, head 0: the heads "
+                        "the scene lookups read colours with; marks at layer 0) (default: deep; zoo/set_referents.py)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

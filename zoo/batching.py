@@ -50,11 +50,13 @@ class Encoder:
 
     def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False,
                  caption_referents: bool = False, twins: bool = False, sets: bool = False,
-                 set_referents: bool = False, set_index: bool = False, set_marks: bool = False):
+                 set_referents: bool = False, set_index: bool = False, set_marks: bool = False,
+                 set_hops: str = "deep"):
         self.processor = processor
         self.set_referents = set_referents  # each image-set sample also carries its addressing targets (zoo/set_referents.py)
         self.set_index = set_index  # ... and the image-number targets of its object patches (set_index_targets)
         self.set_marks = set_marks  # ... and its object patches' "Image n:" marker targets (set_mark_targets)
+        self.set_hops = set_hops  # the layers of those hops: a key of set_referents.SET_HOPS
         self.sets = sets  # each image of an image-set sample is flagged in ``Encoded.lone_images``
         self.twins = twins  # each moved sample also carries its image-first twin's tokens (``Encoded.twin_ids``)
         self.codes = codes  # a WordCodes: each encoded sample also carries its patches' codes
@@ -103,14 +105,16 @@ class Encoder:
 
             refs = referent_targets(s, ids, labels, self.image_id, self.word_id, captions=self.caption_referents)
         if self.set_referents or self.set_index or self.set_marks:
-            from specula.zoo.set_referents import set_index_targets, set_mark_targets, set_referent_targets
+            from specula.zoo.set_referents import SET_HOPS, set_index_targets, set_mark_targets, set_referent_targets
+
+            hops = SET_HOPS[self.set_hops]
 
             if self.set_referents:
-                refs = tuple(refs) + set_referent_targets(s, ids, labels, self.image_id, self.word_id)
+                refs = tuple(refs) + set_referent_targets(s, ids, labels, self.image_id, self.word_id, hops)
             if self.set_index:
                 refs = tuple(refs) + set_index_targets(s, ids, self.image_id)
             if self.set_marks:
-                refs = tuple(refs) + set_mark_targets(s, ids, self.image_id, self.word_id)
+                refs = tuple(refs) + set_mark_targets(s, ids, self.image_id, self.word_id, hops)
         return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
                        codes, refs, self._twin_ids(s), self._lone_images(s))
 

@@ -84,7 +84,8 @@ def train_config_from_args(args):
                        image_consistency=args.image_consistency, twin_states=args.twin_states,
                        twin_answer=args.twin_answer, set_consistency=args.set_consistency,
                        set_referents=args.set_referents, set_index=args.set_index,
-                       set_marks=args.set_marks, number_images=args.number_images)
+                       set_marks=args.set_marks, number_images=args.number_images,
+                       set_hops=args.set_hops)
 
 
 def train_target_cli(args) -> int:

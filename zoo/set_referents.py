@@ -30,24 +30,43 @@ The index formed only part way (images 3 and 4 barely apart after 3,200 samples)
 set's images (``--number-images``, targets/image_marks.py), each image follows its ``Image n:`` marker, and at every
 object patch of image n head ``SET_MARK_HEAD`` of layer ``SET_MARK_LAYER`` attends to that marker's number token, so
 the patch carries the embedding of "2" itself, a key the ordinal "second" can match.
+
+Where the hops sit is ``SET_HOPS[name]`` (``--set-hops``): ``"deep"`` (word hop layer 2, patch hop layer 4, mark hop
+layer 1; the layers below left to work the number out) or ``"shallow"`` (word hop layer 0 and patch hop layer 1, head
+0: the very heads the scene lookups use to read an object's colour in one image, ``zoo/referents.py``; mark hop layer
+0), so that a set's "which" answer is read by the circuit that already reads colours.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from specula.world.sample import Sample
 from specula.world.vocab import COLOUR_NAMES, ORDINALS
-from specula.zoo.referents import ReferentTarget, answer_spans
+from specula.zoo.referents import PATCH_LAYER, WORD_LAYER, ReferentTarget, answer_spans
 
 SET_WORD_LAYER = 2  # the head that fetches the question's ordinal (or the caption line's number)
 SET_PATCH_LAYER = 4  # the head that attends to the named image's object patches
 SET_INDEX_LAYER, SET_INDEX_HEAD = 1, 1  # the head that counts the images up to a patch's own
 SET_MARK_LAYER, SET_MARK_HEAD = 1, 2  # the head that fetches a patch's ``Image n:`` number
 MARK_REACH = 4  # the marker's number token lies at most this many tokens before its image's first token
+
+
+@dataclass(frozen=True)
+class SetHops:
+    """The decoder layers of the set hops (heads: 0 for the word and patch hops, ``SET_MARK_HEAD`` for the mark)."""
+
+    word_layer: int  # the answer position fetches the question's ordinal (a caption line's number)
+    patch_layer: int  # ... and attends to the named image's object patches
+    mark_layer: int  # each object patch fetches its ``Image n:`` number
+
+
+SET_HOPS = {"deep": SetHops(SET_WORD_LAYER, SET_PATCH_LAYER, SET_MARK_LAYER),
+            "shallow": SetHops(WORD_LAYER, PATCH_LAYER, 0)}
 _WHICH = re.compile(r"\bthe (" + "|".join(ORDINALS) + r") image\b")
 
 
@@ -67,7 +86,7 @@ def set_image_tokens(s: Sample, input_ids: torch.Tensor, image_id: int) -> tuple
 
 
 def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
-                         word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+                         word_id: Callable[[str], int], hops: SetHops = SET_HOPS["deep"]) -> tuple[ReferentTarget, ...]:
     """The addressing targets of an image-set sample (``kind`` multi/..., multi_dialogue, multi_caption); () for
     anything else or when the image tokens do not match the sample's images.
 
@@ -82,7 +101,7 @@ def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tenso
         return tuple(image_pos[n * n_tok + t] for t in object_patches(s.patch_words[n]))
 
     if s.kind == "multi_caption":
-        return _caption_lines(input_ids, labels, patches, len(s.images), word_id)
+        return _caption_lines(input_ids, labels, patches, len(s.images), word_id, hops)
     ids = input_ids.tolist()
     starts, ends = answer_spans(labels)
     questions = [s.prompt] + [u for u, _ in s.followups]
@@ -96,12 +115,12 @@ def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tenso
         ordinal = [j for j in range(prev, a) if ids[j] == word_id(m.group(1))]
         pos = patches(n) if n < len(s.images) else ()
         if pos and ordinal:
-            out.append(ReferentTarget(a - 1, pos, (ordinal[-1],), SET_PATCH_LAYER, SET_WORD_LAYER, "set"))
+            out.append(ReferentTarget(a - 1, pos, (ordinal[-1],), hops.patch_layer, hops.word_layer, "set"))
     return tuple(out)
 
 
 def _caption_lines(input_ids: torch.Tensor, labels: torch.Tensor, patches: Callable[[int], tuple[int, ...]], k: int,
-                   word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+                   word_id: Callable[[str], int], hops: SetHops) -> tuple[ReferentTarget, ...]:
     """A scan caption's lines ("Image n has ... ."): each position from "has" to the one predicting the line's last
     word attends to image n's object patches (patch hop) and to the line's number token (word hop)."""
     ids, lab = input_ids.tolist(), labels.tolist()
@@ -115,7 +134,8 @@ def _caption_lines(input_ids: torch.Tensor, labels: torch.Tensor, patches: Calla
         pos = patches(numbers[ids[j + 1]])
         if end is None or not pos:
             continue
-        out.extend(ReferentTarget(q, pos, (j + 1,), SET_PATCH_LAYER, SET_WORD_LAYER, "set") for q in range(j + 2, end - 1))
+        out.extend(ReferentTarget(q, pos, (j + 1,), hops.patch_layer, hops.word_layer, "set")
+                   for q in range(j + 2, end - 1))
     return tuple(out)
 
 
@@ -137,8 +157,8 @@ def set_index_targets(s: Sample, input_ids: torch.Tensor, image_id: int) -> tupl
     return tuple(out)
 
 
-def set_mark_targets(s: Sample, input_ids: torch.Tensor, image_id: int,
-                     word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+def set_mark_targets(s: Sample, input_ids: torch.Tensor, image_id: int, word_id: Callable[[str], int],
+                     hops: SetHops = SET_HOPS["deep"]) -> tuple[ReferentTarget, ...]:
     """At every object patch of image n of an image-set sample, the number token of the ``Image n:`` marker just
     before the image (within ``MARK_REACH`` tokens); images without their marker get none; () for anything else.
 
@@ -156,6 +176,6 @@ def set_mark_targets(s: Sample, input_ids: torch.Tensor, image_id: int,
         at = [j for j in range(max(1, first - MARK_REACH), first) if ids[j] == number and ids[j - 1] == mark]
         if not at:
             continue
-        out.extend(ReferentTarget(image_pos[n * n_tok + t], (at[-1],), (), patch_layer=SET_MARK_LAYER,
+        out.extend(ReferentTarget(image_pos[n * n_tok + t], (at[-1],), (), patch_layer=hops.mark_layer,
                                   group="set_mark", head=SET_MARK_HEAD) for t in object_patches(words))
     return tuple(out)

@@ -27,7 +27,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -44,7 +44,7 @@ from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
-from specula.zoo.set_referents import SET_PATCH_LAYER
+from specula.zoo.set_referents import SET_HOPS, SET_INDEX_HEAD, SET_INDEX_LAYER, SET_MARK_HEAD
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 from specula.zoo.word_codes import WordCodes
@@ -107,6 +107,7 @@ class TrainConfig:
     set_index: float = 0.0  # weight of the image-number attention loss of a set's patches (set_index_targets); 0 = off
     set_marks: float = 0.0  # weight of the "Image n:" marker attention loss of a set's patches (set_mark_targets); 0 = off
     number_images: bool = False  # the processor numbers every set's images ("Image n: <image>"; targets/image_marks.py)
+    set_hops: str = "deep"  # the layers of the set referent / mark hops: "deep" or "shallow" (set_referents.SET_HOPS)
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -129,6 +130,8 @@ class TrainConfig:
             raise ValueError("set_consistency must be >= 0 (0 = off)")
         if self.set_referents < 0:
             raise ValueError("set_referents must be >= 0 (0 = off)")
+        if self.set_hops not in SET_HOPS:
+            raise ValueError(f"set_hops must be one of {', '.join(SET_HOPS)}, got {self.set_hops!r}")
         if self.set_index < 0 or self.set_marks < 0:
             raise ValueError("set_index and set_marks must be >= 0 (0 = off)")
         if self.max_minutes < 0:
@@ -590,10 +593,15 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     stops = stop_ids(tok)
     opening = torch.tensor(tok(BOS + USER, add_special_tokens=False).input_ids)  # [2] <s><|user|>
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
+    deepest = max(SET_INDEX_LAYER, *astuple(SET_HOPS[cfg.set_hops]))
     if (cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0) \
-            and model.config.text_config.num_hidden_layers <= SET_PATCH_LAYER:
-        raise ValueError(f"--set-referents / --set-index / --set-marks need an LM deeper than layer {SET_PATCH_LAYER} (zoo/set_referents.py); "
-                         f"arch {cfg.arch!r} has {model.config.text_config.num_hidden_layers} layers")
+            and model.config.text_config.num_hidden_layers <= deepest:
+        raise ValueError(f"--set-referents / --set-index / --set-marks need an LM deeper than layer {deepest} "
+                         f"(zoo/set_referents.py); arch {cfg.arch!r} has {model.config.text_config.num_hidden_layers} layers")
+    heads = model.config.text_config.num_attention_heads
+    if (cfg.set_marks > 0 and heads <= SET_MARK_HEAD) or (cfg.set_index > 0 and heads <= SET_INDEX_HEAD):
+        raise ValueError(f"--set-marks / --set-index use heads {SET_MARK_HEAD} / {SET_INDEX_HEAD}; arch {cfg.arch!r} "
+                         f"has {heads} heads (zoo/set_referents.py)")
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}
     if (ckpt / "state.json").exists():
@@ -629,7 +637,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
-                  set_referents=cfg.set_referents > 0, set_index=cfg.set_index > 0, set_marks=cfg.set_marks > 0)
+                  set_referents=cfg.set_referents > 0, set_index=cfg.set_index > 0, set_marks=cfg.set_marks > 0,
+                  set_hops=cfg.set_hops)
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
         _lm_from(model, Path(cfg.lm_from), cfg, state, log)

@@ -97,3 +97,41 @@ def test_a_numbered_run_trains_the_term_and_keeps_its_prompt_form(tmp_path):
     out = export(ckpts["marks"], tmp_path / "exported")
     assert load_processor(out).number_images
     assert json.loads((out / "processor_config.json").read_text())["number_images"] is True
+
+
+def test_shallow_hops_sit_on_the_scene_lookups_heads(numbering):
+    """``set_hops="shallow"``: the ordinal and patch hops on layers 0 and 1 (head 0, as zoo/referents.py's scene
+    lookups), the mark hop on layer 0; the positions are the deep placement's; a tiny 2-layer LM may train them."""
+    from specula.zoo.referents import HEAD, PATCH_LAYER, WORD_LAYER
+    from specula.zoo.set_referents import SET_HOPS
+
+    which = next(s for s in _sets(60) if s.kind == "multi/which")
+    deep, shallow = (Encoder(numbering, set_referents=True, set_marks=True, set_hops=h).encode(which).referents
+                     for h in ("deep", "shallow"))
+    assert [(t.query, t.patches, t.words, t.group) for t in deep] == \
+        [(t.query, t.patches, t.words, t.group) for t in shallow]
+    for t in shallow:
+        if t.group == "set":
+            assert (t.word_layer, t.patch_layer, t.head) == (WORD_LAYER, PATCH_LAYER, HEAD)
+        else:
+            assert (t.patch_layer, t.head) == (SET_HOPS["shallow"].mark_layer, SET_MARK_HEAD)
+    assert SET_HOPS["shallow"].mark_layer < PATCH_LAYER  # the number is on the patches before the patch hop looks
+    with pytest.raises(ValueError, match="set_hops"):
+        TrainConfig(run_dir="x", set_hops="middle")
+
+
+def test_a_shallow_run_fits_a_two_layer_lm(tmp_path, numbering):
+    """Deep hops need more than 4 layers and the mark hop a third head; shallow set referents train in a tiny LM
+    (2 layers, 2 heads)."""
+    base = dict(arch="tiny", total_samples=8, pool=8, token_budget=4096, warmup_samples=2, eval_n=2,
+                eval_every_s=0.0, ckpt_every_s=1e9, threads=1, vision_images=8, mix="scan_multi")
+    with pytest.raises(ValueError, match="deeper than layer"):
+        train(TrainConfig(run_dir=str(tmp_path / "deep"), set_referents=1.0, **base), numbering, log=lambda m: None)
+    with pytest.raises(ValueError, match="has 2 heads"):
+        train(TrainConfig(run_dir=str(tmp_path / "heads"), set_marks=1.0, set_hops="shallow", **base), numbering,
+              log=lambda m: None)
+    ckpt = train(TrainConfig(run_dir=str(tmp_path / "shallow"), set_referents=1.0, set_hops="shallow",
+                             number_images=True, **base), numbering, log=lambda m: None)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["config"]["set_hops"] == "shallow" and state["config"]["number_images"]
+    assert any(h.get("loss_set_referent", 0) > 0 for h in state["history"])
