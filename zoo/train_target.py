@@ -632,7 +632,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 state["projector_fit"] = {"from": str(src)}  # the exported projector is the fit: no refit
         log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts"
             f"{'; the vision heads start fresh' if cfg.vis_weight else ''})")
-    state["config"]["number_images"] = cfg.number_images  # this run's prompt form, even when resumed from another's
+    # this run's prompt form and hop layers, also when it resumed from another run's checkpoint
+    state["config"].update(number_images=cfg.number_images, set_hops=cfg.set_hops)
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
