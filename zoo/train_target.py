@@ -23,6 +23,7 @@ with the same ``run_dir`` resumes from there. The data stream is indexed, so a r
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -587,6 +588,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     run = Path(cfg.run_dir)
     ckpt = run / "ckpt"
     run.mkdir(parents=True, exist_ok=True)
+    processor = copy.copy(processor)  # the caller's processor keeps its own prompt form
     processor.number_images = cfg.number_images  # the checkpoint's state.json and the export say so too
     tok = processor.tokenizer
     openers = opener_ids(tok)

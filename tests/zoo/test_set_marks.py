@@ -134,4 +134,7 @@ def test_a_shallow_run_fits_a_two_layer_lm(tmp_path, numbering):
                              number_images=True, **base), numbering, log=lambda m: None)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["config"]["set_hops"] == "shallow" and state["config"]["number_images"]
+    assert numbering.number_images  # the caller's processor is not switched by a run's setting
+    train(TrainConfig(run_dir=str(tmp_path / "plain"), number_images=False, **base), numbering, log=lambda m: None)
+    assert numbering.number_images
     assert any(h.get("loss_set_referent", 0) > 0 for h in state["history"])
