@@ -294,6 +294,11 @@ def _add_train(sub) -> None:
                    help="where the --set-referents / --set-marks hops sit: deep (ordinal at layer 2, the named "
                         "image's patches at layer 4, marks at layer 1) or shallow (layers 0 and 1, head 0: the heads "
                         "the scene lookups read colours with; marks at layer 0) (default: deep; zoo/set_referents.py)")
+    t.add_argument("--set-readout", type=float, default=0.0,
+                   help="weight of a loss that makes the head of the named image's patch hop say what it sees: at "
+                        "each 'which image' answer and each colour or shape word of an 'Image n has ...' caption "
+                        "line, that head's output alone, read through the final norm and LM head, must predict the "
+                        "word (builds the --set-referents targets; default: 0 = off; zoo/set_readout.py)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

@@ -45,6 +45,7 @@ from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
+from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss
 from specula.zoo.set_referents import SET_HOPS, SET_INDEX_HEAD, SET_INDEX_LAYER, SET_MARK_HEAD
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
@@ -109,6 +110,7 @@ class TrainConfig:
     set_marks: float = 0.0  # weight of the "Image n:" marker attention loss of a set's patches (set_mark_targets); 0 = off
     number_images: bool = False  # the processor numbers every set's images ("Image n: <image>"; targets/image_marks.py)
     set_hops: str = "deep"  # the layers of the set referent / mark hops: "deep" or "shallow" (set_referents.SET_HOPS)
+    set_readout: float = 0.0  # weight of the set patch-hop head's own readout of the answer (zoo/set_readout.py); 0 = off
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -135,6 +137,8 @@ class TrainConfig:
             raise ValueError(f"set_hops must be one of {', '.join(SET_HOPS)}, got {self.set_hops!r}")
         if self.set_index < 0 or self.set_marks < 0:
             raise ValueError("set_index and set_marks must be >= 0 (0 = off)")
+        if self.set_readout < 0:
+            raise ValueError("set_readout must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -204,10 +208,10 @@ def patch_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -(picked.sum(-1) / v.sum(-1)).mean()
 
 
-def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Tensor | None = None
-                   ) -> dict[str, torch.Tensor]:
+def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Tensor | None = None,
+                   readout_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The stage's losses on one batch; ``opening``: the token ids that open a dialogue's user turn (``<s><|user|>``),
-    needed by ``image_consistency``."""
+    needed by ``image_consistency``; ``readout_ids``: the tokens ``set_readout`` reads out (``readout_token_ids``)."""
     lm = model.model.language_model
     embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
     img = feats = None
@@ -221,9 +225,14 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     consistency = cfg.image_consistency > 0 and img is not None
     sets = cfg.set_consistency > 0 and img is not None and batch.lone_images is not None
     twins = (cfg.twin_states > 0 or cfg.twin_answer > 0) and batch.twin_ids is not None
-    with eager_attention(lm, refs):
+    readout = cfg.set_readout > 0 and bool(batch.referents)
+    if readout and readout_ids is None:
+        raise ValueError("set_readout needs readout_ids (zoo/set_readout.py readout_token_ids)")
+    hop_layers = {SET_HOPS[cfg.set_hops].patch_layer} if readout else ()
+    with eager_attention(lm, refs), head_inputs(lm, hop_layers) as got:
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
                  output_hidden_states=consistency or sets or (twins and cfg.twin_states > 0))
+    term = set_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, readout_ids) if readout else None
     hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
@@ -234,6 +243,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     else:  # weighted mean over the answer's labels (object-cell openers, zoo/cell_weights.py)
         w = batch.label_weights[:, 1:][sel].to(logits.device)  # [M]
         losses = {"lm": (w * F.cross_entropy(logits.float(), tgt[sel], reduction="none")).sum() / w.sum()}
+    if term is not None:
+        losses["set_readout"] = term
     if consistency:
         if opening is None:
             raise ValueError("image_consistency needs the opening token ids (<s><|user|>)")
@@ -596,9 +607,9 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     opening = torch.tensor(tok(BOS + USER, add_special_tokens=False).input_ids)  # [2] <s><|user|>
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
     deepest = max(SET_INDEX_LAYER, *astuple(SET_HOPS[cfg.set_hops]))
-    if (cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0) \
+    if (cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0 or cfg.set_readout > 0) \
             and model.config.text_config.num_hidden_layers <= deepest:
-        raise ValueError(f"--set-referents / --set-index / --set-marks need an LM deeper than layer {deepest} "
+        raise ValueError(f"--set-referents / --set-index / --set-marks / --set-readout need an LM deeper than layer {deepest} "
                          f"(zoo/set_referents.py); arch {cfg.arch!r} has {model.config.text_config.num_hidden_layers} layers")
     heads = model.config.text_config.num_attention_heads
     if (cfg.set_marks > 0 and heads <= SET_MARK_HEAD) or (cfg.set_index > 0 and heads <= SET_INDEX_HEAD):
@@ -640,8 +651,9 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
-                  set_referents=cfg.set_referents > 0, set_index=cfg.set_index > 0, set_marks=cfg.set_marks > 0,
-                  set_hops=cfg.set_hops)
+                  set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
+                  set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops)
+    readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
         _lm_from(model, Path(cfg.lm_from), cfg, state, log)
@@ -741,7 +753,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]
-            losses = forward_losses(model, batch, cfg, heads, opening)
+            losses = forward_losses(model, batch, cfg, heads, opening, readout_ids)
             loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
                 + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0) \
                 + cfg.referent_attention * losses.get("referent", 0.0) \
@@ -749,7 +761,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.twin_states * losses.get("twin_states", 0.0) + cfg.twin_answer * losses.get("twin_answer", 0.0) \
                 + cfg.set_consistency * losses.get("set_consistency", 0.0) \
                 + cfg.set_referents * losses.get("set_referent", 0.0) + cfg.set_index * losses.get("set_index", 0.0) \
-                + cfg.set_marks * losses.get("set_mark", 0.0)
+                + cfg.set_marks * losses.get("set_mark", 0.0) + cfg.set_readout * losses.get("set_readout", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,0 +1,108 @@
+"""Set readout: the set patch-hop head's own output, read through the final norm and LM head, predicts a set's
+answer (the term's value against a hand computation from the attention weights, where its gradient goes, wiring)."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specula.targets.processor import load_processor
+from specula.world import multi
+from specula.world.vocab import COLOUR_NAMES, SHAPES
+from specula.zoo.batching import Encoder, collate
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.referents import eager_attention
+from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss
+from specula.zoo.set_referents import SET_HOPS
+from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.train_target import TrainConfig, forward_losses
+from specula.zoo.vision_heads import tower_features
+
+
+@pytest.fixture(scope="module")
+def setup():
+    proc = load_processor(TOKENIZER_DIR)
+    proc.number_images = True
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny_deep"), proc.tokenizer, seed=0)
+    enc = Encoder(proc, set_referents=True)
+    rng = random.Random("set-readout")
+    samples = [multi.make_multi(rng, "multi_image", "qa") for _ in range(6)]
+    samples += [multi.make_multi(rng, "multi_image", "caption", scan=True) for _ in range(2)]
+    batch = collate([enc.encode(s) for s in samples], proc.tokenizer.pad_token_id)
+    return model, enc, batch
+
+
+def _embeds(model, batch):
+    embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
+    img = tower_features(model, batch.pixel_values)[1].reshape(-1, embeds.shape[-1])  # [N_img * T, H]
+    mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
+    return embeds.masked_scatter(mask, img.to(embeds.dtype))
+
+
+def test_the_readout_ids_are_the_colour_and_shape_words(setup):
+    _, enc, _ = setup
+    ids = readout_token_ids(enc.word_id)
+    words = {enc.processor.tokenizer.decode([i]).strip() for i in ids.tolist()}
+    assert words == set(COLOUR_NAMES) | set(SHAPES)
+
+
+def test_the_term_is_the_hop_heads_direct_logits_computed_by_hand(setup):
+    model, enc, batch = setup
+    lm = model.model.language_model
+    hops = SET_HOPS["deep"]
+    keep = readout_token_ids(enc.word_id)
+    with torch.no_grad(), eager_attention(lm), head_inputs(lm, [hops.patch_layer]) as got:
+        out = lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
+                 output_hidden_states=True)
+        term = set_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, keep)
+    assert term is not None and float(term) > 0
+    # by hand: head 0's weights at the query times its values, through that head's o_proj columns
+    layer = lm.layers[hops.patch_layer]
+    cfg = lm.config
+    d = cfg.hidden_size // cfg.num_attention_heads
+    kv_group = cfg.num_attention_heads // cfg.num_key_value_heads
+    normed = layer.input_layernorm(out.hidden_states[hops.patch_layer])  # [B, L, H]
+    values = layer.self_attn.v_proj(normed)  # [B, L, kv_heads * d]
+    attn = out.attentions[hops.patch_layer]  # [B, heads, L, L]
+    terms, kept = [], 0
+    for b, row in enumerate(batch.referents):
+        for t in row:
+            if t.group != "set" or int(batch.labels[b, t.query + 1]) not in set(keep.tolist()):
+                continue
+            kv = t.head // kv_group
+            mixed = attn[b, t.head, t.query] @ values[b, :, kv * d:(kv + 1) * d]  # [d]
+            contrib = mixed @ layer.self_attn.o_proj.weight[:, t.head * d:(t.head + 1) * d].T  # [H]
+            x = contrib / contrib.pow(2).mean().add(lm.norm.variance_epsilon).sqrt() * lm.norm.weight
+            terms.append(F.cross_entropy(model.lm_head(x)[None], batch.labels[b, t.query + 1][None]))
+            kept += 1
+    assert kept >= 8  # which answers and the caption lines' colour / shape words
+    assert torch.allclose(term, torch.stack(terms).mean(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_term_trains_the_hop_head_and_not_the_lm_head(setup):
+    model, enc, batch = setup
+    model.zero_grad(set_to_none=True)
+    cfg = TrainConfig(run_dir="x", set_readout=1.0, freeze_vision=True)
+    losses = forward_losses(model, batch, cfg, readout_ids=readout_token_ids(enc.word_id))
+    assert "set_referent" not in losses  # the readout alone turns no attention loss on
+    losses["set_readout"].backward()
+    layer = SET_HOPS["deep"].patch_layer
+    grads = dict(model.named_parameters())
+    o_proj = grads[f"model.language_model.layers.{layer}.self_attn.o_proj.weight"].grad
+    d = model.config.text_config.hidden_size // model.config.text_config.num_attention_heads
+    assert float(o_proj[:, :d].abs().sum()) > 0 and float(o_proj[:, d:].abs().sum()) == 0  # head 0's columns only
+    assert grads[f"model.language_model.layers.{layer}.self_attn.v_proj.weight"].grad is not None
+    assert grads["model.language_model.layers.0.mlp.down_proj.weight"].grad is not None  # the layers below
+    unseen = sorted(set(range(model.lm_head.weight.shape[0])) - set(batch.input_ids.flatten().tolist()))
+    assert float(model.lm_head.weight.grad[unseen].abs().sum()) == 0  # tied: only the input embeddings' rows move
+    assert grads["model.language_model.norm.weight"].grad is None
+    assert f"model.language_model.layers.{layer + 1}.self_attn.o_proj.weight" not in \
+        {n for n, p in model.named_parameters() if p.grad is not None and float(p.grad.abs().sum()) > 0}
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(ValueError, match="readout_ids"):
+        forward_losses(model, batch, cfg)
+    assert "set_readout" not in forward_losses(model, batch, TrainConfig(run_dir="x", freeze_vision=True))
+    with pytest.raises(ValueError, match="set_readout"):
+        TrainConfig(run_dir="x", set_readout=-1.0)
