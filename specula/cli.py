@@ -299,6 +299,10 @@ def _add_train(sub) -> None:
                         "each 'which image' answer and each colour or shape word of an 'Image n has ...' caption "
                         "line, that head's output alone, read through the final norm and LM head, must predict the "
                         "word (builds the --set-referents targets; default: 0 = off; zoo/set_readout.py)")
+    t.add_argument("--set-isolation", type=float, default=0.0,
+                   help="weight of an attention loss that keeps each later image of a set from reading the images "
+                        "before it: at its object patches, every layer's and head's mass on the earlier images' "
+                        "tokens is penalised (default: 0 = off; zoo/set_isolation.py)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

@@ -51,8 +51,9 @@ class Encoder:
     def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False,
                  caption_referents: bool = False, twins: bool = False, sets: bool = False,
                  set_referents: bool = False, set_index: bool = False, set_marks: bool = False,
-                 set_hops: str = "deep"):
+                 set_hops: str = "deep", set_isolation: bool = False):
         self.processor = processor
+        self.set_isolation = set_isolation  # ... and its later images' isolation spans (zoo/set_isolation.py)
         self.set_referents = set_referents  # each image-set sample also carries its addressing targets (zoo/set_referents.py)
         self.set_index = set_index  # ... and the image-number targets of its object patches (set_index_targets)
         self.set_marks = set_marks  # ... and its object patches' "Image n:" marker targets (set_mark_targets)
@@ -115,6 +116,10 @@ class Encoder:
                 refs = tuple(refs) + set_index_targets(s, ids, self.image_id)
             if self.set_marks:
                 refs = tuple(refs) + set_mark_targets(s, ids, self.image_id, self.word_id, hops)
+        if self.set_isolation:
+            from specula.zoo.set_isolation import set_isolation_spans
+
+            refs = tuple(refs) + set_isolation_spans(s, ids, self.image_id)
         return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
                        codes, refs, self._twin_ids(s), self._lone_images(s))
 

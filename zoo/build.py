@@ -85,7 +85,8 @@ def train_config_from_args(args):
                        twin_answer=args.twin_answer, set_consistency=args.set_consistency,
                        set_referents=args.set_referents, set_index=args.set_index,
                        set_marks=args.set_marks, number_images=args.number_images,
-                       set_hops=args.set_hops, set_readout=args.set_readout)
+                       set_hops=args.set_hops, set_readout=args.set_readout,
+                       set_isolation=args.set_isolation)
 
 
 def train_target_cli(args) -> int:

@@ -45,6 +45,7 @@ from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
+from specula.zoo.set_isolation import set_isolation_loss
 from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss
 from specula.zoo.set_referents import SET_HOPS, SET_INDEX_HEAD, SET_INDEX_LAYER, SET_MARK_HEAD
 from specula.zoo.target_config import TargetArch, build_model
@@ -110,6 +111,7 @@ class TrainConfig:
     set_marks: float = 0.0  # weight of the "Image n:" marker attention loss of a set's patches (set_mark_targets); 0 = off
     number_images: bool = False  # the processor numbers every set's images ("Image n: <image>"; targets/image_marks.py)
     set_hops: str = "deep"  # the layers of the set referent / mark hops: "deep" or "shallow" (set_referents.SET_HOPS)
+    set_isolation: float = 0.0  # weight of the loss keeping a set's later images' patches off the earlier images; 0 = off
     set_readout: float = 0.0  # weight of the set patch-hop head's own readout of the answer (zoo/set_readout.py); 0 = off
 
     def __post_init__(self):
@@ -137,8 +139,8 @@ class TrainConfig:
             raise ValueError(f"set_hops must be one of {', '.join(SET_HOPS)}, got {self.set_hops!r}")
         if self.set_index < 0 or self.set_marks < 0:
             raise ValueError("set_index and set_marks must be >= 0 (0 = off)")
-        if self.set_readout < 0:
-            raise ValueError("set_readout must be >= 0 (0 = off)")
+        if self.set_readout < 0 or self.set_isolation < 0:
+            raise ValueError("set_readout and set_isolation must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -220,8 +222,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
             feats, img = tower_features(model, batch.pixel_values)  # [N_img, T, D_vis], [N_img, T, H]
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
-    refs = (cfg.referent_attention > 0 or cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0) \
-        and bool(batch.referents)
+    refs = (cfg.referent_attention > 0 or cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0
+            or cfg.set_isolation > 0) and bool(batch.referents)
     consistency = cfg.image_consistency > 0 and img is not None
     sets = cfg.set_consistency > 0 and img is not None and batch.lone_images is not None
     twins = (cfg.twin_states > 0 or cfg.twin_answer > 0) and batch.twin_ids is not None
@@ -440,6 +442,9 @@ def _referent(losses: dict, out, batch, refs: bool) -> dict[str, torch.Tensor]:
             ref = referent_attention_loss(out.attentions, batch.referents, group)
             if ref is not None:
                 losses[key] = ref
+        iso = set_isolation_loss(out.attentions, batch.referents)
+        if iso is not None:
+            losses["set_isolation"] = iso
     return losses
 
 
@@ -652,7 +657,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
                   set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
-                  set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops)
+                  set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
@@ -761,7 +766,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.twin_states * losses.get("twin_states", 0.0) + cfg.twin_answer * losses.get("twin_answer", 0.0) \
                 + cfg.set_consistency * losses.get("set_consistency", 0.0) \
                 + cfg.set_referents * losses.get("set_referent", 0.0) + cfg.set_index * losses.get("set_index", 0.0) \
-                + cfg.set_marks * losses.get("set_mark", 0.0) + cfg.set_readout * losses.get("set_readout", 0.0)
+                + cfg.set_marks * losses.get("set_mark", 0.0) + cfg.set_readout * losses.get("set_readout", 0.0) \
+                + cfg.set_isolation * losses.get("set_isolation", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

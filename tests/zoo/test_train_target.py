@@ -490,17 +490,17 @@ def test_cli_flags_reach_the_training_config():
                                       "0.5", "--image-consistency", "2", "--device", "cuda:1", "--max-minutes", "3",
                                       "--set-consistency", "0.25", "--mix", "scan_placed_multi", "--set-referents", "0.5",
                                       "--set-index", "0.75", "--set-marks", "1.5", "--number-images",
-                                      "--set-hops", "shallow", "--set-readout", "2"])
+                                      "--set-hops", "shallow", "--set-readout", "2", "--set-isolation", "3"])
     cfg = train_config_from_args(args)
     assert (cfg.twin_states, cfg.twin_answer, cfg.image_consistency, cfg.set_consistency) == (1.0, 0.5, 2.0, 0.25)
     assert (cfg.set_referents, cfg.set_index, cfg.set_marks, cfg.number_images) == (0.5, 0.75, 1.5, True)
-    assert (cfg.set_hops, cfg.set_readout) == ("shallow", 2.0)
+    assert (cfg.set_hops, cfg.set_readout, cfg.set_isolation) == ("shallow", 2.0, 3.0)
     assert cfg.mix == "scan_placed_multi"
     assert (cfg.device, cfg.max_minutes) == ("cuda:1", 3.0)
     off = train_config_from_args(build_parser().parse_args(["train", "target", "--run-dir", "x"]))
     assert (off.twin_states, off.twin_answer, off.image_consistency, off.set_consistency) == (0.0, 0.0, 0.0, 0.0)
     assert (off.set_referents, off.set_index, off.set_marks, off.number_images) == (0.0, 0.0, 0.0, False)
-    assert (off.set_hops, off.set_readout) == ("deep", 0.0)
+    assert (off.set_hops, off.set_readout, off.set_isolation) == ("deep", 0.0, 0.0)
 
 
 def test_train_config_checks_device_and_max_minutes():

@@ -1,0 +1,88 @@
+"""Set isolation: a set's later images' object patches are kept off the earlier images' tokens (spans, the loss
+against a hand computation, wiring)."""
+
+import random
+
+import pytest
+import torch
+
+from specula.targets.processor import load_processor
+from specula.world import multi
+from specula.world.scene import make_dialogue
+from specula.zoo.batching import Encoder, collate
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.referents import eager_attention
+from specula.zoo.set_isolation import IsolationSpan, set_isolation_loss, set_isolation_spans
+from specula.zoo.set_referents import object_patches
+from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.train_target import TrainConfig, forward_losses
+from specula.zoo.vision_heads import tower_features
+
+T = 144  # image tokens per image
+
+
+@pytest.fixture(scope="module")
+def proc():
+    return load_processor(TOKENIZER_DIR)
+
+
+def _sets(n: int):
+    rng = random.Random("set-isolation")
+    return [multi.make_multi(rng, "multi_image", "qa") for _ in range(n)]
+
+
+def test_each_later_image_gets_its_object_patches_and_the_images_before_it(proc):
+    enc = Encoder(proc, set_isolation=True)
+    seen = 0
+    for s in _sets(6):
+        e = enc.encode(s)
+        image_pos = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
+        spans = [t for t in e.referents if isinstance(t, IsolationSpan)]
+        want = [n for n in range(1, len(s.images)) if object_patches(s.patch_words[n])]
+        assert len(spans) == len(want)
+        for n, span in zip(want, spans):
+            assert span.patches == tuple(image_pos[n * T + t] for t in object_patches(s.patch_words[n]))
+            assert span.others == tuple(image_pos[:n * T])
+            assert max(span.others) < min(span.patches)
+            seen += 1
+    assert seen >= 6
+    rng = random.Random("set-isolation/none")
+    assert enc.encode(multi.make_video(rng, "video", "qa")).referents == ()  # a clip's frames read each other
+    assert set_isolation_spans(make_dialogue(rng, "vqa_dialogue", "vqa"), torch.zeros(4, dtype=torch.long), 3) == ()
+
+
+def test_the_loss_is_minus_log_of_the_mass_left_off_the_earlier_images(proc):
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny_deep"), proc.tokenizer, seed=0)
+    lm = model.model.language_model
+    enc = Encoder(proc, set_isolation=True)
+    batch = collate([enc.encode(s) for s in _sets(3)], proc.tokenizer.pad_token_id)
+    with torch.no_grad(), eager_attention(lm):
+        embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
+        img = tower_features(model, batch.pixel_values)[1].reshape(-1, embeds.shape[-1])
+        embeds = embeds.masked_scatter((batch.input_ids == enc.image_id).unsqueeze(-1), img)
+        att = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=True).attentions
+    got = set_isolation_loss(att, batch.referents)
+    terms = []
+    for b, row in enumerate(batch.referents):
+        for span in row:
+            for a in att:  # each (image, layer) weighs the same, whatever the object's size
+                terms.append(torch.stack([-torch.log(1 - a[b, h, p, list(span.others)].sum())
+                                          for h in range(a.shape[1]) for p in span.patches]).mean())
+    assert terms and torch.allclose(got, torch.stack(terms).mean(), rtol=1e-4)
+    assert 0 < float(got) < 10
+    assert set_isolation_loss(att, [(), (), ()]) is None
+
+
+def test_the_term_is_its_own_loss_and_trains_the_first_layer(proc):
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny_deep"), proc.tokenizer, seed=0)
+    batch = collate([Encoder(proc, set_isolation=True).encode(s) for s in _sets(2)], proc.tokenizer.pad_token_id)
+    losses = forward_losses(model, batch, TrainConfig(run_dir="x", set_isolation=1.0, freeze_vision=True))
+    assert set(losses) == {"lm", "set_isolation"}
+    losses["set_isolation"].backward()
+    q = dict(model.named_parameters())["model.language_model.layers.0.self_attn.q_proj.weight"]
+    assert q.grad is not None and float(q.grad.abs().sum()) > 0
+    assert "set_isolation" not in forward_losses(model, batch, TrainConfig(run_dir="x", freeze_vision=True))
+    with pytest.raises(ValueError, match="set_isolation"):
+        TrainConfig(run_dir="x", set_isolation=-1.0)
