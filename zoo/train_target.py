@@ -111,8 +111,8 @@ class TrainConfig:
     set_marks: float = 0.0  # weight of the "Image n:" marker attention loss of a set's patches (set_mark_targets); 0 = off
     number_images: bool = False  # the processor numbers every set's images ("Image n: <image>"; targets/image_marks.py)
     set_hops: str = "deep"  # the layers of the set referent / mark hops: "deep" or "shallow" (set_referents.SET_HOPS)
-    set_isolation: float = 0.0  # weight of the loss keeping a set's later images' patches off the earlier images; 0 = off
-    set_readout: float = 0.0  # weight of the set patch-hop head's own readout of the answer (zoo/set_readout.py); 0 = off
+    set_isolation: float = 0.0  # weight of keeping a set's later images off the earlier ones (zoo/set_isolation.py)
+    set_readout: float = 0.0  # weight of the set patch-hop head's own readout of the answer (zoo/set_readout.py)
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -614,8 +614,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     deepest = max(SET_INDEX_LAYER, *astuple(SET_HOPS[cfg.set_hops]))
     if (cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0 or cfg.set_readout > 0) \
             and model.config.text_config.num_hidden_layers <= deepest:
-        raise ValueError(f"--set-referents / --set-index / --set-marks / --set-readout need an LM deeper than layer {deepest} "
-                         f"(zoo/set_referents.py); arch {cfg.arch!r} has {model.config.text_config.num_hidden_layers} layers")
+        raise ValueError(f"--set-referents / --set-index / --set-marks / --set-readout need an LM deeper than layer "
+                         f"{deepest} (zoo/set_referents.py); arch {cfg.arch!r} has {model.config.text_config.num_hidden_layers} layers")
     heads = model.config.text_config.num_attention_heads
     if (cfg.set_marks > 0 and heads <= SET_MARK_HEAD) or (cfg.set_index > 0 and heads <= SET_INDEX_HEAD):
         raise ValueError(f"--set-marks / --set-index use heads {SET_MARK_HEAD} / {SET_INDEX_HEAD}; arch {cfg.arch!r} "
