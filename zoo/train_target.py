@@ -264,7 +264,7 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         if usel.any():
             losses["lm_user"] = F.cross_entropy(model.lm_head(hidden[:, :-1][usel]).float(), utgt[usel])
     if cfg.freeze_vision:  # the vision losses could only train the heads
-        return _referent(losses, out, batch, refs)
+        return _referent(losses, out, batch, refs, cfg)
     if img is not None and batch.patch_codes is not None:  # word-code recipe: the projector keeps producing the codes
         losses["aux_in"] = code_vision_loss(img, batch.patch_codes)
     elif img is not None and batch.patch_targets is not None:
@@ -274,7 +274,7 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         losses["aux_out"] = patch_loss(model.lm_head(vis).float(), batch.patch_targets)
     if feats is not None and heads is not None and batch.patch_classes is not None:
         losses["vis"] = heads.loss(feats, batch.patch_classes)
-    return _referent(losses, out, batch, refs)
+    return _referent(losses, out, batch, refs, cfg)
 
 
 def image_places(model, batch, n_tok: int, opening: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -435,14 +435,17 @@ def twin_losses(model, batch, img: torch.Tensor | None, states: tuple[torch.Tens
     return out
 
 
-def _referent(losses: dict, out, batch, refs: bool) -> dict[str, torch.Tensor]:
+def _referent(losses: dict, out, batch, refs: bool, cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The attention losses whose weight is on (targets of a term that is off, e.g. the set targets that
+    ``set_readout`` reads, cost nothing)."""
     if refs:
-        for key, group in (("referent", "scene"), ("set_referent", "set"), ("set_index", "set_index"),
-                           ("set_mark", "set_mark")):
-            ref = referent_attention_loss(out.attentions, batch.referents, group)
+        for key, group, weight in (("referent", "scene", cfg.referent_attention),
+                                   ("set_referent", "set", cfg.set_referents), ("set_index", "set_index", cfg.set_index),
+                                   ("set_mark", "set_mark", cfg.set_marks)):
+            ref = referent_attention_loss(out.attentions, batch.referents, group) if weight > 0 else None
             if ref is not None:
                 losses[key] = ref
-        iso = set_isolation_loss(out.attentions, batch.referents)
+        iso = set_isolation_loss(out.attentions, batch.referents) if cfg.set_isolation > 0 else None
         if iso is not None:
             losses["set_isolation"] = iso
     return losses

@@ -1,6 +1,7 @@
 """Set isolation: a set's later images' object patches are kept off the earlier images' tokens (spans, the loss
 against a hand computation, wiring)."""
 
+import json
 import random
 
 import pytest
@@ -15,7 +16,7 @@ from specula.zoo.referents import eager_attention
 from specula.zoo.set_isolation import IsolationSpan, set_isolation_loss, set_isolation_spans
 from specula.zoo.set_referents import object_patches
 from specula.zoo.target_config import TargetArch, build_model
-from specula.zoo.train_target import TrainConfig, forward_losses
+from specula.zoo.train_target import TrainConfig, forward_losses, train
 from specula.zoo.vision_heads import tower_features
 
 T = 144  # image tokens per image
@@ -86,3 +87,15 @@ def test_the_term_is_its_own_loss_and_trains_the_first_layer(proc):
     assert "set_isolation" not in forward_losses(model, batch, TrainConfig(run_dir="x", freeze_vision=True))
     with pytest.raises(ValueError, match="set_isolation"):
         TrainConfig(run_dir="x", set_isolation=-1.0)
+
+
+def test_a_run_trains_both_set_terms(tmp_path, proc):
+    """train() wires --set-readout (its token ids, the set targets it reads) and --set-isolation into the loss."""
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=8, pool=8, token_budget=4096,
+                      warmup_samples=2, eval_n=2, eval_every_s=0.0, ckpt_every_s=1e9, threads=1, vision_images=8,
+                      mix="scan_multi", set_readout=1.0, set_isolation=1.0, set_hops="shallow", number_images=True)
+    ckpt = train(cfg, proc, log=lambda m: None)
+    history = json.loads((ckpt / "state.json").read_text())["history"]
+    assert any(h.get("loss_set_readout", 0) > 0 for h in history)
+    assert any(h.get("loss_set_isolation", 0) > 0 for h in history)
+    assert not any("loss_set_referent" in h for h in history)  # the readout builds the set targets, not their loss
