@@ -276,6 +276,9 @@ def _add_train(sub) -> None:
                         "set that does not open its prompt (the second and later images, or a first one after "
                         "'Image 1: ') towards the same model's states for that image alone at the start; clips are "
                         "left out (default: 0 = off; zoo/train_target.py set_consistency_loss)")
+    t.add_argument("--set-consistency-layers", type=int, default=0,
+                   help="pull only the outputs of the first N decoder layers with --set-consistency, so the layers "
+                        "above stay free to add each image's number (--set-marks) (default: 0 = every layer)")
     t.add_argument("--set-referents", type=float, default=0.0,
                    help="weight of an attention loss that teaches which image of a set is meant: for each 'which "
                         "image' question and each 'Image n has ...' caption line, head 0 of layer 2 attends to the "

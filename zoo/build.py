@@ -83,6 +83,7 @@ def train_config_from_args(args):
                        stop_at=args.stop_at, device=args.device, max_minutes=args.max_minutes,
                        image_consistency=args.image_consistency, twin_states=args.twin_states,
                        twin_answer=args.twin_answer, set_consistency=args.set_consistency,
+                       set_consistency_layers=args.set_consistency_layers,
                        set_referents=args.set_referents, set_index=args.set_index,
                        set_marks=args.set_marks, number_images=args.number_images,
                        set_hops=args.set_hops, set_readout=args.set_readout,

@@ -420,6 +420,47 @@ def test_set_consistency_pulls_later_images_of_a_set_towards_their_states_alone(
         forward_losses(model, collate([e], processor.tokenizer.pad_token_id), cfg)
 
 
+def test_set_consistency_layers_pulls_only_the_first_layers_outputs(processor):
+    """--set-consistency-layers N: the loss is the per-layer distance of the first N layers' outputs alone, and no
+    layer above them gets a gradient from it (the layers that add each image's number stay free)."""
+    from specula.world import multi
+    from specula.world.sample import Sample
+    from specula.world.tokenizer import BOS, USER
+    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.train_target import forward_losses, unit_rms
+
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=0)
+    enc = Encoder(processor, sets=True)
+    opening = torch.tensor(processor.tokenizer(BOS + USER, add_special_tokens=False).input_ids)
+    s = next(s for s in (multi.make_multi(random.Random(f"sets/{i}"), "multi_image", "qa", k=3) for i in range(40))
+             if s.prompt.startswith("<image><image><image>"))
+    batch = collate([enc.encode(s)], processor.tokenizer.pad_token_id)
+    n_layers = model.config.text_config.num_hidden_layers
+    assert n_layers >= 2
+    got = {}
+    for layers in (0, 1, n_layers, n_layers + 5):
+        cfg = TrainConfig(run_dir="x", set_consistency=1.0, set_consistency_layers=layers, freeze_vision=True)
+        model.zero_grad()
+        loss = forward_losses(model, batch, cfg, opening=opening)["set_consistency"]
+        loss.backward()
+        touched = {int(n.split("layers.")[1].split(".")[0]) for n, p in model.named_parameters()
+                   if "language_model.layers." in n and p.grad is not None and float(p.grad.abs().sum()) > 0}
+        got[layers] = (loss.detach(), touched)
+    # one layer: only layer 0 learns from it; 0, N or more: every layer (the loss as before)
+    assert got[1][1] == {0} and got[0][1] == set(range(n_layers))
+    assert torch.allclose(got[n_layers][0], got[0][0]) and torch.allclose(got[n_layers + 5][0], got[0][0])
+    with torch.no_grad():  # by hand: layer 0's outputs at images 2 and 3 against each image alone (no zero features
+        # in this random projector, so every patch counts as an object patch: one mean)
+        seq = _states_at_images(model, enc, s)[0].view(3, 144, -1)[1:]  # [2, T, H]
+        alone = [_states_at_images(model, enc, Sample(s.suite, s.kind, (s.images[j],), "<image>What is this?", "a",
+                                                      "a", None, (), (s.patch_words[j],)))[0] for j in (1, 2)]
+        want = (unit_rms(seq) - unit_rms(torch.stack(alone))).pow(2).mean()
+    assert float(got[1][0]) > 1e-3 and torch.allclose(got[1][0], want, rtol=1e-4)
+    with pytest.raises(ValueError, match="set_consistency_layers"):
+        TrainConfig(run_dir="x", set_consistency=1.0, set_consistency_layers=-1)
+
+
 def _run_alone(model, enc, s):
     """The LM's states (every layer) and the next-token log-probabilities of ``s`` run alone."""
     from specula.zoo.vision_heads import tower_features
@@ -490,17 +531,18 @@ def test_cli_flags_reach_the_training_config():
                                       "0.5", "--image-consistency", "2", "--device", "cuda:1", "--max-minutes", "3",
                                       "--set-consistency", "0.25", "--mix", "scan_placed_multi", "--set-referents", "0.5",
                                       "--set-index", "0.75", "--set-marks", "1.5", "--number-images",
-                                      "--set-hops", "shallow", "--set-readout", "2", "--set-isolation", "3"])
+                                      "--set-hops", "shallow", "--set-readout", "2", "--set-isolation", "3",
+                                      "--set-consistency-layers", "1"])
     cfg = train_config_from_args(args)
     assert (cfg.twin_states, cfg.twin_answer, cfg.image_consistency, cfg.set_consistency) == (1.0, 0.5, 2.0, 0.25)
     assert (cfg.set_referents, cfg.set_index, cfg.set_marks, cfg.number_images) == (0.5, 0.75, 1.5, True)
-    assert (cfg.set_hops, cfg.set_readout, cfg.set_isolation) == ("shallow", 2.0, 3.0)
+    assert (cfg.set_hops, cfg.set_readout, cfg.set_isolation, cfg.set_consistency_layers) == ("shallow", 2.0, 3.0, 1)
     assert cfg.mix == "scan_placed_multi"
     assert (cfg.device, cfg.max_minutes) == ("cuda:1", 3.0)
     off = train_config_from_args(build_parser().parse_args(["train", "target", "--run-dir", "x"]))
     assert (off.twin_states, off.twin_answer, off.image_consistency, off.set_consistency) == (0.0, 0.0, 0.0, 0.0)
     assert (off.set_referents, off.set_index, off.set_marks, off.number_images) == (0.0, 0.0, 0.0, False)
-    assert (off.set_hops, off.set_readout, off.set_isolation) == ("deep", 0.0, 0.0)
+    assert (off.set_hops, off.set_readout, off.set_isolation, off.set_consistency_layers) == ("deep", 0.0, 0.0, 0)
 
 
 def test_train_config_checks_device_and_max_minutes():
