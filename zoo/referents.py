@@ -51,8 +51,9 @@ class ReferentTarget:
     patch_layer: int = PATCH_LAYER  # the decoder layer whose head ``head`` makes the patch hop
     word_layer: int = WORD_LAYER  # ... and the word hop
     group: str = "scene"  # the loss the target feeds: "scene" (referent_attention), "set" / "set_index" (set_referents)
-    head: int = HEAD
+    head: int = HEAD  # the head of the patch hop (and of the word hop unless ``word_head`` is set)
     spread: bool = False  # the patch hop's mass spread evenly over ``patches`` (-mean log of each) rather than summed
+    word_head: int | None = None  # the word hop's head when it is not ``head`` (set_referents.SET_HOPS["reader"])
 
 
 def _words(question: str) -> list[str]:
@@ -216,7 +217,8 @@ def referent_attention_loss(attentions: Sequence[torch.Tensor], targets: Sequenc
                 w = attentions[t.patch_layer][b, t.head, t.query, list(t.patches)].float()  # [n]
                 terms.append(-(w + 1e-6).log().mean() if t.spread else -(w.sum() + 1e-6).log())
             if t.words and len(attentions) > t.word_layer:
-                terms.append(-(attentions[t.word_layer][b, t.head, t.query, list(t.words)].float().sum() + 1e-6).log())
+                head = t.head if t.word_head is None else t.word_head
+                terms.append(-(attentions[t.word_layer][b, head, t.query, list(t.words)].float().sum() + 1e-6).log())
     if not terms:
         return None
     return torch.stack(terms).mean()

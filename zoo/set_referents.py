@@ -35,6 +35,13 @@ Where the hops sit is ``SET_HOPS[name]`` (``--set-hops``): ``"deep"`` (word hop 
 layer 1; the layers below left to work the number out) or ``"shallow"`` (word hop layer 0 and patch hop layer 1, head
 0: the very heads the scene lookups use to read an object's colour in one image, ``zoo/referents.py``; mark hop layer
 0), so that a set's "which" answer is read by the circuit that already reads colours.
+
+Stop 47 found that the LM writes a colour word at layer 1 only (head 0 and the MLP after it: the whole margin of a
+one-image answer), so the set hop has to be that reader; and that in ``"shallow"`` the ordinal hop did not form on head
+0 of layer 0, the scene lookups' word hop, which a set question already uses for its noun. ``"reader"`` keeps the
+shallow layers and moves the ordinal hop to head ``READER_WORD_HEAD`` of layer 0: the patch hop (head 0 of layer 1)
+then reads the ordinal from one head's output and the image number the mark hop (head 2 of layer 0) wrote on the
+patches.
 """
 
 from __future__ import annotations
@@ -53,20 +60,33 @@ SET_WORD_LAYER = 2  # the head that fetches the question's ordinal (or the capti
 SET_PATCH_LAYER = 4  # the head that attends to the named image's object patches
 SET_INDEX_LAYER, SET_INDEX_HEAD = 1, 1  # the head that counts the images up to a patch's own
 SET_MARK_LAYER, SET_MARK_HEAD = 1, 2  # the head that fetches a patch's ``Image n:`` number
+READER_WORD_HEAD = 3  # "reader": the layer-0 head that fetches the ordinal (head 0 is the scene word hop)
 MARK_REACH = 4  # the marker's number token lies at most this many tokens before its image's first token
 
 
 @dataclass(frozen=True)
 class SetHops:
-    """The decoder layers of the set hops (heads: 0 for the word and patch hops, ``SET_MARK_HEAD`` for the mark)."""
+    """The decoder layers and heads of the set hops."""
 
     word_layer: int  # the answer position fetches the question's ordinal (a caption line's number)
     patch_layer: int  # ... and attends to the named image's object patches
     mark_layer: int  # each object patch fetches its ``Image n:`` number
+    word_head: int = 0
+    patch_head: int = 0
+    mark_head: int = SET_MARK_HEAD
+
+    @property
+    def layers(self) -> tuple[int, int, int]:
+        return self.word_layer, self.patch_layer, self.mark_layer
+
+    @property
+    def heads(self) -> tuple[int, int, int]:
+        return self.word_head, self.patch_head, self.mark_head
 
 
 SET_HOPS = {"deep": SetHops(SET_WORD_LAYER, SET_PATCH_LAYER, SET_MARK_LAYER),
-            "shallow": SetHops(WORD_LAYER, PATCH_LAYER, 0)}
+            "shallow": SetHops(WORD_LAYER, PATCH_LAYER, 0),
+            "reader": SetHops(WORD_LAYER, PATCH_LAYER, 0, word_head=READER_WORD_HEAD)}
 _WHICH = re.compile(r"\bthe (" + "|".join(ORDINALS) + r") image\b")
 
 
@@ -115,7 +135,8 @@ def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tenso
         ordinal = [j for j in range(prev, a) if ids[j] == word_id(m.group(1))]
         pos = patches(n) if n < len(s.images) else ()
         if pos and ordinal:
-            out.append(ReferentTarget(a - 1, pos, (ordinal[-1],), hops.patch_layer, hops.word_layer, "set"))
+            out.append(ReferentTarget(a - 1, pos, (ordinal[-1],), hops.patch_layer, hops.word_layer, "set",
+                                      head=hops.patch_head, word_head=hops.word_head))
     return tuple(out)
 
 
@@ -134,8 +155,8 @@ def _caption_lines(input_ids: torch.Tensor, labels: torch.Tensor, patches: Calla
         pos = patches(numbers[ids[j + 1]])
         if end is None or not pos:
             continue
-        out.extend(ReferentTarget(q, pos, (j + 1,), hops.patch_layer, hops.word_layer, "set")
-                   for q in range(j + 2, end - 1))
+        out.extend(ReferentTarget(q, pos, (j + 1,), hops.patch_layer, hops.word_layer, "set", head=hops.patch_head,
+                                  word_head=hops.word_head) for q in range(j + 2, end - 1))
     return tuple(out)
 
 
@@ -177,5 +198,5 @@ def set_mark_targets(s: Sample, input_ids: torch.Tensor, image_id: int, word_id:
         if not at:
             continue
         out.extend(ReferentTarget(image_pos[n * n_tok + t], (at[-1],), (), patch_layer=hops.mark_layer,
-                                  group="set_mark", head=SET_MARK_HEAD) for t in object_patches(words))
+                                  group="set_mark", head=hops.mark_head) for t in object_patches(words))
     return tuple(out)

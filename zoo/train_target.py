@@ -28,7 +28,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, astuple, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -47,7 +47,7 @@ from specula.zoo.quality import caption_attribute_recall, chance_level, short_an
 from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.set_isolation import set_isolation_loss
 from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss
-from specula.zoo.set_referents import SET_HOPS, SET_INDEX_HEAD, SET_INDEX_LAYER, SET_MARK_HEAD
+from specula.zoo.set_referents import SET_HOPS, SET_INDEX_HEAD, SET_INDEX_LAYER
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 from specula.zoo.word_codes import WordCodes
@@ -111,7 +111,7 @@ class TrainConfig:
     set_index: float = 0.0  # weight of the image-number attention loss of a set's patches (set_index_targets); 0 = off
     set_marks: float = 0.0  # weight of the "Image n:" marker attention loss of a set's patches (set_mark_targets); 0 = off
     number_images: bool = False  # the processor numbers every set's images ("Image n: <image>"; targets/image_marks.py)
-    set_hops: str = "deep"  # the layers of the set referent / mark hops: "deep" or "shallow" (set_referents.SET_HOPS)
+    set_hops: str = "deep"  # the layers / heads of the set hops: "deep", "shallow" or "reader" (set_referents.SET_HOPS)
     set_isolation: float = 0.0  # weight of keeping a set's later images off the earlier ones (zoo/set_isolation.py)
     set_readout: float = 0.0  # weight of the set patch-hop head's own readout of the answer (zoo/set_readout.py)
 
@@ -624,14 +624,18 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     stops = stop_ids(tok)
     opening = torch.tensor(tok(BOS + USER, add_special_tokens=False).input_ids)  # [2] <s><|user|>
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
-    deepest = max(SET_INDEX_LAYER, *astuple(SET_HOPS[cfg.set_hops]))
+    hops = SET_HOPS[cfg.set_hops]
+    deepest = max(SET_INDEX_LAYER, *hops.layers)
     if (cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0 or cfg.set_readout > 0) \
             and model.config.text_config.num_hidden_layers <= deepest:
         raise ValueError(f"--set-referents / --set-index / --set-marks / --set-readout need an LM deeper than layer "
                          f"{deepest} (zoo/set_referents.py); arch {cfg.arch!r} has {model.config.text_config.num_hidden_layers} layers")
     heads = model.config.text_config.num_attention_heads
-    if (cfg.set_marks > 0 and heads <= SET_MARK_HEAD) or (cfg.set_index > 0 and heads <= SET_INDEX_HEAD):
-        raise ValueError(f"--set-marks / --set-index use heads {SET_MARK_HEAD} / {SET_INDEX_HEAD}; arch {cfg.arch!r} "
+    hop_heads = max(hops.word_head, hops.patch_head) if cfg.set_referents > 0 or cfg.set_readout > 0 else 0
+    if (cfg.set_marks > 0 and heads <= hops.mark_head) or (cfg.set_index > 0 and heads <= SET_INDEX_HEAD) \
+            or heads <= hop_heads:
+        raise ValueError(f"--set-referents / --set-marks / --set-index use heads {hops.word_head} and {hops.patch_head} "
+                         f"/ {hops.mark_head} / {SET_INDEX_HEAD}; arch {cfg.arch!r} "
                          f"has {heads} heads (zoo/set_referents.py)")
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}

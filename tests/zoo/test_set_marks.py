@@ -120,6 +120,38 @@ def test_shallow_hops_sit_on_the_scene_lookups_heads(numbering):
         TrainConfig(run_dir="x", set_hops="middle")
 
 
+def test_reader_hops_fetch_the_ordinal_on_a_head_of_its_own(numbering):
+    """``set_hops="reader"``: the shallow layers and patch head, the ordinal hop on head ``READER_WORD_HEAD`` of
+    layer 0 (not the scene word hop's head 0), and the loss reads each hop from its own head."""
+    from specula.zoo.referents import HEAD, PATCH_LAYER, WORD_LAYER, referent_attention_loss
+    from specula.zoo.set_referents import READER_WORD_HEAD, SET_HOPS
+
+    which = next(s for s in _sets(60) if s.kind == "multi/which")
+    shallow, reader = (Encoder(numbering, set_referents=True, set_marks=True, set_hops=h).encode(which).referents
+                       for h in ("shallow", "reader"))
+    assert [(t.query, t.patches, t.words, t.group, t.patch_layer, t.word_layer) for t in shallow] == \
+        [(t.query, t.patches, t.words, t.group, t.patch_layer, t.word_layer) for t in reader]
+    sets = [t for t in reader if t.group == "set"]
+    assert sets and READER_WORD_HEAD != HEAD
+    assert {(t.word_layer, t.word_head, t.patch_layer, t.head) for t in sets} == \
+        {(WORD_LAYER, READER_WORD_HEAD, PATCH_LAYER, HEAD)}
+    assert {t.word_head for t in shallow if t.group == "set"} == {0}
+    assert all(t.head == SET_HOPS["reader"].mark_head for t in reader if t.group == "set_mark")
+
+    t = sets[0]  # one target, one row: the loss from attention on the right heads vs on the swapped heads
+    L, heads = t.query + 1, READER_WORD_HEAD + 1
+
+    def attentions(word_head: int) -> list[torch.Tensor]:
+        att = [torch.full((1, heads, L, L), 1e-9) for _ in range(PATCH_LAYER + 1)]
+        att[WORD_LAYER][0, word_head, t.query, t.words[0]] = 1.0
+        att[PATCH_LAYER][0, HEAD, t.query, t.patches[0]] = 1.0
+        return att
+
+    right = referent_attention_loss(attentions(READER_WORD_HEAD), [[t]], group="set")
+    wrong = referent_attention_loss(attentions(HEAD), [[t]], group="set")
+    assert right.item() < 1e-4 < 5.0 < wrong.item()
+
+
 def test_a_shallow_run_fits_a_two_layer_lm(tmp_path, numbering):
     """Deep hops need more than 4 layers and the mark hop a third head; shallow set referents train in a tiny LM
     (2 layers, 2 heads)."""
@@ -130,11 +162,22 @@ def test_a_shallow_run_fits_a_two_layer_lm(tmp_path, numbering):
     with pytest.raises(ValueError, match="has 2 heads"):
         train(TrainConfig(run_dir=str(tmp_path / "heads"), set_marks=1.0, set_hops="shallow", **base), numbering,
               log=lambda m: None)
+    with pytest.raises(ValueError, match="has 2 heads"):  # the reader's ordinal head is head 3
+        train(TrainConfig(run_dir=str(tmp_path / "reader"), set_referents=1.0, set_hops="reader", **base), numbering,
+              log=lambda m: None)
     ckpt = train(TrainConfig(run_dir=str(tmp_path / "shallow"), set_referents=1.0, set_hops="shallow",
                              number_images=True, **base), numbering, log=lambda m: None)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["config"]["set_hops"] == "shallow" and state["config"]["number_images"]
     assert numbering.number_images  # the caller's processor is not switched by a run's setting
-    train(TrainConfig(run_dir=str(tmp_path / "plain"), number_images=False, **base), numbering, log=lambda m: None)
+    plain = train(TrainConfig(run_dir=str(tmp_path / "plain"), number_images=False, **base), numbering,
+                  log=lambda m: None)
     assert numbering.number_images
     assert any(h.get("loss_set_referent", 0) > 0 for h in state["history"])
+    # resuming a run with another prompt form and hop placement: its checkpoint records what the resumed run used
+    assert not load_checkpoint(str(plain))[1].number_images
+    resumed = train(TrainConfig(run_dir=str(tmp_path / "plain"), number_images=True, set_referents=1.0,
+                                set_hops="shallow", **{**base, "total_samples": 12}), numbering, log=lambda m: None)
+    state = json.loads((resumed / "state.json").read_text())
+    assert state["samples"] >= 12 and state["config"]["number_images"] and state["config"]["set_hops"] == "shallow"
+    assert load_checkpoint(str(resumed))[1].number_images
