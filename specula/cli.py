@@ -290,9 +290,9 @@ def _add_train(sub) -> None:
                         "the first token of images 1..n (default: 0 = off; zoo/set_referents.py set_index_targets)")
     t.add_argument("--set-marks", type=float, default=0.0,
                    help="weight of an attention loss that gives a set's image tokens their image's number from the "
-                        "prompt: at each object patch of image n, head 2 of layer 1 (layer 0 with --set-hops shallow or "
-                        "reader) attends to the number of the 'Image n:' marker before it (use with --number-images; default: 0 = off; "
-                        "zoo/set_referents.py set_mark_targets)")
+                        "prompt: at each object patch of image n, head 2 of layer 1 (layer 0 with --set-hops shallow "
+                        "or reader) attends to the number of the 'Image n:' marker before it (use with "
+                        "--number-images; default: 0 = off; zoo/set_referents.py set_mark_targets)")
     t.add_argument("--set-hops", choices=("deep", "shallow", "reader"), default="deep",
                    help="where the --set-referents / --set-marks hops sit: deep (ordinal at layer 2, the named "
                         "image's patches at layer 4, marks at layer 1) or shallow (layers 0 and 1, head 0: the heads "

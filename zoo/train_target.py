@@ -634,9 +634,9 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     hop_heads = max(hops.word_head, hops.patch_head) if cfg.set_referents > 0 or cfg.set_readout > 0 else 0
     if (cfg.set_marks > 0 and heads <= hops.mark_head) or (cfg.set_index > 0 and heads <= SET_INDEX_HEAD) \
             or heads <= hop_heads:
-        raise ValueError(f"--set-referents / --set-marks / --set-index use heads {hops.word_head} and {hops.patch_head} "
-                         f"/ {hops.mark_head} / {SET_INDEX_HEAD}; arch {cfg.arch!r} "
-                         f"has {heads} heads (zoo/set_referents.py)")
+        raise ValueError(f"--set-referents / --set-marks / --set-index use heads {hops.word_head} and "
+                         f"{hops.patch_head} / {hops.mark_head} / {SET_INDEX_HEAD}; arch {cfg.arch!r} has {heads} heads "
+                         "(zoo/set_referents.py)")
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}
     if (ckpt / "state.json").exists():
