@@ -297,7 +297,7 @@ def _add_train(sub) -> None:
                    help="where the --set-referents / --set-marks hops sit: deep (ordinal at layer 2, the named "
                         "image's patches at layer 4, marks at layer 1) or shallow (layers 0 and 1, head 0: the heads "
                         "the scene lookups read colours with; marks at layer 0 head 2) or reader (as shallow with the "
-                        "ordinal on head 3 of layer 0, apart from the scene word hop) (default: deep; "
+                        "ordinal on head 4 of layer 0, apart from the scene word hop) (default: deep; "
                         "zoo/set_referents.py)")
     t.add_argument("--set-readout", type=float, default=0.0,
                    help="weight of a loss that makes the head of the named image's patch hop say what it sees: at "

@@ -60,7 +60,8 @@ SET_WORD_LAYER = 2  # the head that fetches the question's ordinal (or the capti
 SET_PATCH_LAYER = 4  # the head that attends to the named image's object patches
 SET_INDEX_LAYER, SET_INDEX_HEAD = 1, 1  # the head that counts the images up to a patch's own
 SET_MARK_LAYER, SET_MARK_HEAD = 1, 2  # the head that fetches a patch's ``Image n:`` number
-READER_WORD_HEAD = 3  # "reader": the layer-0 head that fetches the ordinal (head 0 is the scene word hop)
+READER_WORD_HEAD = 4  # "reader": the layer-0 head that fetches the ordinal (head 0 is the scene word hop; in the
+# shipped target head 4 already puts all its mass on a "which" question's ordinal at the answer)
 MARK_REACH = 4  # the marker's number token lies at most this many tokens before its image's first token
 
 

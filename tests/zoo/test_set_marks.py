@@ -162,7 +162,7 @@ def test_a_shallow_run_fits_a_two_layer_lm(tmp_path, numbering):
     with pytest.raises(ValueError, match="has 2 heads"):
         train(TrainConfig(run_dir=str(tmp_path / "heads"), set_marks=1.0, set_hops="shallow", **base), numbering,
               log=lambda m: None)
-    with pytest.raises(ValueError, match="has 2 heads"):  # the reader's ordinal head is head 3
+    with pytest.raises(ValueError, match="has 2 heads"):  # the reader's ordinal head is head 4
         train(TrainConfig(run_dir=str(tmp_path / "reader"), set_referents=1.0, set_hops="reader", **base), numbering,
               log=lambda m: None)
     ckpt = train(TrainConfig(run_dir=str(tmp_path / "shallow"), set_referents=1.0, set_hops="shallow",
