@@ -200,12 +200,17 @@ def eager_attention(lm, on: bool = True):
         lm.config._attn_implementation = before
 
 
-def _log(mass: torch.Tensor) -> torch.Tensor:
-    """log of attention mass, floored only where fp32 runs out. An additive epsilon (log(mass + 1e-6), used until
-    stop 48) flattens the loss wherever a saturated head puts less than ~1e-6 on the targets: its gradient on the
-    targets' scores is mass / (mass + eps) instead of 1, so a hop onto a head that already attends elsewhere with
-    all its mass never forms (the ordinal hops on layer 0 in stops 45 and 48 stayed at 0.00)."""
-    return mass.clamp_min(1e-30).log()
+# The epsilon inside each group's -log(mass + eps). One inside the log flattens the loss wherever a saturated head
+# puts less than ~eps on the targets (the gradient on the targets' scores is mass / (mass + eps) instead of 1), so a
+# hop onto a head that already attends elsewhere with all its mass never forms: stop 48 found the layer-0 ordinal
+# hops of stops 45 and 48 stuck at 0.00 for it. The set groups (never in a shipped target) take the exact log,
+# floored only where fp32 runs out; "scene" keeps the 1e-6 the recipe's stages ran with (zoo/recipe.py), so that
+# ``specula zoo build`` still retraces the shipped target.
+LOG_EPS = {"scene": 1e-6}
+
+
+def _log(mass: torch.Tensor, eps: float) -> torch.Tensor:
+    return (mass + eps).log() if eps else mass.clamp_min(1e-30).log()
 
 
 def referent_attention_loss(attentions: Sequence[torch.Tensor], targets: Sequence[Sequence[ReferentTarget]],
@@ -216,17 +221,17 @@ def referent_attention_loss(attentions: Sequence[torch.Tensor], targets: Sequenc
 
     attentions: per decoder layer [B, heads, L, L] (softmax weights); targets: per batch row.
     """
-    terms = []
+    terms, eps = [], LOG_EPS.get(group, 0.0)
     for b, row in enumerate(targets):
         for t in row:
             if t.group != group:
                 continue
             if t.patches and len(attentions) > t.patch_layer:
                 w = attentions[t.patch_layer][b, t.head, t.query, list(t.patches)].float()  # [n]
-                terms.append(-_log(w).mean() if t.spread else -_log(w.sum()))
+                terms.append(-_log(w, eps).mean() if t.spread else -_log(w.sum(), eps))
             if t.words and len(attentions) > t.word_layer:
                 head = t.head if t.word_head is None else t.word_head
-                terms.append(-_log(attentions[t.word_layer][b, head, t.query, list(t.words)].float().sum()))
+                terms.append(-_log(attentions[t.word_layer][b, head, t.query, list(t.words)].float().sum(), eps))
     if not terms:
         return None
     return torch.stack(terms).mean()

@@ -156,20 +156,31 @@ def test_loss_is_zero_when_the_heads_look_at_the_targets_and_large_when_uniform(
     assert float(referent_attention_loss(uniform, word_only)) == pytest.approx(-math.log(0.1), rel=1e-4)
 
 
-def test_a_head_saturated_elsewhere_still_gets_the_full_gradient_towards_its_targets():
-    """A head that puts all but ~1e-11 of its mass on another token: the loss's gradient on the target's score is
-    about -1 (d(-log w)/d score = w - 1), as for any softmax cross-entropy; an additive epsilon inside the log
-    (stop 48's finding) would make it ~-1e-5, and the hop would never form. Spread hops alike."""
+def test_a_head_saturated_elsewhere_still_gets_the_full_gradient_towards_its_set_targets():
+    """A head that puts all but ~3.5e-12 of its mass on other tokens: for the set groups the loss's gradient on the
+    target's score is about -1 (d(-log w)/d score = w - 1, as for any softmax cross-entropy), where an epsilon
+    inside the log (stop 48's finding) would give ~-3.5e-6 and the hop would never form; spread hops alike. The
+    scene group keeps the recipe's -log(w + 1e-6)."""
+    import math
+
     L = 5
-    for target in (ReferentTarget(3, (1,), (), patch_layer=0), ReferentTarget(3, (), (1,), word_layer=0),
-                   ReferentTarget(3, (1,), (), patch_layer=0, spread=True)):
+    for group, kw in (("set", dict(patches=(1,), words=(), patch_layer=0)),
+                      ("set", dict(patches=(), words=(1,), word_layer=0)),
+                      ("set_index", dict(patches=(1,), words=(), patch_layer=0, spread=True)),
+                      ("scene", dict(patches=(1,), words=(), patch_layer=0))):
+        target = ReferentTarget(3, group=group, **kw)
         scores = torch.zeros(1, 1, L, L)
-        scores[0, 0, 3, 1] = -25.0  # weight e^-25 / (4 + e^-25) ~ 3.5e-12 on the target
-        scores.requires_grad_(True)
-        loss = referent_attention_loss([scores.softmax(-1)], [[target]])
-        assert loss.item() == pytest.approx(25 + torch.tensor(4.0).log().item(), rel=1e-3)
+        scores[0, 0, 3, 1] = -25.0  # weight w = e^-25 / (3 + e^-25) ~ 4.6e-12 on the target (query 3 sees 0..3)
+        scores = scores.masked_fill(torch.ones(L, L).triu(1).bool(), float("-inf")).requires_grad_(True)
+        loss = referent_attention_loss([scores.softmax(-1)], [[target]], group)
+        w = math.exp(-25) / (3 + math.exp(-25))
         loss.backward()
-        assert scores.grad[0, 0, 3, 1].item() == pytest.approx(-1.0, abs=1e-3)
+        if group == "scene":
+            assert loss.item() == pytest.approx(-math.log(w + 1e-6), rel=1e-4)
+            assert abs(scores.grad[0, 0, 3, 1].item()) < 1e-4
+        else:
+            assert loss.item() == pytest.approx(-math.log(w), rel=1e-4)
+            assert scores.grad[0, 0, 3, 1].item() == pytest.approx(-1.0, abs=1e-3)
 
 
 def test_code_lm_loss_adds_the_referent_term_and_it_reaches_the_first_layer(processor):
