@@ -80,10 +80,6 @@ class SetHops:
     def layers(self) -> tuple[int, int, int]:
         return self.word_layer, self.patch_layer, self.mark_layer
 
-    @property
-    def heads(self) -> tuple[int, int, int]:
-        return self.word_head, self.patch_head, self.mark_head
-
 
 SET_HOPS = {"deep": SetHops(SET_WORD_LAYER, SET_PATCH_LAYER, SET_MARK_LAYER),
             "shallow": SetHops(WORD_LAYER, PATCH_LAYER, 0),
