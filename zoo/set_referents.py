@@ -84,6 +84,22 @@ class SetHops:
 SET_HOPS = {"deep": SetHops(SET_WORD_LAYER, SET_PATCH_LAYER, SET_MARK_LAYER),
             "shallow": SetHops(WORD_LAYER, PATCH_LAYER, 0),
             "reader": SetHops(WORD_LAYER, PATCH_LAYER, 0, word_head=READER_WORD_HEAD)}
+
+def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readout: bool) -> dict[str, tuple[int, int]]:
+    """(layer, head) of each set hop that the switched-on terms train or read, by hop name: ``--set-referents``
+    trains the ordinal and patch hops, ``--set-readout`` reads the patch hop's head, ``--set-marks`` trains the mark
+    hop, ``--set-index`` the image-number head. A run needs an LM with more layers and heads than any of them."""
+    used: dict[str, tuple[int, int]] = {}
+    if referents:
+        used["ordinal"] = (hops.word_layer, hops.word_head)
+    if referents or readout:
+        used["patch"] = (hops.patch_layer, hops.patch_head)
+    if marks:
+        used["mark"] = (hops.mark_layer, hops.mark_head)
+    if index:
+        used["index"] = (SET_INDEX_LAYER, SET_INDEX_HEAD)
+    return used
+
 _WHICH = re.compile(r"\bthe (" + "|".join(ORDINALS) + r") image\b")
 
 

@@ -47,7 +47,7 @@ from specula.zoo.quality import caption_attribute_recall, chance_level, short_an
 from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.set_isolation import set_isolation_loss
 from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss
-from specula.zoo.set_referents import SET_HOPS, SET_INDEX_HEAD, SET_INDEX_LAYER
+from specula.zoo.set_referents import SET_HOPS, hops_in_use
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 from specula.zoo.word_codes import WordCodes
@@ -612,6 +612,21 @@ def _load_init_weights(model, src: Path) -> dict:
     return json.loads((src / "specula.json").read_text()) if (src / "specula.json").exists() else {}
 
 
+def _check_hops_fit(model, cfg: TrainConfig) -> None:
+    """Refuse a run whose set terms train or read a hop on a layer or head the LM does not have."""
+    used = hops_in_use(SET_HOPS[cfg.set_hops], cfg.set_referents > 0, cfg.set_index > 0, cfg.set_marks > 0,
+                       cfg.set_readout > 0)
+    layers, heads = model.config.text_config.num_hidden_layers, model.config.text_config.num_attention_heads
+    flags = "--set-referents / --set-index / --set-marks / --set-readout"
+    for name, (layer, head) in used.items():
+        if layer >= layers:
+            raise ValueError(f"{flags} need an LM deeper than layer {layer} (the {name} hop of --set-hops "
+                             f"{cfg.set_hops}, zoo/set_referents.py); arch {cfg.arch!r} has {layers} layers")
+        if head >= heads:
+            raise ValueError(f"{flags}: the {name} hop of --set-hops {cfg.set_hops} sits on head {head}; arch "
+                             f"{cfg.arch!r} has {heads} heads (zoo/set_referents.py)")
+
+
 def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     torch.set_num_threads(cfg.threads)
     run = Path(cfg.run_dir)
@@ -624,19 +639,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     stops = stop_ids(tok)
     opening = torch.tensor(tok(BOS + USER, add_special_tokens=False).input_ids)  # [2] <s><|user|>
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
-    hops = SET_HOPS[cfg.set_hops]
-    deepest = max(SET_INDEX_LAYER, *hops.layers)
-    if (cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0 or cfg.set_readout > 0) \
-            and model.config.text_config.num_hidden_layers <= deepest:
-        raise ValueError(f"--set-referents / --set-index / --set-marks / --set-readout need an LM deeper than layer "
-                         f"{deepest} (zoo/set_referents.py); arch {cfg.arch!r} has {model.config.text_config.num_hidden_layers} layers")
-    heads = model.config.text_config.num_attention_heads
-    hop_heads = max(hops.word_head, hops.patch_head) if cfg.set_referents > 0 or cfg.set_readout > 0 else 0
-    if (cfg.set_marks > 0 and heads <= hops.mark_head) or (cfg.set_index > 0 and heads <= SET_INDEX_HEAD) \
-            or heads <= hop_heads:
-        raise ValueError(f"--set-referents / --set-marks / --set-index use heads {hops.word_head} and "
-                         f"{hops.patch_head} / {hops.mark_head} / {SET_INDEX_HEAD}; arch {cfg.arch!r} has {heads} heads "
-                         "(zoo/set_referents.py)")
+    _check_hops_fit(model, cfg)
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg)}
     if (ckpt / "state.json").exists():

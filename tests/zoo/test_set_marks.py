@@ -14,7 +14,8 @@ from specula.zoo.batching import Encoder, collate
 from specula.zoo.build import export
 from specula.zoo.evaluate import load_checkpoint
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.set_referents import MARK_REACH, SET_MARK_HEAD, SET_MARK_LAYER, object_patches, set_mark_targets
+from specula.zoo.set_referents import (MARK_REACH, SET_HOPS, SET_INDEX_HEAD, SET_INDEX_LAYER, SET_MARK_HEAD,
+                                       SET_MARK_LAYER, hops_in_use, object_patches, set_mark_targets)
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, forward_losses, train
 
@@ -165,6 +166,10 @@ def test_a_shallow_run_fits_a_two_layer_lm(tmp_path, numbering):
     with pytest.raises(ValueError, match="has 2 heads"):  # the reader's ordinal head is head 4
         train(TrainConfig(run_dir=str(tmp_path / "reader"), set_referents=1.0, set_hops="reader", **base), numbering,
               log=lambda m: None)
+    # the reader's readout alone reads head 0 of layer 1 only: the unused ordinal head (4) does not refuse it
+    readout = train(TrainConfig(run_dir=str(tmp_path / "readout"), set_readout=1.0, set_hops="reader",
+                                number_images=True, **base), numbering, log=lambda m: None)
+    assert any(h.get("loss_set_readout", 0) > 0 for h in json.loads((readout / "state.json").read_text())["history"])
     ckpt = train(TrainConfig(run_dir=str(tmp_path / "shallow"), set_referents=1.0, set_hops="shallow",
                              number_images=True, **base), numbering, log=lambda m: None)
     state = json.loads((ckpt / "state.json").read_text())
@@ -181,3 +186,16 @@ def test_a_shallow_run_fits_a_two_layer_lm(tmp_path, numbering):
     state = json.loads((resumed / "state.json").read_text())
     assert state["samples"] >= 12 and state["config"]["number_images"] and state["config"]["set_hops"] == "shallow"
     assert load_checkpoint(str(resumed))[1].number_images
+
+
+def test_a_run_needs_room_only_for_the_hops_its_terms_use():
+    """Each set term names the hops it trains or reads; the depth and head checks count those and no others."""
+    deep, reader = SET_HOPS["deep"], SET_HOPS["reader"]
+    assert hops_in_use(deep, False, False, False, False) == {}
+    assert hops_in_use(deep, False, False, True, False) == {"mark": (SET_MARK_LAYER, SET_MARK_HEAD)}
+    assert hops_in_use(deep, False, True, False, False) == {"index": (SET_INDEX_LAYER, SET_INDEX_HEAD)}
+    assert hops_in_use(reader, False, False, False, True) == {"patch": (reader.patch_layer, reader.patch_head)}
+    assert hops_in_use(reader, True, False, True, True) == {
+        "ordinal": (reader.word_layer, reader.word_head), "patch": (reader.patch_layer, reader.patch_head),
+        "mark": (reader.mark_layer, reader.mark_head)}
+    assert max(layer for layer, _ in hops_in_use(deep, False, False, True, False).values()) < deep.patch_layer
