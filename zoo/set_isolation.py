@@ -63,10 +63,14 @@ def set_isolation_loss(attentions: Sequence[torch.Tensor], targets: Sequence[Seq
         for t in row:
             if t.group != "set_isolation":
                 continue
-            q, k = list(t.patches), list(t.others)
+            q = list(t.patches)
             for a in attentions:
-                mass = a[b][:, q][:, :, k].float().sum(-1)  # [heads, P]
-                terms.append(-torch.log1p(-mass.clamp(max=1 - 1e-6)).mean())
+                off = torch.ones(a.shape[-1], dtype=torch.bool, device=a.device)  # [L] keys outside the earlier images
+                off[list(t.others)] = False
+                # 1 - mass summed directly: near saturation 1 - mass rounds to 0 in fp32 and a clamp would stop the
+                # gradient, the way stop 48's epsilon did for the set hops (zoo/referents.py LOG_EPS)
+                rest = (a[b][:, q].float() * off).sum(-1)  # [heads, P]
+                terms.append(-torch.log(rest.clamp_min(1e-30)).mean())
     if not terms:
         return None
     return torch.stack(terms).mean()

@@ -75,6 +75,25 @@ def test_the_loss_is_minus_log_of_the_mass_left_off_the_earlier_images(proc):
     assert set_isolation_loss(att, [(), (), ()]) is None
 
 
+def test_a_patch_saturated_on_the_earlier_images_still_gets_the_full_gradient():
+    """A patch that puts all but ~4.6e-12 of its mass on an earlier image's token: the loss is -log of what is left
+    and the gradient on its own token's score is about -1; taking 1 - mass in fp32 (0 there) behind a clamp would
+    give no gradient at all, so a head that blends a set's images completely could not be pulled off them."""
+    import math
+
+    L = 5
+    span = IsolationSpan(patches=(3,), others=(0, 1))
+    scores = torch.zeros(1, 1, L, L)
+    scores[0, 0, 3, :2] = 25.0  # keys 0 and 1 (the earlier image) take all but e^-25 / 2 of each of keys 2 and 3
+    scores = scores.masked_fill(torch.ones(L, L).triu(1).bool(), float("-inf")).requires_grad_(True)
+    loss = set_isolation_loss([scores.softmax(-1)], [[span]])
+    rest = 2 / (2 * math.exp(25) + 2)
+    assert loss.item() == pytest.approx(-math.log(rest), rel=1e-4)
+    loss.backward()
+    assert scores.grad[0, 0, 3, 3].item() == pytest.approx(-0.5, abs=1e-3)  # each of the two own keys: -1/2
+    assert scores.grad[0, 0, 3, 0].item() == pytest.approx(0.5, abs=1e-3)
+
+
 def test_the_term_is_its_own_loss_and_trains_the_first_layer(proc):
     torch.manual_seed(0)
     model = build_model(TargetArch.from_name("tiny_deep"), proc.tokenizer, seed=0)
