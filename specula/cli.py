@@ -308,6 +308,10 @@ def _add_train(sub) -> None:
                    help="weight of an attention loss that keeps each later image of a set from reading the images "
                         "before it: at its object patches, every layer's and head's mass on the earlier images' "
                         "tokens is penalised (default: 0 = off; zoo/set_isolation.py)")
+    t.add_argument("--set-odd", type=float, default=0.0,
+                   help="weight of an attention loss for 'which image is different / the odd one out?' answers: "
+                        "head 0 of layer 2 on the odd image's object patches, whose image number (--set-marks) is "
+                        "the answer (default: 0 = off; zoo/set_referents.py set_odd_targets)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

@@ -62,6 +62,8 @@ SET_INDEX_LAYER, SET_INDEX_HEAD = 1, 1  # the head that counts the images up to 
 SET_MARK_LAYER, SET_MARK_HEAD = 1, 2  # the head that fetches a patch's ``Image n:`` number
 READER_WORD_HEAD = 4  # "reader": the layer-0 head that fetches the ordinal (head 0 is the scene word hop; in the
 # shipped target head 4 already puts all its mass on a "which" question's ordinal at the answer)
+ODD_LAYER, ODD_HEAD = 2, 0  # the head that finds the odd image of a set (set_odd_targets): one layer above the
+# reader, so that the layers below can put the set's common look on the answer position to compare against
 MARK_REACH = 4  # the marker's number token lies at most this many tokens before its image's first token
 
 
@@ -85,10 +87,12 @@ SET_HOPS = {"deep": SetHops(SET_WORD_LAYER, SET_PATCH_LAYER, SET_MARK_LAYER),
             "shallow": SetHops(WORD_LAYER, PATCH_LAYER, 0),
             "reader": SetHops(WORD_LAYER, PATCH_LAYER, 0, word_head=READER_WORD_HEAD)}
 
-def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readout: bool) -> dict[str, tuple[int, int]]:
+def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readout: bool,
+                odd: bool = False) -> dict[str, tuple[int, int]]:
     """(layer, head) of each set hop that the switched-on terms train or read, by hop name: ``--set-referents``
     trains the ordinal and patch hops, ``--set-readout`` reads the patch hop's head, ``--set-marks`` trains the mark
-    hop, ``--set-index`` the image-number head. A run needs an LM with more layers and heads than any of them."""
+    hop, ``--set-index`` the image-number head, ``--set-odd`` the odd-image head. A run needs an LM with more layers
+    and heads than any of them."""
     used: dict[str, tuple[int, int]] = {}
     if referents:
         used["ordinal"] = (hops.word_layer, hops.word_head)
@@ -98,8 +102,11 @@ def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readou
         used["mark"] = (hops.mark_layer, hops.mark_head)
     if index:
         used["index"] = (SET_INDEX_LAYER, SET_INDEX_HEAD)
+    if odd:
+        used["odd"] = (ODD_LAYER, ODD_HEAD)
     return used
 
+_ODD = re.compile(r"\b(different from the others|odd one out)\b")
 _WHICH = re.compile(r"\bthe (" + "|".join(ORDINALS) + r") image\b")
 
 
@@ -150,6 +157,36 @@ def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tenso
         if pos and ordinal:
             out.append(ReferentTarget(a - 1, pos, (ordinal[-1],), hops.patch_layer, hops.word_layer, "set",
                                       head=hops.patch_head, word_head=hops.word_head))
+    return tuple(out)
+
+
+def set_odd_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor,
+                    image_id: int) -> tuple[ReferentTarget, ...]:
+    """At the answer of every "which image is different / the odd one out?" turn of an image set (single questions
+    and the training dialogues' turns), head ``ODD_HEAD`` of layer ``ODD_LAYER`` on the odd image's object patches
+    (group ``"set_odd"``, no word hop); () for anything else or when the image tokens do not match the images.
+
+    The answer is that image's ordinal, and its patches carry their image's number (``--set-marks``), so a head that
+    lands there reads the answer off them, as the "which" reader does; unlike "which", nothing in the question names
+    the image: the head's query has to hold what the other images share and land on the one that differs.
+
+    input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
+    """
+    images = set_image_tokens(s, input_ids, image_id)
+    if images is None:
+        return ()
+    n_tok, image_pos = images
+    starts, _ = answer_spans(labels)
+    turns = [(s.prompt, s.response)] + list(s.followups)
+    out = []
+    for (q, a), start in zip(turns, starts):
+        word = a.strip(" .").lower()
+        if _ODD.search(q.lower()) is None or word not in ORDINALS or ORDINALS.index(word) >= len(s.images):
+            continue
+        n = ORDINALS.index(word)
+        pos = tuple(image_pos[n * n_tok + t] for t in object_patches(s.patch_words[n]))
+        if pos:
+            out.append(ReferentTarget(start - 1, pos, (), ODD_LAYER, ODD_LAYER, "set_odd", head=ODD_HEAD))
     return tuple(out)
 
 
