@@ -42,6 +42,10 @@ one-image answer), so the set hop has to be that reader; and that in ``"shallow"
 shallow layers and moves the ordinal hop to head ``READER_WORD_HEAD`` of layer 0: the patch hop (head 0 of layer 1)
 then reads the ordinal from one head's output and the image number the mark hop (head 2 of layer 0) wrote on the
 patches.
+
+``--set-odd W`` (group ``"set_odd"``, ``set_odd_targets``, stop 49) does the same for "which image is the odd one
+out?": at the answer, head ``ODD_HEAD`` of layer ``ODD_LAYER`` on the odd image's object patches, whose number is
+the answer; nothing in the question names that image, so the head has to find it by what the other images share.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ SET_HOPS = {"deep": SetHops(SET_WORD_LAYER, SET_PATCH_LAYER, SET_MARK_LAYER),
             "shallow": SetHops(WORD_LAYER, PATCH_LAYER, 0),
             "reader": SetHops(WORD_LAYER, PATCH_LAYER, 0, word_head=READER_WORD_HEAD)}
 
+
 def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readout: bool,
                 odd: bool = False) -> dict[str, tuple[int, int]]:
     """(layer, head) of each set hop that the switched-on terms train or read, by hop name: ``--set-referents``
@@ -105,6 +110,7 @@ def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readou
     if odd:
         used["odd"] = (ODD_LAYER, ODD_HEAD)
     return used
+
 
 _ODD = re.compile(r"\b(different from the others|odd one out)\b")
 _WHICH = re.compile(r"\bthe (" + "|".join(ORDINALS) + r") image\b")
