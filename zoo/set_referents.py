@@ -187,12 +187,12 @@ def set_odd_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor,
     out = []
     for (q, a), start in zip(turns, starts):
         word = a.strip(" .").lower()
-        if _ODD.search(q.lower()) is None or word not in ORDINALS or ORDINALS.index(word) >= len(s.images):
+        n = ORDINALS.index(word) if word in ORDINALS else len(s.images)
+        if _ODD.search(q.lower()) is None or n >= len(s.images):
             continue
-        n = ORDINALS.index(word)
         pos = tuple(image_pos[n * n_tok + t] for t in object_patches(s.patch_words[n]))
         if pos:
-            out.append(ReferentTarget(start - 1, pos, (), ODD_LAYER, ODD_LAYER, "set_odd", head=ODD_HEAD))
+            out.append(ReferentTarget(start - 1, pos, (), patch_layer=ODD_LAYER, group="set_odd", head=ODD_HEAD))
     return tuple(out)
 
 
