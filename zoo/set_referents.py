@@ -46,6 +46,9 @@ patches.
 ``--set-odd W`` (group ``"set_odd"``, ``set_odd_targets``, stop 49) does the same for "which image is the odd one
 out?": at the answer, head ``ODD_HEAD`` of layer ``ODD_LAYER`` on the odd image's object patches, whose number is
 the answer; nothing in the question names that image, so the head has to find it by what the other images share.
+Alone it did not (stop 49: on objects, but no more on the odd image's than on the others'), so since stop 50 a head
+of the layer below (``ODD_MEAN_HEAD`` of ``ODD_MEAN_LAYER``) is also asked to spread over every image's objects, which
+puts the set's common look on the answer position for the odd hop to compare against.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ READER_WORD_HEAD = 4  # "reader": the layer-0 head that fetches the ordinal (hea
 # shipped target head 4 already puts all its mass on a "which" question's ordinal at the answer)
 ODD_LAYER, ODD_HEAD = 2, 0  # the head that finds the odd image of a set (set_odd_targets): one layer above the
 # reader, so that the layers below can put the set's common look on the answer position to compare against
+ODD_MEAN_LAYER, ODD_MEAN_HEAD = 1, 3  # the head that puts that common look there: spread over every image's objects
 MARK_REACH = 4  # the marker's number token lies at most this many tokens before its image's first token
 
 
@@ -108,6 +112,7 @@ def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readou
     if index:
         used["index"] = (SET_INDEX_LAYER, SET_INDEX_HEAD)
     if odd:
+        used["odd mean"] = (ODD_MEAN_LAYER, ODD_MEAN_HEAD)
         used["odd"] = (ODD_LAYER, ODD_HEAD)
     return used
 
@@ -169,12 +174,17 @@ def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tenso
 def set_odd_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor,
                     image_id: int) -> tuple[ReferentTarget, ...]:
     """At the answer of every "which image is different / the odd one out?" turn of an image set (single questions
-    and the training dialogues' turns), head ``ODD_HEAD`` of layer ``ODD_LAYER`` on the odd image's object patches
-    (group ``"set_odd"``, no word hop); () for anything else or when the image tokens do not match the images.
+    and the training dialogues' turns), two targets of group ``"set_odd"`` (no word hops); () for anything else or
+    when the image tokens do not match the images:
+    - the mean hop: head ``ODD_MEAN_HEAD`` of layer ``ODD_MEAN_LAYER`` spread evenly over the object patches of every
+      image (``spread``), which puts the set's common look (the majority's colour and shape) on the answer position;
+    - the odd hop: head ``ODD_HEAD`` of layer ``ODD_LAYER`` on the odd image's object patches.
 
     The answer is that image's ordinal, and its patches carry their image's number (``--set-marks``), so a head that
     lands there reads the answer off them, as the "which" reader does; unlike "which", nothing in the question names
-    the image: the head's query has to hold what the other images share and land on the one that differs.
+    the image: the odd hop's query has to hold what the images share (the mean hop's output) and land on the patches
+    least like it. Stop 49 trained the odd hop alone: it landed on objects (0.98 of its mass) but on the odd image's
+    no more than on the others'.
 
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
     """
@@ -184,15 +194,16 @@ def set_odd_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor,
     n_tok, image_pos = images
     starts, _ = answer_spans(labels)
     turns = [(s.prompt, s.response)] + list(s.followups)
+    objects = [tuple(image_pos[n * n_tok + t] for t in object_patches(words)) for n, words in enumerate(s.patch_words)]
     out = []
     for (q, a), start in zip(turns, starts):
         word = a.strip(" .").lower()
         n = ORDINALS.index(word) if word in ORDINALS else len(s.images)
-        if _ODD.search(q.lower()) is None or n >= len(s.images):
+        if _ODD.search(q.lower()) is None or n >= len(s.images) or not objects[n]:
             continue
-        pos = tuple(image_pos[n * n_tok + t] for t in object_patches(s.patch_words[n]))
-        if pos:
-            out.append(ReferentTarget(start - 1, pos, (), patch_layer=ODD_LAYER, group="set_odd", head=ODD_HEAD))
+        out.append(ReferentTarget(start - 1, sum(objects, ()), (), patch_layer=ODD_MEAN_LAYER, group="set_odd",
+                                  head=ODD_MEAN_HEAD, spread=True))
+        out.append(ReferentTarget(start - 1, objects[n], (), patch_layer=ODD_LAYER, group="set_odd", head=ODD_HEAD))
     return tuple(out)
 
 

@@ -16,7 +16,8 @@ from specula.world.vocab import ORDINALS
 from specula.zoo.batching import Encoder, collate
 from specula.zoo.build import train_config_from_args
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.set_referents import ODD_HEAD, ODD_LAYER, SET_HOPS, hops_in_use, object_patches, set_odd_targets
+from specula.zoo.set_referents import (ODD_HEAD, ODD_LAYER, ODD_MEAN_HEAD, ODD_MEAN_LAYER, SET_HOPS, hops_in_use,
+                                       object_patches, set_odd_targets)
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, forward_losses, train
 
@@ -44,21 +45,26 @@ def _odd_dialogue(seed: int):
 
 
 def _check(s, e, enc, processor) -> int:
-    """Every odd turn has one target: the query predicts the ordinal, every patch is an object patch of that image."""
+    """Every odd turn has two targets at the query that predicts its ordinal: the mean hop spread over every image's
+    object patches, and the odd hop on that image's object patches."""
     tok = processor.tokenizer
     turns = [(s.prompt, s.response)] + list(s.followups)
     odd = [a for q, a in turns if "odd one out" in q.lower() or "different from the others" in q.lower()]
     targets = [t for t in e.referents if t.group == "set_odd"]
-    assert len(targets) == len(odd) > 0
+    assert len(targets) == 2 * len(odd) > 0
     image_pos = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
-    for t, a in zip(targets, odd):
-        assert (t.patch_layer, t.head, t.words) == (ODD_LAYER, ODD_HEAD, ())
+    objects = [tuple(image_pos[n * T + p] for p in object_patches(w)) for n, w in enumerate(s.patch_words)]
+    for mean, t, a in zip(targets[::2], targets[1::2], odd):
+        assert (mean.patch_layer, mean.head, mean.words, mean.spread) == (ODD_MEAN_LAYER, ODD_MEAN_HEAD, (), True)
+        assert (t.patch_layer, t.head, t.words, t.spread) == (ODD_LAYER, ODD_HEAD, (), False)
+        assert mean.query == t.query
         assert tok.convert_ids_to_tokens(int(e.input_ids[t.query])) == "<|assistant|>"
         assert tok.decode(e.input_ids[t.query + 1: t.query + 2]).strip() == a  # the ordinal answered next
         n = ORDINALS.index(a)
-        assert t.patches == tuple(image_pos[n * T + p] for p in object_patches(s.patch_words[n]))
-        assert max(t.patches) < t.query
-    return len(targets)
+        assert t.patches == objects[n]
+        assert mean.patches == sum(objects, ()) and len(mean.patches) > len(t.patches)
+        assert max(mean.patches) < t.query
+    return len(odd)
 
 
 def test_an_odd_question_points_its_answer_at_the_odd_images_object(processor, enc):
@@ -71,11 +77,11 @@ def test_dialogues_get_a_target_for_their_odd_turn_and_placed_forms_keep_it(proc
     s = _odd_dialogue(0)
     assert _check(s, enc.encode(s), enc, processor) == 1
     q = _kind("multi/odd", 5)
-    base = [t for t in enc.encode(q).referents if t.group == "set_odd"][0]
+    base = [t for t in enc.encode(q).referents if t.group == "set_odd"]
     for moved in (variant(q, "system"), variant(q, "lead")):
         e = enc.encode(moved)
         _check(moved, e, enc, processor)
-        assert len(e.referents[0].patches) == len(base.patches)
+        assert [len(t.patches) for t in e.referents if t.group == "set_odd"] == [len(t.patches) for t in base]
 
 
 def test_other_samples_have_no_odd_targets(processor, enc):
@@ -106,8 +112,9 @@ def test_the_flag_reaches_the_config_a_run_trains_the_term_and_a_shallow_lm_is_r
     args = build_parser().parse_args(["train", "target", "--set-odd", "3"])
     assert train_config_from_args(args).set_odd == 3.0
     assert train_config_from_args(build_parser().parse_args(["train", "target"])).set_odd == 0.0
-    assert hops_in_use(SET_HOPS["reader"], False, False, False, False, odd=True) == {"odd": (ODD_LAYER, ODD_HEAD)}
-    with pytest.raises(ValueError, match=f"deeper than layer {ODD_LAYER}"):
+    assert hops_in_use(SET_HOPS["reader"], False, False, False, False, odd=True) == {
+        "odd mean": (ODD_MEAN_LAYER, ODD_MEAN_HEAD), "odd": (ODD_LAYER, ODD_HEAD)}
+    with pytest.raises(ValueError, match=f"odd mean hop .* sits on head {ODD_MEAN_HEAD}; arch 'tiny' has 2 heads"):
         train(TrainConfig(run_dir=str(tmp_path), arch="tiny", set_odd=1.0), processor, log=lambda *a: None)
     # odd turns are ~1 in 20 samples of the image-sets mix: this stream's first comes ~100 samples in
     base = dict(total_samples=128, pool=16, token_budget=4096, warmup_samples=2, eval_n=2, eval_every_s=0.0,
