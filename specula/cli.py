@@ -310,8 +310,14 @@ def _add_train(sub) -> None:
                         "tokens is penalised (default: 0 = off; zoo/set_isolation.py)")
     t.add_argument("--set-odd", type=float, default=0.0,
                    help="weight of an attention loss for 'which image is different / the odd one out?' answers: "
-                        "head 0 of layer 2 on the odd image's object patches, whose image number (--set-marks) is "
-                        "the answer (default: 0 = off; zoo/set_referents.py set_odd_targets)")
+                        "head 3 of layer 1 spread over every image's objects (the set's common look) and head 0 of "
+                        "layer 2 on the odd image's object patches, whose image number (--set-marks) is the answer "
+                        "(default: 0 = off; zoo/set_referents.py set_odd_targets)")
+    t.add_argument("--set-count", type=float, default=0.0,
+                   help="weight of an attention loss for 'how many images show a ...?' answers: head 3 of layer 0 "
+                        "reads each image's objects onto the token after it, and at the answer head 2 of layer 1 "
+                        "spreads over the first token and those tokens of the images showing the shape, so 1/(m+1) "
+                        "stays on the first token; needs --number-images (default: 0 = off; zoo/set_count.py)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

@@ -46,6 +46,7 @@ from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.set_isolation import set_isolation_loss
+from specula.zoo.set_count import set_count_hops
 from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss
 from specula.zoo.set_referents import SET_HOPS, hops_in_use
 from specula.zoo.target_config import TargetArch, build_model
@@ -115,6 +116,7 @@ class TrainConfig:
     set_isolation: float = 0.0  # weight of keeping a set's later images off the earlier ones (zoo/set_isolation.py)
     set_readout: float = 0.0  # weight of the set patch-hop head's own readout of the answer (zoo/set_readout.py)
     set_odd: float = 0.0  # weight of the odd-image attention loss of "odd one out" answers (set_odd_targets); 0 = off
+    set_count: float = 0.0  # weight of the attention loss of "how many images show a ..." answers (set_count.py); 0 = off
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -143,8 +145,8 @@ class TrainConfig:
             raise ValueError(f"set_hops must be one of {', '.join(SET_HOPS)}, got {self.set_hops!r}")
         if self.set_index < 0 or self.set_marks < 0:
             raise ValueError("set_index and set_marks must be >= 0 (0 = off)")
-        if self.set_readout < 0 or self.set_isolation < 0 or self.set_odd < 0:
-            raise ValueError("set_readout, set_isolation and set_odd must be >= 0 (0 = off)")
+        if self.set_readout < 0 or self.set_isolation < 0 or self.set_odd < 0 or self.set_count < 0:
+            raise ValueError("set_readout, set_isolation, set_odd and set_count must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -227,7 +229,7 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
     refs = (cfg.referent_attention > 0 or cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0
-            or cfg.set_isolation > 0 or cfg.set_odd > 0) and bool(batch.referents)
+            or cfg.set_isolation > 0 or cfg.set_odd > 0 or cfg.set_count > 0) and bool(batch.referents)
     consistency = cfg.image_consistency > 0 and img is not None
     sets = cfg.set_consistency > 0 and img is not None and batch.lone_images is not None
     twins = (cfg.twin_states > 0 or cfg.twin_answer > 0) and batch.twin_ids is not None
@@ -452,7 +454,8 @@ def _referent(losses: dict, out, batch, refs: bool, cfg: TrainConfig) -> dict[st
     if refs:
         for key, group, weight in (("referent", "scene", cfg.referent_attention),
                                    ("set_referent", "set", cfg.set_referents), ("set_index", "set_index", cfg.set_index),
-                                   ("set_mark", "set_mark", cfg.set_marks), ("set_odd", "set_odd", cfg.set_odd)):
+                                   ("set_mark", "set_mark", cfg.set_marks), ("set_odd", "set_odd", cfg.set_odd),
+                                   ("set_count", "set_count", cfg.set_count)):
             ref = referent_attention_loss(out.attentions, batch.referents, group) if weight > 0 else None
             if ref is not None:
                 losses[key] = ref
@@ -617,8 +620,10 @@ def _check_hops_fit(model, cfg: TrainConfig) -> None:
     """Refuse a run whose set terms train or read a hop on a layer or head the LM does not have."""
     used = hops_in_use(SET_HOPS[cfg.set_hops], cfg.set_referents > 0, cfg.set_index > 0, cfg.set_marks > 0,
                        cfg.set_readout > 0, cfg.set_odd > 0)
+    if cfg.set_count > 0:
+        used.update(set_count_hops())
     layers, heads = model.config.text_config.num_hidden_layers, model.config.text_config.num_attention_heads
-    flags = "--set-referents / --set-index / --set-marks / --set-readout / --set-odd"
+    flags = "--set-referents / --set-index / --set-marks / --set-readout / --set-odd / --set-count"
     for name, (layer, head) in used.items():
         if layer >= layers:
             raise ValueError(f"{flags} need an LM deeper than layer {layer} (the {name} hop of --set-hops "
@@ -679,7 +684,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
                   set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
                   set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0,
-                  set_odd=cfg.set_odd > 0)
+                  set_odd=cfg.set_odd > 0, set_count=cfg.set_count > 0)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
@@ -789,7 +794,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.set_consistency * losses.get("set_consistency", 0.0) \
                 + cfg.set_referents * losses.get("set_referent", 0.0) + cfg.set_index * losses.get("set_index", 0.0) \
                 + cfg.set_marks * losses.get("set_mark", 0.0) + cfg.set_readout * losses.get("set_readout", 0.0) \
-                + cfg.set_isolation * losses.get("set_isolation", 0.0) + cfg.set_odd * losses.get("set_odd", 0.0)
+                + cfg.set_isolation * losses.get("set_isolation", 0.0) + cfg.set_odd * losses.get("set_odd", 0.0) \
+                + cfg.set_count * losses.get("set_count", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()
