@@ -50,6 +50,7 @@ from tqdm import tqdm
 from specula.drafters.distill_data import Answer, load_answers, make_answers, pixels, target_fingerprint
 from specula.drafters.eagle_head import EagleHead, save_head
 from specula.drafters.train_common import Cadence, epoch_order, save_checkpoint, warmup_cosine
+from specula.drafters.warm_start import lineage_samples, warm_start
 from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR, sibling_ref
 
 EAGLE_DIR = ZOO_DIR / "eagle"
@@ -84,6 +85,7 @@ class EagleTrainConfig:
     eval_engine: int = 24  # held-out prompts decoded through SpecEngine for tau (0 = skip)
     threads: int = 1
     device: str = "cpu"
+    init_from: str = ""  # an exported head of the same kind and config to start from (drafters/warm_start.py); "" = fresh
 
     def __post_init__(self) -> None:
         for name in ("data_samples", "max_new_tokens", "chunk", "gen_batch", "total_samples", "pool", "token_budget",
@@ -364,8 +366,11 @@ def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], 
             raise ValueError(f"{ckpt} holds a head with another config; use another run_dir")
         head.load_state_dict(load_file(ckpt / "head.safetensors", device=str(cfg.device)))
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=cfg.device))
-        state.update({k: old[k] for k in ("samples", "steps", "elapsed_s", "history")})
+        state.update({k: old[k] for k in ("samples", "steps", "elapsed_s", "history", "init_samples") if k in old})
         log(f"resumed from {ckpt}: {state['samples']} samples, {state['elapsed_s'] / 60:.1f} min")
+    elif cfg.init_from:
+        state["init_samples"] = lineage_samples(warm_start(head, cfg.init_from))
+        log(f"warm start from {cfg.init_from} ({state['init_samples']} samples behind it)")
     log(f"{head.KIND} head: {state['params'] / 1e6:.2f} M params, {about}")
 
     def save() -> None:
@@ -449,7 +454,9 @@ def export_head(ckpt: Path, out: Path, head_cls: type[EagleHead], info: dict | N
         "target_sha256": state["target_sha256"], "data_samples": state["config"]["data_samples"],
         "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
         "device": state["config"].get("device", "cpu"),  # what train_minutes were measured on
-        "eval_tau_g4": last.get("eval_tau_g4"), **(info or {}), "history": state["history"],
+        "eval_tau_g4": last.get("eval_tau_g4"), "init_from": state["config"].get("init_from") or None,
+        "init_samples": state.get("init_samples", 0),
+        **(info or {}), "history": state["history"],
         "storage_dtype": "float16",
     }
     (out / "specula.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -471,4 +478,5 @@ def common_cli_config(args) -> dict:
     """The train config fields set by ``specula train``'s shared recipe arguments (``cli._distill_args``)."""
     return dict(run_dir=args.run_dir, target=args.target, data_samples=args.data_samples, total_samples=args.samples,
                 max_new_tokens=args.max_new_tokens, seed=args.seed, threads=args.threads, device=args.device,
-                ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every)
+                ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
+                init_from=getattr(args, "init_from", None) or "")

@@ -386,6 +386,7 @@ def _add_train(sub) -> None:
                         description="Stage 1 caches the target's greedy answers on world training prompts; stage 2 "
                                     "trains one decoder layer over fc(concat(embedding, hidden)) with SmoothL1 on the "
                                     "next hidden state + cross-entropy through the frozen lm_head.")
+    _init_from_arg(e, "eagle")
     _distill_args(e, "eagle", data=10_000, samples=60_000)
     e.set_defaults(func=lambda a: __import__("specula.drafters.train_eagle", fromlist=["x"]).train_eagle_cli(a))
 
@@ -397,6 +398,7 @@ def _add_train(sub) -> None:
                                     "on D_text, stage 2 on D_text (T-t)/T + D_vis t/T. The ablation flags with the "
                                     "default --run-dir train in runs/msd-no-decouple / runs/msd-no-stage1 on "
                                     "runs/msd/data and export to zoo/weights/msd-no-decouple / msd-no-stage1.")
+    _init_from_arg(m, "msd")
     _distill_args(m, "msd", data=10_000, samples=60_000)
     m.add_argument("--text-samples", type=int, default=None,
                    help="text-only target answers for stage 1 and the mix (default: = --data-samples)")
@@ -437,6 +439,7 @@ def _add_train(sub) -> None:
                                     "EAGLE-shaped layer over the draft sequence (each image compressed to "
                                     "--visual-tokens latent tokens by learned queries) with --tokens-per-pass output "
                                     "blocks: SmoothL1 on the next k hidden states + lambda * cross-entropy.")
+    _init_from_arg(f, "flash")
     _distill_args(f, "flash", data=10_000, samples=60_000)
     f.add_argument("--tokens-per-pass", type=int, default=4, help="k: draft tokens per head forward (default: 4)")
     f.add_argument("--visual-tokens", type=int, default=64, help="m: latent tokens per image (default: 64)")
@@ -451,12 +454,20 @@ def _add_train(sub) -> None:
                                      "last-layer K/V (each image compressed to --kv-tokens entries by the learned "
                                      "KV projector) and its own chain, every chain start and depth up to "
                                      "--train-depth at once.")
+    _init_from_arg(a_, "aasd")
     _distill_args(a_, "aasd", data=10_000, samples=60_000)
     a_.add_argument("--kv-tokens", type=int, default=64, help="k: compressed KV entries per image (default: 64)")
     a_.add_argument("--train-depth", type=int, default=5, help="chain depths trained per position (default: 5)")
     a_.add_argument("--data-dir", default=None, help="where the target answers are cached (default: <run-dir>/data; "
                                                      "runs/eagle/data shares eagle's)")
     a_.set_defaults(func=lambda a: __import__("specula.drafters.train_aasd", fromlist=["x"]).train_aasd_cli(a))
+
+
+def _init_from_arg(p, kind: str) -> None:
+    p.add_argument("--init-from", default=None,
+                   help=f"warm start: an exported {kind} head (a zoo name or directory) of the same config to start "
+                        "from instead of a fresh one, e.g. the shipped one when the target was fine-tuned further; "
+                        "ignored when --run-dir already has a checkpoint (default: fresh; drafters/warm_start.py)")
 
 
 def _distill_args(p, kind: str, data: int, samples: int) -> None:
@@ -501,6 +512,13 @@ def _add_zoo(sub) -> None:
                    help="train (or resume) only the drafters, against the target already in --zoo-dir: after a new "
                         "target was exported there, every drafter must be retrained on it (the candidate zoo: "
                         "--zoo-dir zoo/candidates)")
+    b.add_argument("--warm-from", default=None, metavar="ZOO",
+                   help="warm-start each drafter whose trainer can (eagle, msd and its ablations, flash, aasd) from "
+                        "its export in this zoo, e.g. zoo/weights when the new target was fine-tuned from the shipped "
+                        "one; the others train fresh (default: all fresh; drafters/warm_start.py)")
+    b.add_argument("--warm-share", type=float, default=1 / 3,
+                   help="with --warm-from: the share of the recipe's --samples a warm-started drafter trains "
+                        "(default: 1/3; promote needs at least a quarter: zoo/promote.py MIN_WARM_SHARE)")
     b.add_argument("--drafter", action="append", default=None, metavar="NAME",
                    help="only this recipe drafter (repeatable; recipe order kept): with --drafters-only, two builds "
                         "over one zoo with disjoint --drafter sets and their own --run-dir train side by side "

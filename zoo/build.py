@@ -145,13 +145,18 @@ def build_cli(args) -> int:
     target = zoo / TARGET_DIR.name
     if args.drafters_only and not (target / "config.json").exists():
         raise FileNotFoundError(f"--drafters-only trains against the zoo's target, and {target} has none")
+    warm = Path(args.warm_from) if getattr(args, "warm_from", None) else None
+    if warm is not None and not warm.is_dir():
+        raise FileNotFoundError(f"--warm-from {warm}: no such zoo directory")
+    if not 0 < getattr(args, "warm_share", 1.0) <= 1:
+        raise ValueError(f"--warm-share must be in (0, 1], got {args.warm_share}")
     if args.dry_run:
         for st in stages:
             cfg = recipe.stage_config(st, runs, args.scale, args.arch, args.threads, args.seed)
             print(f"target stage {st.name} ({st.kind}): " + json.dumps(cfg, sort_keys=True))
         for d in drafters:
             print("specula " + " ".join(recipe.drafter_argv(d, target, zoo, runs, args.scale, args.arch,
-                                                            args.threads, args.seed)))
+                                                            args.threads, args.seed, warm, args.warm_share)))
         return 0
     torch.set_num_threads(args.threads)
     runs.mkdir(parents=True, exist_ok=True)
@@ -183,7 +188,8 @@ def build_cli(args) -> int:
         print(f"[{i}/{steps}] export the target -> {export(runs / stages[-1].run / 'ckpt', target, tok_dir)}")
     fingerprint = target_fingerprint(target) if drafters else ""
     for i, d in enumerate(drafters, i + 1):
-        argv = recipe.drafter_argv(d, target, zoo, runs, args.scale, args.arch, args.threads, args.seed)
+        argv = recipe.drafter_argv(d, target, zoo, runs, args.scale, args.arch, args.threads, args.seed, warm,
+                                   args.warm_share)
         if f"drafter:{d.name}" in done:
             print(f"[{i}/{steps}] drafter {d.name}: done")
             continue

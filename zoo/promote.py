@@ -23,9 +23,15 @@ def recipe_samples(step) -> int:
     return int(step.argv[step.argv.index("--samples") + 1])
 
 
+# A warm-started drafter (drafters/warm_start.py) counts the samples of the heads it started from, but must have
+# trained at least this share of the recipe's samples against the new target itself.
+MIN_WARM_SHARE = 0.25
+
+
 def drafter_problem(entry: Path, fingerprint: str, samples: int) -> str | None:
     """Why ``entry`` does not hold a drafter exported for the target with this fingerprint after at least ``samples``
-    training samples (None: it does). ``specula zoo build`` skips a drafter without a problem even when its run
+    training samples (None: it does; a warm-started one counts the samples behind the head it started from, but must
+    have trained ``MIN_WARM_SHARE`` of them against this target itself). ``specula zoo build`` skips a drafter without a problem even when its run
     directory is gone (runs/ does not outlive a session here); ``promote`` refuses while any has one."""
     meta = Path(entry) / "specula.json"
     if not meta.exists():
@@ -33,8 +39,12 @@ def drafter_problem(entry: Path, fingerprint: str, samples: int) -> str | None:
     info = json.loads(meta.read_text())
     if info.get("target_sha256") != fingerprint:
         return "trained on another target"
-    if int(info.get("trained_samples") or 0) < samples:
-        return f"trained on {info.get('trained_samples') or 0} samples, the recipe's are {samples}"
+    own, warm = int(info.get("trained_samples") or 0), int(info.get("init_samples") or 0)
+    if own + warm < samples:
+        return f"trained on {own + warm} samples, the recipe's are {samples}"
+    if warm and own < MIN_WARM_SHARE * samples:
+        return (f"warm-started, then trained on {own} samples for this target, under {MIN_WARM_SHARE:.0%} of the "
+                f"recipe's {samples}")
     return None
 
 

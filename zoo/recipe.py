@@ -119,6 +119,7 @@ DRAFTERS = (  # in dependency order: massv starts from text_lm; flash / aasd / t
                                    "--pretrain-samples", "6000", "--samples", "32000", "--text-every", "5"),
                 kind="massv"),
 )
+WARM_KINDS = ("eagle", "msd", "flash", "aasd")  # the kinds whose trainers take --init-from (drafters/warm_start.py)
 _COUNT_FLAGS = {"--data-samples", "--text-samples", "--samples", "--pretrain-samples"}
 
 
@@ -148,16 +149,31 @@ def stage_config(stage: TargetStage, run_dir: Path, scale: float = 1.0, arch: st
     return {**cfg, "run_dir": str(run_dir / stage.run), "arch": arch, "threads": threads, "seed": seed}
 
 
+def warm_source(step: DrafterStep, warm_from: Path | None) -> Path | None:
+    """The exported drafter a build warm-starts ``step`` from (``--warm-from``): ``warm_from/<name>`` when its kind
+    can warm-start (``WARM_KINDS``) and that directory holds an export; None = train it fresh."""
+    if warm_from is None or (step.kind or step.name) not in WARM_KINDS:
+        return None
+    src = Path(warm_from) / step.name
+    return src if (src / "specula.json").exists() else None
+
+
 def drafter_argv(step: DrafterStep, target: Path, zoo: Path, run_dir: Path, scale: float = 1.0,
-                 arch: str = "embedded", threads: int = 2, seed: int = 0) -> list[str]:
-    """The full ``specula train`` argv of one drafter of a build."""
+                 arch: str = "embedded", threads: int = 2, seed: int = 0, warm_from: Path | None = None,
+                 warm_share: float = 1.0) -> list[str]:
+    """The full ``specula train`` argv of one drafter of a build; with ``warm_from`` (``warm_source``) it starts from
+    that export and trains ``warm_share`` of its ``--samples`` (its cached answers are as many as ever)."""
     args = [a.format(run=run_dir, zoo=zoo) for a in step.argv]
+    warm = warm_source(step, warm_from)
     for i, a in enumerate(args[:-1]):
         if a in _COUNT_FLAGS:
-            args[i + 1] = str(scaled(int(args[i + 1]), scale))
+            n = scaled(int(args[i + 1]), scale)
+            args[i + 1] = str(max(1, round(n * warm_share)) if warm is not None and a == "--samples" else n)
     kind = step.kind or step.name
     out = ["train", kind, "--run-dir", str(run_dir / step.name), "--target", str(target), *args,
            "--threads", str(threads), "--seed", str(seed), "--export", "--out", str(zoo / step.name)]
+    if warm is not None:
+        out += ["--init-from", str(warm)]
     if arch == "tiny" and kind == "text_lm":
         out += ["--arch", "tiny"]
     return out
