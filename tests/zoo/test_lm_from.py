@@ -8,18 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.train_target import TrainConfig, train
 
 VISION = ("model.vision_tower.", "model.multi_modal_projector.")
 BASE = dict(arch="tiny", total_samples=0, pool=4, token_budget=2048, warmup_samples=4, eval_n=1, eval_every_s=1e9,
             ckpt_every_s=1e9, threads=1, code_lm_samples=8, code_lm_layers=1, code_token_budget=2048)
-
-
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(TOKENIZER_DIR)
 
 
 @pytest.mark.slow

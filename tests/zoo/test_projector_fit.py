@@ -5,20 +5,13 @@ import json
 import pytest
 import torch
 
-from specula.targets.processor import load_processor
 from specula.world import generate
 from specula.zoo.batching import Encoder
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, train
 from specula.zoo.vision_heads import tower_features
 from specula.zoo.word_codes import WordCodes
-
-
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(TOKENIZER_DIR)
 
 
 def _tiny(processor):

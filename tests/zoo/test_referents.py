@@ -6,22 +6,15 @@ import random
 import pytest
 import torch
 
-from specula.targets.processor import load_processor
 from specula.world import generate
 from specula.world.scene import make_dialogue
 from specula.zoo.batching import Encoder, collate
 from specula.zoo.code_stages import code_lm_loss
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.referents import (HEAD, PATCH_LAYER, WORD_LAYER, ReferentTarget, referent_attention_loss,
                                    referent_patches)
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, train
 from specula.zoo.word_codes import WordCodes
-
-
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(TOKENIZER_DIR)
 
 
 PATCHES = [(), ("red", "square", "large", "top", "left"), ("red", "square", "large", "top", "left"), (),

@@ -8,25 +8,18 @@ import pytest
 import torch
 
 from specula.cli import build_parser
-from specula.targets.processor import load_processor
 from specula.world import multi
 from specula.world.placed import variant
 from specula.world.scene import make_dialogue
 from specula.world.vocab import ORDINALS
 from specula.zoo.batching import Encoder, collate
 from specula.zoo.build import train_config_from_args
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.set_referents import (ODD_HEAD, ODD_LAYER, ODD_MEAN_HEAD, ODD_MEAN_LAYER, SET_HOPS, hops_in_use,
                                        object_patches, set_odd_targets)
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, forward_losses, train
 
 T = 144  # image tokens per image
-
-
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(TOKENIZER_DIR)
 
 
 @pytest.fixture(scope="module")

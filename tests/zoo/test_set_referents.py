@@ -7,13 +7,11 @@ import random
 import pytest
 import torch
 
-from specula.targets.processor import load_processor
 from specula.world import multi
 from specula.world.placed import variant
 from specula.world.scene import make_dialogue
 from specula.world.vocab import ORDINALS
 from specula.zoo.batching import Encoder, collate
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.referents import HEAD, ReferentTarget, referent_attention_loss
 from specula.zoo.set_referents import (SET_INDEX_HEAD, SET_INDEX_LAYER, SET_PATCH_LAYER, SET_WORD_LAYER,
                                        object_patches, set_index_targets, set_referent_targets)
@@ -21,11 +19,6 @@ from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, forward_losses, train
 
 T = 144  # image tokens per image
-
-
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(TOKENIZER_DIR)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,8 @@ from specula.world import generate
 from specula.zoo.batching import Encoder, collate, token_budget_batches
 from specula.zoo.build import export
 from specula.zoo.manifest import verify
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.quality import greedy_answer
 from specula.zoo.train_target import TrainConfig, patch_loss, train
-
-
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(TOKENIZER_DIR)
 
 
 def test_labels_cover_only_the_assistant_turn(processor):

@@ -7,19 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specula.targets.processor import load_processor
 from specula.world import generate
 from specula.world.vocab import POSITIONS
 from specula.zoo.batching import Encoder, patch_classes
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, load_heads, train
 from specula.zoo.vision_heads import VisionHeads, vision_stage
-
-
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(TOKENIZER_DIR)
 
 
 def _vision_state(model) -> dict[str, torch.Tensor]:

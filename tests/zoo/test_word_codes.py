@@ -5,19 +5,12 @@ import json
 import pytest
 import torch
 
-from specula.targets.processor import load_processor
 from specula.world import generate
 from specula.zoo.batching import Encoder, collate
 from specula.zoo.code_stages import code_answer_hits, code_embeds, code_vision_loss, make_identity, shallow
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, train
 from specula.zoo.word_codes import WordCodes
-
-
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(TOKENIZER_DIR)
 
 
 def test_codes_are_fixed_unit_vectors_and_patches_sum_them():
