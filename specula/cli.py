@@ -16,8 +16,8 @@ import sys
 
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
 MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
-             "scan_captions", "colour_captions", "scan_suites", "scan_multi", "scan_placed",
-             "scan_placed_multi"]
+             "scan_captions", "colour_captions", "scan_suites", "scan_multi", "scan_multi_odd",
+             "scan_placed", "scan_placed_multi"]
 
 
 def _threads(args) -> None:
@@ -238,7 +238,8 @@ def _add_train(sub) -> None:
                         "twice the captions), colour_captions (scan_captions with the captions listed by colour "
                         "instead of by cell), scan_suites (scan_captions plus dialogues about charts, image sets and "
                         "clips), scan_multi (scan_suites with image sets at about a third of the samples, their "
-                        "captions worded \"Image N has ...\"), scan_placed (scan_suites with half the prompts "
+                        "captions worded \"Image N has ...\"), scan_multi_odd (scan_multi plus dialogues about sets "
+                        "with an odd one out, about one sample in eight), scan_placed (scan_suites with half the prompts "
                         "asked with text or the question before the image, or after a system turn) or "
                         "scan_placed_multi (scan_multi placed the same way)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")

@@ -98,13 +98,15 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None, 
     return Sample(suite, f"multi/{qtype}", images, _prompt(rng, k, f"{q} {pick(rng, SHORT_SUFFIX)}"), a, a, n, (), pw)
 
 
-def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 8, k: int | None = None) -> Sample:
+def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 8, k: int | None = None,
+                        odd: bool = False) -> Sample:
     """A training dialogue: ``k`` images (default 2-5), then up to ``n_turns`` distinct questions about them as
     successive turns (the first in the evaluation format): the colour in each one-object image, how many images show
-    each shape present (and sometimes one absent), the odd one out when the set has one, same shape for a pair."""
-    k = k or rng.randint(2, 5)
+    each shape present (and sometimes one absent), the odd one out when the set has one, same shape for a pair.
+    ``odd``: always a set of 3-5 with an odd one out (otherwise two in five sets of 3 or more)."""
+    k = k or rng.randint(3 if odd else 2, 5)
     odd_i = None
-    if k >= 3 and rng.random() < 0.4:
+    if k >= 3 and (odd or rng.random() < 0.4):
         scenes, odd_i = _odd_scenes(rng, k)
     else:
         scenes = [_single(rng, pick(rng, COLOUR_NAMES), pick(rng, SHAPES)) if rng.random() < 0.6
@@ -122,11 +124,21 @@ def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int 
         same = scenes[0].objects[0].shape == scenes[1].objects[0].shape
         turns.append((pick(rng, MULTI_SAME), "yes" if same else "no"))
     rng.shuffle(turns)
+    if odd:  # keep the odd turn among the first n_turns (a set of five has up to nine turns)
+        i = next(j for j, (q, _) in enumerate(turns) if q in MULTI_ODD)
+        if i >= n_turns:
+            j = rng.randrange(n_turns)
+            turns[i], turns[j] = turns[j], turns[i]
     (q0, a0), rest = turns[0], turns[1:n_turns]
     rendered = [render_scene(sc, rng) for sc in scenes]
     followups = tuple((maybe_suffix(rng, q), a) for q, a in rest)
     return Sample(suite, "multi_dialogue", tuple(r[0] for r in rendered), _prompt(rng, k, f"{q0} {pick(rng, SHORT_SUFFIX)}"),
                   a0, a0, None, (), tuple(r[1] for r in rendered), followups)
+
+
+def make_odd_dialogue(rng: random.Random, suite: str, task: str) -> Sample:
+    """``make_multi_dialogue`` about a set of 3-5 with an odd one out (the odd turn is among its turns)."""
+    return make_multi_dialogue(rng, suite, task, odd=True)
 
 
 DIRECTIONS = {"right": (1, 0), "left": (-1, 0), "down": (0, 1), "up": (0, -1)}

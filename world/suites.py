@@ -203,6 +203,12 @@ SCAN_MULTI_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
     for name, maker, task, w in SCAN_SUITES_MIX if name != "multi_caption") + (
     ("multi_caption_scan", _multi_scan_caption, "caption", 6.0),)
 
+# The image-sets mix plus dialogues about sets with an odd one out (about one sample in eight), for an LM whose odd-one-
+# out answers see one sample in fifteen of the image-sets mix (zoo/TRAINING.md, "Image sets: counting images, and the
+# odd one out against the set's look (stop 50)").
+SCAN_MULTI_ODD_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_MULTI_MIX + (
+    ("multi_odd_dialogue", multi.make_odd_dialogue, "qa", 6.0),)
+
 # The suites mix with half of its samples asked the way API users ask: a line of text or the question before the
 # image, or a system turn first (world/placed.py), for an LM that reads an image only at the start of the prompt
 # (zoo/TRAINING.md, "Image sets: the LM reads the first image of a set").
@@ -218,7 +224,7 @@ MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX, "lookup": LOOKUP_MIX, "sce
          "describe": DESCRIBE_MIX, "confusable": CONFUSABLE_MIX, "scenes_confusable": SCENES_CONFUSABLE_MIX,
          "confusable_scan": CONFUSABLE_SCAN_MIX, "scan_captions": SCAN_CAPTIONS_MIX,
          "colour_captions": COLOUR_CAPTIONS_MIX, "scan_suites": SCAN_SUITES_MIX,
-         "scan_multi": SCAN_MULTI_MIX, "scan_placed": SCAN_PLACED_MIX, "scan_placed_multi": SCAN_PLACED_MULTI_MIX}
+         "scan_multi": SCAN_MULTI_MIX, "scan_multi_odd": SCAN_MULTI_ODD_MIX, "scan_placed": SCAN_PLACED_MIX, "scan_placed_multi": SCAN_PLACED_MULTI_MIX}
 
 
 def suite_names() -> list[str]:

@@ -101,6 +101,27 @@ def test_multi_image_dialogue_answers_match_the_images():
     assert set(seen) == {"which", "count", "odd", "same"}
 
 
+def test_odd_dialogues_always_ask_the_odd_one_out_of_a_set_of_three_or_more():
+    from specula.world.suites import MIXES
+
+    sizes = Counter()
+    for i in range(60):
+        s = multi.make_odd_dialogue(random.Random(f"odd-dialogue/{i}"), "multi_image", "qa")
+        turns = _check_turns(s)
+        objects = [_objects(pw) for pw in s.patch_words]
+        kinds = Counter(o[0] for o in objects)
+        odd = [k for k, o in enumerate(objects) if kinds[o[0]] == 1]
+        asked = [a for q, a in turns if "odd one out" in q or "different from the others" in q]
+        assert len(odd) == 1 and asked == [ORDINALS[odd[0]]] and 2 <= len(turns) <= 8
+        sizes[len(objects)] += 1
+    assert set(sizes) == {3, 4, 5}
+    mix = MIXES["scan_multi_odd"]
+    assert mix[:-1] == MIXES["scan_multi"] and mix[-1][0] == "multi_odd_dialogue"
+    # the default dialogue is drawn exactly as before the option existed
+    assert multi.make_multi_dialogue(random.Random("multi-dialogue/3"), "multi_image", "qa") == \
+        multi.make_multi_dialogue(random.Random("multi-dialogue/3"), "multi_image", "qa", odd=False)
+
+
 def test_multi_image_dialogue_takes_a_set_size():
     for i in range(10):
         s = multi.make_multi_dialogue(random.Random(f"multi-dialogue-k/{i}"), "multi_image", "qa", k=2)
