@@ -318,7 +318,8 @@ def _add_train(sub) -> None:
                    help="weight of an attention loss for 'how many images show a ...?' answers: head 3 of layer 0 "
                         "reads each image's objects onto the token after it, and at the answer head 2 of layer 1 "
                         "spreads over the first token and those tokens of the images showing the shape, so 1/(m+1) "
-                        "stays on the first token; needs --number-images (default: 0 = off; zoo/set_count.py)")
+                        "stays on the first token; a set without its 'Image n:' markers gets none (--number-images adds "
+                        "them) (default: 0 = off; zoo/set_count.py)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

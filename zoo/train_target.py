@@ -45,8 +45,8 @@ from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
-from specula.zoo.set_isolation import set_isolation_loss
 from specula.zoo.set_count import set_count_hops
+from specula.zoo.set_isolation import set_isolation_loss
 from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss
 from specula.zoo.set_referents import SET_HOPS, hops_in_use
 from specula.zoo.target_config import TargetArch, build_model
