@@ -10,21 +10,22 @@ import random
 import pytest
 import torch
 
+from loss_kit import assert_own_term_reaching_layer0
+
 from specula.cli import build_parser
 from specula.targets.processor import load_processor
 from specula.world import multi
 from specula.world.placed import variant
 from specula.world.scene import make_dialogue
 from specula.world.vocab import NUMBER_WORDS
-from specula.zoo.batching import Encoder, collate
+from specula.zoo.batching import Encoder
 from specula.zoo.build import train_config_from_args
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.referents import WORD_LAYER
 from specula.zoo.set_count import (COUNT_HEAD, COUNT_LAYER, COUNT_WORD_HEAD, SUMMARY_HEAD, SUMMARY_LAYER,
                                    set_count_targets)
 from specula.zoo.set_referents import object_patches
-from specula.zoo.target_config import TargetArch, build_model
-from specula.zoo.train_target import TrainConfig, forward_losses, train
+from specula.zoo.train_target import TrainConfig, train
 
 T = 144  # image tokens per image
 
@@ -121,17 +122,8 @@ def test_other_samples_and_sets_without_a_token_after_each_image_have_no_count_t
 
 
 def test_the_count_term_is_its_own_loss_and_reaches_the_first_layer(processor, enc):
-    torch.manual_seed(0)
-    model = build_model(TargetArch.from_name("tiny_deep"), processor.tokenizer, seed=0)
-    batch = collate([enc.encode(_count_question(0)), enc.encode(_dialogue(0))], processor.tokenizer.pad_token_id)
-    losses = forward_losses(model, batch, TrainConfig(run_dir="x", set_count=1.0, freeze_vision=True))
-    assert set(losses) == {"lm", "set_count"} and float(losses["set_count"].detach()) > 0
-    losses["set_count"].backward()
-    q = dict(model.named_parameters())["model.language_model.layers.0.self_attn.q_proj.weight"]
-    assert q.grad is not None and float(q.grad.abs().sum()) > 0
-    assert "set_count" not in forward_losses(model, batch, TrainConfig(run_dir="x", freeze_vision=True))
-    with pytest.raises(ValueError, match="set_count"):
-        TrainConfig(run_dir="x", set_count=-1.0)
+    assert_own_term_reaching_layer0(processor.tokenizer, [enc.encode(_count_question(0)), enc.encode(_dialogue(0))],
+                                    "set_count")
 
 
 def test_the_flag_reaches_the_config_a_run_trains_the_term_and_a_narrow_lm_is_refused(processor, tmp_path):

@@ -7,6 +7,8 @@ import random
 import pytest
 import torch
 
+from loss_kit import assert_own_term_reaching_layer0
+
 from specula.targets.processor import load_processor
 from specula.world import multi
 from specula.world.scene import make_dialogue
@@ -16,7 +18,7 @@ from specula.zoo.referents import eager_attention
 from specula.zoo.set_isolation import IsolationSpan, set_isolation_loss, set_isolation_spans
 from specula.zoo.set_referents import object_patches
 from specula.zoo.target_config import TargetArch, build_model
-from specula.zoo.train_target import TrainConfig, forward_losses, train
+from specula.zoo.train_target import TrainConfig, train
 from specula.zoo.vision_heads import tower_features
 
 T = 144  # image tokens per image
@@ -95,17 +97,8 @@ def test_a_patch_saturated_on_the_earlier_images_still_gets_the_full_gradient():
 
 
 def test_the_term_is_its_own_loss_and_trains_the_first_layer(proc):
-    torch.manual_seed(0)
-    model = build_model(TargetArch.from_name("tiny_deep"), proc.tokenizer, seed=0)
-    batch = collate([Encoder(proc, set_isolation=True).encode(s) for s in _sets(2)], proc.tokenizer.pad_token_id)
-    losses = forward_losses(model, batch, TrainConfig(run_dir="x", set_isolation=1.0, freeze_vision=True))
-    assert set(losses) == {"lm", "set_isolation"}
-    losses["set_isolation"].backward()
-    q = dict(model.named_parameters())["model.language_model.layers.0.self_attn.q_proj.weight"]
-    assert q.grad is not None and float(q.grad.abs().sum()) > 0
-    assert "set_isolation" not in forward_losses(model, batch, TrainConfig(run_dir="x", freeze_vision=True))
-    with pytest.raises(ValueError, match="set_isolation"):
-        TrainConfig(run_dir="x", set_isolation=-1.0)
+    assert_own_term_reaching_layer0(proc.tokenizer, [Encoder(proc, set_isolation=True).encode(s) for s in _sets(2)],
+                                    "set_isolation")
 
 
 def test_a_run_trains_both_set_terms(tmp_path, proc):

@@ -7,17 +7,18 @@ import random
 import pytest
 import torch
 
+from loss_kit import assert_own_term_reaching_layer0
+
 from specula.cli import build_parser
 from specula.world import multi
 from specula.world.placed import variant
 from specula.world.scene import make_dialogue
 from specula.world.vocab import ORDINALS
-from specula.zoo.batching import Encoder, collate
+from specula.zoo.batching import Encoder
 from specula.zoo.build import train_config_from_args
 from specula.zoo.set_referents import (ODD_HEAD, ODD_LAYER, ODD_MEAN_HEAD, ODD_MEAN_LAYER, SET_HOPS, hops_in_use,
                                        object_patches, set_odd_targets)
-from specula.zoo.target_config import TargetArch, build_model
-from specula.zoo.train_target import TrainConfig, forward_losses, train
+from specula.zoo.train_target import TrainConfig, train
 
 T = 144  # image tokens per image
 
@@ -87,18 +88,8 @@ def test_other_samples_have_no_odd_targets(processor, enc):
 
 
 def test_the_odd_term_is_its_own_loss_and_reaches_the_first_layer(processor, enc):
-    torch.manual_seed(0)
-    model = build_model(TargetArch.from_name("tiny_deep"), processor.tokenizer, seed=0)
-    batch = collate([enc.encode(_kind("multi/odd", 0)), enc.encode(_kind("multi/which", 0))],
-                    processor.tokenizer.pad_token_id)
-    losses = forward_losses(model, batch, TrainConfig(run_dir="x", set_odd=1.0, freeze_vision=True))
-    assert set(losses) == {"lm", "set_odd"} and float(losses["set_odd"].detach()) > 0
-    losses["set_odd"].backward()
-    q = dict(model.named_parameters())["model.language_model.layers.0.self_attn.q_proj.weight"]
-    assert q.grad is not None and float(q.grad.abs().sum()) > 0
-    assert "set_odd" not in forward_losses(model, batch, TrainConfig(run_dir="x", freeze_vision=True))
-    with pytest.raises(ValueError, match="set_odd"):
-        TrainConfig(run_dir="x", set_odd=-1.0)
+    assert_own_term_reaching_layer0(processor.tokenizer,
+                                    [enc.encode(_kind("multi/odd", 0)), enc.encode(_kind("multi/which", 0))], "set_odd")
 
 
 def test_the_flag_reaches_the_config_a_run_trains_the_term_and_a_shallow_lm_is_refused(processor, tmp_path):
