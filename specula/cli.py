@@ -583,6 +583,30 @@ def _add_zoo(sub) -> None:
         return probe_cli(args)
 
     pr.set_defaults(func=run_probe)
+    ps = zsub.add_parser("probe-sets", help="how a target reads image sets: answers and each set hop, teacher-forced",
+                         description="Held-out image-set questions (which / odd one out / how many images / same "
+                                     "shape), the answer fed in: per question type the first answer token's argmax "
+                                     "over the type's candidate words, with the images and with gray ones, and the "
+                                     "attention mass of every supervised set hop (reader, ordinal, mean and odd "
+                                     "hops, summary and count hops) on its target and off it (see zoo/set_probe.py)")
+    src = ps.add_mutually_exclusive_group()
+    src.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")
+    src.add_argument("--checkpoint", default=None, help="a training checkpoint (runs/X/ckpt), rounded to fp16")
+    ps.add_argument("--set-hops", default=None, choices=("deep", "shallow", "reader"),
+                    help="the layers and heads of the set hops (default: the checkpoint's own, else reader)")
+    ps.add_argument("--n", type=int, default=200, help="questions drawn (about a third of them each type; default 200)")
+    ps.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
+    ps.add_argument("--out", default=None, help="also write probe_sets.json and probe_sets.md to this directory")
+    ps.add_argument("--json", action="store_true", help="print JSON instead of the markdown table")
+    ps.add_argument("--threads", type=int, default=2)
+
+    def run_probe_sets(args):
+        _threads(args)
+        from specula.zoo.set_probe import probe_sets_cli
+
+        return probe_sets_cli(args)
+
+    ps.set_defaults(func=run_probe_sets)
     sp = zsub.add_parser("splice", help="a checkpoint with one run's LM and other weights' vision tower + projector",
                          description="Copies the training checkpoint --ckpt to --out (state, optimizers, vision "
                                      "heads) with every vision tower and projector tensor taken from --vision-from "

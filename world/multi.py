@@ -55,14 +55,18 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None, 
         qtype = "story"
     else:
         qtype = pick(rng, ("odd", "count", "which", "same") if k == 2 else ("odd", "count", "which"))
-    if qtype == "odd" and k >= 3:
+        # a pair has no odd one out: its question counts, and is labelled so (until stop 51 it was "multi/odd", a
+        # fifth of that type in the evaluation's breakdown by question type)
+        if qtype == "odd" and k < 3:
+            qtype = "count"
+    if qtype == "odd":
         scenes, odd_i = _odd_scenes(rng, k)
         q = pick(rng, MULTI_ODD)
         a, n = ORDINALS[odd_i], k
         resp = a
     else:
         scenes = [sample_scene(rng, 1, 2, allow_overlap=False) for _ in range(k)]
-        if qtype in ("count", "odd"):
+        if qtype == "count":
             shape = pick(rng, [o.shape for s in scenes for o in s.objects]) if rng.random() < 0.8 else pick(rng, SHAPES)
             m = sum(any(o.shape == shape for o in s.objects) for s in scenes)
             q = pick(rng, MULTI_COUNT).format(s=shape)

@@ -12,7 +12,10 @@ from specula.world.vocab import NUMBER_WORDS, ORDINALS, SHAPES
 
 # sha256 of (kind, prompt, response, answer, n_choices) of the first 60 evaluation samples, taken before the
 # dialogues' refactor of charts.py / multi.py: the suites every figure in zoo/TRAINING.md was measured on.
-SUITE_DIGESTS = {"chart": "9e905c5f995cc731", "multi_image": "a1b30116a6049a6e", "video": "8b9765beef29c739"}
+# multi_image: stop 51 relabelled the pairs' "odd" draws (counting questions) "multi/count"; their text is unchanged
+# (CONTENT_DIGESTS: the same fields but the kind, equal before and after).
+SUITE_DIGESTS = {"chart": "9e905c5f995cc731", "multi_image": "471843f7fd521982", "video": "8b9765beef29c739"}
+CONTENT_DIGESTS = {"multi_image": "97d94b0d20cd0902"}
 
 
 @pytest.mark.parametrize("suite", sorted(SUITE_DIGESTS))
@@ -22,6 +25,29 @@ def test_evaluation_suites_are_unchanged(suite):
         s = generate(suite, "eval", i)
         h.update(f"{s.kind}|{s.prompt}|{s.response}|{s.answer}|{s.n_choices}\n".encode())
     assert h.hexdigest()[:16] == SUITE_DIGESTS[suite]
+
+
+def test_evaluation_suites_ask_what_they_asked_before_the_relabelling():
+    h = hashlib.sha256()
+    for i in range(60):
+        s = generate("multi_image", "eval", i)
+        h.update(f"{s.prompt}|{s.response}|{s.answer}|{s.n_choices}\n".encode())
+    assert h.hexdigest()[:16] == CONTENT_DIGESTS["multi_image"]
+
+
+def test_image_set_questions_are_labelled_by_what_they_ask():
+    kinds = Counter()
+    for i in range(200):
+        s = generate("multi_image", "eval", i)
+        q, kind = s.prompt.replace("<image>", "").lower(), s.kind.split("/")[-1]
+        kinds[kind] += 1
+        if kind == "odd":
+            assert len(s.images) >= 3 and ("odd one out" in q or "different from the others" in q)
+            assert s.answer in ORDINALS[:len(s.images)]
+        elif kind == "count":
+            assert "how many images" in q or "in how many images" in q
+            assert s.answer in NUMBER_WORDS[:len(s.images) + 1]
+    assert kinds["odd"] and kinds["count"] and kinds["which"]
 
 
 def _objects(patch_words) -> list[tuple[str, ...]]:
