@@ -607,6 +607,24 @@ def _add_zoo(sub) -> None:
         return probe_sets_cli(args)
 
     ps.set_defaults(func=run_probe_sets)
+    ln = zsub.add_parser("lane", help="keep a training lane in the repository as a small delta, and bring it back",
+                         description="runs/ is not committed and a new checkout may not have it. `save` stores a "
+                                     "training checkpoint as its difference from an exported model (int8 per row, "
+                                     "tensors that did not move left out, the run's state.json kept); `restore` "
+                                     "rebuilds a checkpoint directory to go on from with `specula train target "
+                                     "--init-from DIR` or to read with `zoo eval --checkpoint DIR` (see zoo/lanes.py)")
+    lsub = ln.add_subparsers(dest="action", required=True)
+    lsave = lsub.add_parser("save", help="snapshot a training checkpoint against an exported model")
+    lsave.add_argument("--ckpt", required=True, help="the training checkpoint (runs/X/ckpt)")
+    lsave.add_argument("--base", default="zoo/weights/target",
+                       help="the exported model the lane started from (default: zoo/weights/target)")
+    lsave.add_argument("--out", required=True, help="the snapshot directory, e.g. zoo/lanes/<lane>")
+    lsave.add_argument("--note", default=None, help="free text kept in lane.json, e.g. the lane's command")
+    lrest = lsub.add_parser("restore", help="rebuild a snapshot's checkpoint directory")
+    lrest.add_argument("--snapshot", required=True, help="the snapshot directory (zoo/lanes/<lane>)")
+    lrest.add_argument("--out", required=True, help="a new directory for the checkpoint, e.g. runs/<lane>-init")
+    lrest.add_argument("--base", default=None, help="the base model (default: the one recorded; its sha256 must match)")
+    ln.set_defaults(func=lambda a: __import__("specula.zoo.lanes", fromlist=["x"]).lane_cli(a))
     sp = zsub.add_parser("splice", help="a checkpoint with one run's LM and other weights' vision tower + projector",
                          description="Copies the training checkpoint --ckpt to --out (state, optimizers, vision "
                                      "heads) with every vision tower and projector tensor taken from --vision-from "
