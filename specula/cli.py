@@ -320,6 +320,11 @@ def _add_train(sub) -> None:
                         "spreads over the first token and those tokens of the images showing the shape, so 1/(m+1) "
                         "stays on the first token; a set without its 'Image n:' markers gets none (--number-images adds "
                         "them) (default: 0 = off; zoo/set_count.py)")
+    t.add_argument("--set-count-readout", type=float, default=0.0,
+                   help="weight of a readout loss on --set-count's summary hops: at the token after each image the "
+                        "summary head's own output, read through the LM head, should say the shapes that image shows "
+                        "(so the count hop can match them against the asked shape word) (default: 0 = off; "
+                        "zoo/set_readout.py summary_readout_loss)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

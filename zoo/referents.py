@@ -54,6 +54,7 @@ class ReferentTarget:
     head: int = HEAD  # the head of the patch hop (and of the word hop unless ``word_head`` is set)
     spread: bool = False  # the patch hop's mass spread evenly over ``patches`` (-mean log of each) rather than summed
     word_head: int | None = None  # the word hop's head when it is not ``head`` (set_referents.SET_HOPS["reader"])
+    says: tuple[int, ...] = ()  # token ids the patch hop's head, read out alone, should say (zoo/set_readout.py)
 
 
 def _words(question: str) -> list[str]:

@@ -12,6 +12,12 @@ these targets ask for gives every image one token to be counted by:
   share left on the first token is 1 / (m + 1) for m such images, which the layers above turn into the number
   (m = 0: all of it).
 
+Each summary target also names the shape words its image shows (``ReferentTarget.says``): ``--set-count-readout W``
+reads the summary head's own output out through the LM head and asks it to say them (zoo/set_readout.py
+``summary_readout_loss``), so that the summary token's key carries the shape as the word the count hop's query
+fetched. Stop 50's count hop landed on the first token and the summaries but did not tell matching summaries from
+the others.
+
 Group ``"set_count"``, its own loss weight (``--set-count W``); single questions, dialogue turns and placed forms
 (positions come from the tokens). Images back to back (``<image><image>``) have no token between them to summarise
 on, so a set gets its targets only with its ``Image n:`` markers (``--number-images``); nor has the last image of
@@ -63,10 +69,12 @@ def set_count_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, 
         return ()  # images back to back (no ``Image n:`` markers) or the set last in the turn: no token of their own
     out = []
     for n, words in enumerate(s.patch_words):
-        pos = tuple(image_pos[n * n_tok + t] for t in object_patches(words))
+        obj = object_patches(words)
+        pos = tuple(image_pos[n * n_tok + t] for t in obj)
         if pos:
+            says = tuple(sorted({word_id(words[t][1]) for t in obj} - {-1}))  # the shapes the image shows
             out.append(ReferentTarget(summary[n], pos, (), patch_layer=SUMMARY_LAYER, group="set_count",
-                                      head=SUMMARY_HEAD))
+                                      head=SUMMARY_HEAD, says=says))
     for i, (m, start) in enumerate(zip(asked, starts)):
         if m is None:
             continue

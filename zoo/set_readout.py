@@ -15,6 +15,9 @@ head learns *what* to write without first having to outgrow the residual (a firs
 residual's rms instead, the head's true share of the logits: after 450 samples its loss still sat at ln V, uniform).
 How loud the head speaks is left to the answer loss. The LM head and norm get no gradient from the term; the head's
 attention, value and output weights (and the layers below) do.
+
+``--set-count-readout W`` reads the count circuit's summary hops the same way (``summary_readout_loss``): at each
+image's summary token (zoo/set_count.py) the summary head, read out alone, should say the shapes that image shows.
 """
 
 from __future__ import annotations
@@ -66,21 +69,42 @@ def set_readout_loss(lm, lm_head, got: dict, targets: Sequence[Sequence[Referent
                 rows.setdefault((t.patch_layer, t.head), []).append((b, t.query, tok))
     if not rows:
         return None
-    norm = lm.norm
-    gain = norm.weight.detach()  # [H]
-    unembed = lm_head.weight.detach()  # [V, H]
-    n_heads = lm.config.num_attention_heads
-    head_dim = getattr(lm.config, "head_dim", None) or lm.config.hidden_size // n_heads
     losses = []
     for (layer, head), picks in rows.items():
-        dev = got[layer].device
-        b = torch.tensor([p[0] for p in picks], device=dev)
-        q = torch.tensor([p[1] for p in picks], device=dev)
-        tok = torch.tensor([p[2] for p in picks], device=dev)
-        sl = slice(head * head_dim, (head + 1) * head_dim)
-        x = got[layer][b, q, sl]  # [N, head_dim]
-        contrib = (x @ lm.layers[layer].self_attn.o_proj.weight[:, sl].T).float()  # [N, H]
-        inv_rms = torch.rsqrt(contrib.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)  # [N, 1]
-        logits = (contrib * inv_rms * gain.float()) @ unembed.float().T  # [N, V]
+        logits = head_logits(lm, lm_head, got, layer, head, [p[0] for p in picks], [p[1] for p in picks])  # [N, V]
+        tok = torch.tensor([p[2] for p in picks], device=logits.device)
         losses.append(F.cross_entropy(logits, tok, reduction="none"))
     return torch.cat(losses).mean()
+
+
+def head_logits(lm, lm_head, got: dict, layer: int, head: int, rows: Sequence[int],
+                queries: Sequence[int]) -> torch.Tensor:
+    """One head's output at (row, query) pairs read out alone: its slice of ``o_proj``, scaled to unit RMS, through
+    the final norm's gain and the LM head (both without gradient). # [N, V] fp32"""
+    n_heads = lm.config.num_attention_heads
+    head_dim = getattr(lm.config, "head_dim", None) or lm.config.hidden_size // n_heads
+    dev = got[layer].device
+    sl = slice(head * head_dim, (head + 1) * head_dim)
+    x = got[layer][torch.tensor(list(rows), device=dev), torch.tensor(list(queries), device=dev), sl]  # [N, head_dim]
+    contrib = (x @ lm.layers[layer].self_attn.o_proj.weight[:, sl].T).float()  # [N, H]
+    inv_rms = torch.rsqrt(contrib.pow(2).mean(-1, keepdim=True) + lm.norm.variance_epsilon)  # [N, 1]
+    return (contrib * inv_rms * lm.norm.weight.detach().float()) @ lm_head.weight.detach().float().T  # [N, V]
+
+
+def summary_readout_loss(lm, lm_head, got: dict, targets: Sequence[Sequence[ReferentTarget]]) -> torch.Tensor | None:
+    """``--set-count-readout``: each ``"set_count"`` summary target's head read out alone (``head_logits``) against
+    the shape words its image shows (``ReferentTarget.says``; the cross-entropy with an even share on each, so an
+    image of a circle and a star is read as both); None when the batch has none."""
+    rows: dict[tuple[int, int], list[tuple[int, int, tuple[int, ...]]]] = {}
+    for b, row in enumerate(targets):
+        for t in row:
+            if t.group == "set_count" and t.says and t.patch_layer in got:
+                rows.setdefault((t.patch_layer, t.head), []).append((b, t.query, t.says))
+    if not rows:
+        return None
+    losses = []
+    for (layer, head), picks in rows.items():
+        logp = head_logits(lm, lm_head, got, layer, head, [p[0] for p in picks], [p[1] for p in picks]).log_softmax(-1)
+        for i, (_, _, says) in enumerate(picks):
+            losses.append(-logp[i, list(says)].mean())
+    return torch.stack(losses).mean()

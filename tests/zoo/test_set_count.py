@@ -17,7 +17,7 @@ from specula.targets.processor import load_processor
 from specula.world import multi
 from specula.world.placed import variant
 from specula.world.scene import make_dialogue
-from specula.world.vocab import NUMBER_WORDS
+from specula.world.vocab import COLOUR_NAMES, NUMBER_WORDS
 from specula.zoo.batching import Encoder
 from specula.zoo.build import train_config_from_args
 from specula.zoo.paths import TOKENIZER_DIR
@@ -67,6 +67,8 @@ def _check(s, e, enc, processor) -> int:
         assert (t.patch_layer, t.head, t.words) == (SUMMARY_LAYER, SUMMARY_HEAD, ())
         assert t.patches == tuple(image_pos[n * T + p] for p in object_patches(s.patch_words[n]))
         assert int(ids[t.query]) != enc.image_id and int(ids[t.query - 1]) == enc.image_id
+        shapes = {w[1] for w in s.patch_words[n] if w and w[0] in COLOUR_NAMES}  # what --set-count-readout asks
+        assert sorted(tok.decode([i]).strip() for i in t.says) == sorted(shapes)
     turns = [(s.prompt, s.response)] + list(s.followups)
     asked = [(q, a) for q, a in turns if "how many images" in q.lower()]
     counts = [t for t in targets if t.spread]
@@ -80,7 +82,7 @@ def _check(s, e, enc, processor) -> int:
         assert shape in q and t.words[0] < t.query
         shown = [n for n, w in enumerate(s.patch_words) if any(x and x[1] == shape for x in w)]
         assert NUMBER_WORDS[len(shown)] == a  # the summaries counted are the answer
-        assert t.patches == (0,) + tuple(summary[n] for n in shown)
+        assert t.patches == (0,) + tuple(summary[n] for n in shown) and t.says == ()
     return len(counts)
 
 
@@ -126,15 +128,21 @@ def test_the_count_term_is_its_own_loss_and_reaches_the_first_layer(processor, e
                                     "set_count")
 
 
+def test_the_summary_readout_is_its_own_loss_and_reaches_the_first_layer(processor, enc):
+    assert_own_term_reaching_layer0(processor.tokenizer, [enc.encode(_count_question(1)), enc.encode(_dialogue(1))],
+                                    "set_count_readout")
+
+
 def test_the_flag_reaches_the_config_a_run_trains_the_term_and_a_narrow_lm_is_refused(processor, tmp_path):
-    args = build_parser().parse_args(["train", "target", "--set-count", "2"])
-    assert train_config_from_args(args).set_count == 2.0
+    args = build_parser().parse_args(["train", "target", "--set-count", "2", "--set-count-readout", "3"])
+    assert train_config_from_args(args).set_count == 2.0 and train_config_from_args(args).set_count_readout == 3.0
     assert train_config_from_args(build_parser().parse_args(["train", "target"])).set_count == 0.0
     with pytest.raises(ValueError, match=f"count summary hop .* sits on head {SUMMARY_HEAD}; arch 'tiny' has 2 heads"):
         train(TrainConfig(run_dir=str(tmp_path), arch="tiny", set_count=1.0), processor, log=lambda *a: None)
     base = dict(total_samples=48, pool=16, token_budget=4096, warmup_samples=2, eval_n=2, eval_every_s=0.0,
                 ckpt_every_s=1e9, threads=1, vision_images=8, mix="scan_multi", number_images=True)
-    ckpt = train(TrainConfig(run_dir=str(tmp_path / "deep"), arch="tiny_deep", set_count=1.0, **base), processor,
-                 log=lambda *a: None)
+    ckpt = train(TrainConfig(run_dir=str(tmp_path / "deep"), arch="tiny_deep", set_count=1.0, set_count_readout=1.0,
+                             **base), processor, log=lambda *a: None)
     history = json.loads((ckpt / "state.json").read_text())["history"]
     assert any(h.get("loss_set_count", 0) > 0 for h in history)
+    assert any(h.get("loss_set_count_readout", 0) > 0 for h in history)

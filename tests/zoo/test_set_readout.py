@@ -13,7 +13,8 @@ from specula.world.vocab import COLOUR_NAMES, SHAPES
 from specula.zoo.batching import Encoder, collate
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.referents import eager_attention
-from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss
+from specula.zoo.set_count import SUMMARY_LAYER
+from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss, summary_readout_loss
 from specula.zoo.set_referents import SET_HOPS
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, forward_losses
@@ -58,27 +59,53 @@ def test_the_term_is_the_hop_heads_direct_logits_computed_by_hand(setup):
                  output_hidden_states=True)
         term = set_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, keep)
     assert term is not None and float(term) > 0
-    # by hand: head 0's weights at the query times its values, through that head's o_proj columns
-    layer = lm.layers[hops.patch_layer]
-    cfg = lm.config
-    d = cfg.hidden_size // cfg.num_attention_heads
-    kv_group = cfg.num_attention_heads // cfg.num_key_value_heads
-    normed = layer.input_layernorm(out.hidden_states[hops.patch_layer])  # [B, L, H]
-    values = layer.self_attn.v_proj(normed)  # [B, L, kv_heads * d]
-    attn = out.attentions[hops.patch_layer]  # [B, heads, L, L]
+    # by hand: the head's weights at the query times its values, through that head's o_proj columns
     terms, kept = [], 0
     for b, row in enumerate(batch.referents):
         for t in row:
             if t.group != "set" or int(batch.labels[b, t.query + 1]) not in set(keep.tolist()):
                 continue
-            kv = t.head // kv_group
-            mixed = attn[b, t.head, t.query] @ values[b, :, kv * d:(kv + 1) * d]  # [d]
-            contrib = mixed @ layer.self_attn.o_proj.weight[:, t.head * d:(t.head + 1) * d].T  # [H]
-            x = contrib / contrib.pow(2).mean().add(lm.norm.variance_epsilon).sqrt() * lm.norm.weight
-            terms.append(F.cross_entropy(model.lm_head(x)[None], batch.labels[b, t.query + 1][None]))
+            logits = _by_hand(model, out, t.patch_layer, t.head, b, t.query)
+            terms.append(F.cross_entropy(logits[None], batch.labels[b, t.query + 1][None]))
             kept += 1
     assert kept >= 8  # which answers and the caption lines' colour / shape words
     assert torch.allclose(term, torch.stack(terms).mean(), rtol=1e-4, atol=1e-5)
+
+
+def _by_hand(model, out, layer_i: int, head: int, b: int, q: int) -> torch.Tensor:
+    """A head's output at (b, q) from its attention weights and values, through its o_proj columns, the final
+    norm's gain and the LM head: # [V]."""
+    lm = model.model.language_model
+    layer, cfg = lm.layers[layer_i], lm.config
+    d = cfg.hidden_size // cfg.num_attention_heads
+    kv = head // (cfg.num_attention_heads // cfg.num_key_value_heads)
+    values = layer.self_attn.v_proj(layer.input_layernorm(out.hidden_states[layer_i]))  # [B, L, kv_heads * d]
+    mixed = out.attentions[layer_i][b, head, q] @ values[b, :, kv * d:(kv + 1) * d]  # [d]
+    contrib = mixed @ layer.self_attn.o_proj.weight[:, head * d:(head + 1) * d].T  # [H]
+    x = contrib / contrib.pow(2).mean().add(lm.norm.variance_epsilon).sqrt() * lm.norm.weight
+    return model.lm_head(x)
+
+
+def test_the_summary_readout_asks_each_summary_head_for_its_images_shapes(setup):
+    model, enc, _ = setup
+    counts = Encoder(enc.processor, set_count=True)
+    rng = random.Random("set-readout/summary")
+    samples = [multi.make_multi_dialogue(rng, "multi_dialogue", "qa") for _ in range(3)]
+    batch = collate([counts.encode(s) for s in samples], enc.processor.tokenizer.pad_token_id)
+    lm = model.model.language_model
+    with torch.no_grad(), eager_attention(lm), head_inputs(lm, [SUMMARY_LAYER]) as got:
+        out = lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
+                 output_hidden_states=True)
+        term = summary_readout_loss(lm, model.lm_head, got, batch.referents)
+    terms = []
+    for b, row in enumerate(batch.referents):
+        for t in row:
+            if t.group == "set_count" and t.says:
+                logp = _by_hand(model, out, t.patch_layer, t.head, b, t.query).log_softmax(-1)
+                terms.append(-logp[list(t.says)].mean())
+    assert len(terms) >= 6 and any(len(t.says) == 2 for row in batch.referents for t in row)
+    assert torch.allclose(term, torch.stack(terms).mean(), rtol=1e-4, atol=1e-5)
+    assert summary_readout_loss(lm, model.lm_head, got, [[]] * len(samples)) is None
 
 
 def test_the_term_trains_the_hop_head_and_not_the_lm_head(setup):
