@@ -73,9 +73,11 @@ def read_hops(attentions: Sequence[torch.Tensor], targets: Sequence[ReferentTarg
 
     attentions: per decoder layer # [heads, L, L]; targets: the sample's set targets; ``shown``: the images that
     show a counting question's shape. Keys: ``reader_named`` / ``reader_other`` / ``ordinal_hop`` ("set"),
-    ``mean_hop_objects`` / ``odd_hop_odd`` / ``odd_hop_objects`` ("set_odd": the spread target is the mean hop),
+    ``mean_hop_objects`` / ``odd_hop_odd`` / ``odd_hop_objects`` / ``odd_share`` (odd over objects) / ``odd_share_even``
+    (what an even spread over the object patches gives) ("set_odd": the spread target is the mean hop),
     ``summary_hop`` (mean over images), ``count_first`` ((m, mass on the first token)), ``count_matching`` /
-    ``count_other`` ("set_count": the target on the first token).
+    ``count_other`` and the same per summary token, ``count_matching_each`` / ``count_other_each`` ("set_count":
+    the target on the first token).
     """
     every = tuple(p for obj in layout.objects for p in obj)
     out: dict = {}
@@ -94,12 +96,19 @@ def read_hops(attentions: Sequence[torch.Tensor], targets: Sequence[ReferentTarg
         elif t.group == "set_odd":
             out["odd_hop_odd"] = mass(a, t.head, t.query, t.patches)
             out["odd_hop_objects"] = mass(a, t.head, t.query, every)
+            # of the hop's mass on objects, the odd image's share, beside what an even spread over the patches gives
+            out["odd_share"] = out["odd_hop_odd"] / max(out["odd_hop_objects"], 1e-12)
+            out["odd_share_even"] = len(t.patches) / len(every)
         elif t.group == "set_count" and t.patches and t.patches[0] == 0:
             matching = [layout.summaries[n] for n in shown]
             others = [p for n, p in enumerate(layout.summaries) if n not in set(shown)]
             out["count_first"] = (len(shown), mass(a, t.head, t.query, [0]))
             out["count_matching"] = mass(a, t.head, t.query, matching)
             out["count_other"] = mass(a, t.head, t.query, others)
+            if matching:  # per summary token: a hop that tells them apart puts more on each matching one
+                out["count_matching_each"] = out["count_matching"] / len(matching)
+            if others:
+                out["count_other_each"] = out["count_other"] / len(others)
         elif t.group == "set_count":
             summary.append(mass(a, t.head, t.query, t.patches))
     if summary:
