@@ -77,7 +77,7 @@ def read_hops(attentions: Sequence[torch.Tensor], targets: Sequence[ReferentTarg
     (what an even spread over the object patches gives) ("set_odd": the spread target is the mean hop),
     ``summary_hop`` (mean over images), ``count_first`` ((m, mass on the first token)), ``count_matching`` /
     ``count_other`` and the same per summary token, ``count_matching_each`` / ``count_other_each`` ("set_count":
-    the target on the first token).
+    the target on the first token), ``count_word_hop`` (its word hop on the asked shape word).
     """
     every = tuple(p for obj in layout.objects for p in obj)
     out: dict = {}
@@ -105,6 +105,9 @@ def read_hops(attentions: Sequence[torch.Tensor], targets: Sequence[ReferentTarg
             out["count_first"] = (len(shown), mass(a, t.head, t.query, [0]))
             out["count_matching"] = mass(a, t.head, t.query, matching)
             out["count_other"] = mass(a, t.head, t.query, others)
+            if t.words:  # the word hop that puts the asked shape on the count hop's query
+                wh = t.head if t.word_head is None else t.word_head
+                out["count_word_hop"] = mass(attentions[t.word_layer], wh, t.query, t.words)
             if matching:  # per summary token: a hop that tells them apart puts more on each matching one
                 out["count_matching_each"] = out["count_matching"] / len(matching)
             if others:

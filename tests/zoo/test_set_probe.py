@@ -39,13 +39,14 @@ def test_each_hop_is_read_on_its_own_layer_and_head_on_and_off_its_target():
         (2, 0, 20): {10: 0.25, 11: 0.25, 3: 0.25},  # the odd hop: 0.5 on the odd image, 0.75 on objects
         (0, 3, 5): {2: 1.0}, (0, 3, 9): {6: 0.5},  # the summary hops: 1.0 and 0.5
         (1, 2, 20): {0: 0.4, 5: 0.2, 9: 0.3, 13: 0.1},  # the count hop: first 0.4, matching 0.3, other 0.3
+        (0, 0, 20): {15: 0.7},  # the count hop's word hop
     })
     # the maps of layers 1 and 2 share keys with other heads that must not leak into a hop's reading
     maps[1][1, 20, 6] = 0.9
     got = read_hops(maps, targets, layout, shown=(0, 2))
     expect = {"reader_named": 0.6, "reader_other": 0.1, "ordinal_hop": 0.9, "mean_hop_objects": 0.4,
               "odd_hop_odd": 0.5, "odd_hop_objects": 0.75, "summary_hop": 0.75, "count_matching": 0.3,
-              "count_other": 0.3, "count_matching_each": 0.15, "count_other_each": 0.3, "odd_share": 2 / 3,
+              "count_other": 0.3, "count_matching_each": 0.15, "count_other_each": 0.3, "odd_share": 2 / 3, "count_word_hop": 0.7,
               "odd_share_even": 1 / 3}
     assert set(got) == set(expect) | {"count_first"}
     for key, v in expect.items():
