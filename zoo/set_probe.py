@@ -67,12 +67,12 @@ def mass(attn: torch.Tensor, head: int, query: int, keys: Sequence[int]) -> floa
     return float(attn[head, query, list(keys)].sum()) if keys else 0.0
 
 
-def read_hops(attentions: Sequence[torch.Tensor], targets: Sequence[ReferentTarget], layout: SetLayout,
-              shown: Sequence[int] = ()) -> dict[str, float | tuple[int, float]]:
+def read_hops(attentions: Sequence[torch.Tensor], targets: Sequence[ReferentTarget],
+              layout: SetLayout) -> dict[str, float | tuple[int, float]]:
     """Each supervised hop's masses in one sample.
 
-    attentions: per decoder layer # [heads, L, L]; targets: the sample's set targets; ``shown``: the images that
-    show a counting question's shape. Keys: ``reader_named`` / ``reader_other`` / ``ordinal_hop`` ("set"),
+    attentions: per decoder layer # [heads, L, L]; targets: the sample's set targets (a count target's patches are
+    the first token and the summaries of the images that show the asked shape). Keys: ``reader_named`` / ``reader_other`` / ``ordinal_hop`` ("set"),
     ``mean_hop_objects`` / ``odd_hop_odd`` / ``odd_hop_objects`` / ``odd_share`` (odd over objects) / ``odd_share_even``
     (what an even spread over the object patches gives) ("set_odd": the spread target is the mean hop),
     ``summary_hop`` (mean over images), ``count_first`` ((m, mass on the first token)), ``count_matching`` /
@@ -100,9 +100,9 @@ def read_hops(attentions: Sequence[torch.Tensor], targets: Sequence[ReferentTarg
             out["odd_share"] = out["odd_hop_odd"] / max(out["odd_hop_objects"], 1e-12)
             out["odd_share_even"] = len(t.patches) / len(every)
         elif t.group == "set_count" and t.patches and t.patches[0] == 0:
-            matching = [layout.summaries[n] for n in shown]
-            others = [p for n, p in enumerate(layout.summaries) if n not in set(shown)]
-            out["count_first"] = (len(shown), mass(a, t.head, t.query, [0]))
+            matching = list(t.patches[1:])
+            others = [p for p in layout.summaries if p not in set(matching)]
+            out["count_first"] = (len(matching), mass(a, t.head, t.query, [0]))
             out["count_matching"] = mass(a, t.head, t.query, matching)
             out["count_other"] = mass(a, t.head, t.query, others)
             if t.words:  # the word hop that puts the asked shape on the count hop's query
@@ -130,16 +130,6 @@ def layout_of(s: Sample, input_ids: torch.Tensor, image_id: int) -> SetLayout | 
     after = [pos[(n + 1) * n_tok - 1] + 1 for n in range(len(s.images))]
     marked = all(int(input_ids[j]) != image_id for j in after[:-1])
     return SetLayout(objects, tuple(after) if marked else ())
-
-
-def shown_images(s: Sample) -> tuple[int, ...]:
-    """The images that show a counting question's shape; () for other questions."""
-    from specula.zoo.set_count import _COUNT
-
-    m = _COUNT.search(s.prompt.lower())
-    if m is None:
-        return ()
-    return tuple(n for n, words in enumerate(s.patch_words) if any(w and w[1] == m.group(1) for w in words))
 
 
 @torch.inference_mode()
@@ -181,7 +171,7 @@ def probe_sets(model, processor, n: int = 200, set_hops: str = "reader", seed: i
         layout = layout_of(s, e.input_ids, enc.image_id)
         if layout is None:
             continue
-        hops = read_hops([a[0] for a in out.attentions], e.referents, layout, shown_images(s))
+        hops = read_hops([a[0] for a in out.attentions], e.referents, layout)
         for key, v in hops.items():
             if key == "count_first":
                 first_by_m[v[0]].append(v[1])

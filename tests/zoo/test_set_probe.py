@@ -43,7 +43,7 @@ def test_each_hop_is_read_on_its_own_layer_and_head_on_and_off_its_target():
     })
     # the maps of layers 1 and 2 share keys with other heads that must not leak into a hop's reading
     maps[1][1, 20, 6] = 0.9
-    got = read_hops(maps, targets, layout, shown=(0, 2))
+    got = read_hops(maps, targets, layout)  # the count target names images 0 and 2 (summaries 5 and 13)
     expect = {"reader_named": 0.6, "reader_other": 0.1, "ordinal_hop": 0.9, "mean_hop_objects": 0.4,
               "odd_hop_odd": 0.5, "odd_hop_objects": 0.75, "summary_hop": 0.75, "count_matching": 0.3,
               "count_other": 0.3, "count_matching_each": 0.15, "count_other_each": 0.3, "odd_share": 2 / 3, "count_word_hop": 0.7,
