@@ -72,7 +72,8 @@ def read_hops(attentions: Sequence[torch.Tensor], targets: Sequence[ReferentTarg
     """Each supervised hop's masses in one sample.
 
     attentions: per decoder layer # [heads, L, L]; targets: the sample's set targets (a count target's patches are
-    the first token and the summaries of the images that show the asked shape). Keys: ``reader_named`` / ``reader_other`` / ``ordinal_hop`` ("set"),
+    the first token and the summaries of the images that show the asked shape). Keys: ``reader_named`` /
+    ``reader_other`` / ``ordinal_hop`` ("set"),
     ``mean_hop_objects`` / ``odd_hop_odd`` / ``odd_hop_objects`` / ``odd_share`` (odd over objects) / ``odd_share_even``
     (what an even spread over the object patches gives) ("set_odd": the spread target is the mean hop),
     ``summary_hop`` (mean over images), ``count_first`` ((m, mass on the first token)), ``count_matching`` /

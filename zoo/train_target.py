@@ -240,7 +240,9 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     if readout and readout_ids is None:
         raise ValueError("set_readout needs readout_ids (zoo/set_readout.py readout_token_ids)")
     summaries = cfg.set_count_readout > 0 and bool(batch.referents)
-    hop_layers = ({SET_HOPS[cfg.set_hops].patch_layer} if readout else set()) | ({SUMMARY_LAYER} if summaries else set())
+    hop_layers = {SET_HOPS[cfg.set_hops].patch_layer} if readout else set()
+    if summaries:
+        hop_layers.add(SUMMARY_LAYER)
     with eager_attention(lm, refs), head_inputs(lm, hop_layers) as got:
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
                  output_hidden_states=consistency or sets or (twins and cfg.twin_states > 0))
@@ -802,7 +804,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.set_referents * losses.get("set_referent", 0.0) + cfg.set_index * losses.get("set_index", 0.0) \
                 + cfg.set_marks * losses.get("set_mark", 0.0) + cfg.set_readout * losses.get("set_readout", 0.0) \
                 + cfg.set_isolation * losses.get("set_isolation", 0.0) + cfg.set_odd * losses.get("set_odd", 0.0) \
-                + cfg.set_count * losses.get("set_count", 0.0) + cfg.set_count_readout * losses.get("set_count_readout", 0.0)
+                + cfg.set_count * losses.get("set_count", 0.0) \
+                + cfg.set_count_readout * losses.get("set_count_readout", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()
