@@ -90,9 +90,9 @@ def save(ckpt: Path, base: Path, out: Path, note: str = "") -> dict:
         worst = max(worst, float((dequantize(q, scale) - delta).abs().max()))
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / DELTA_FILE))
-    info = {"base": str(base), "base_sha256": sha256(_base_weights(base)), "tensors_stored": sum(
-        1 for k in tensors if not k.endswith(SCALE_SUFFIX)), "tensors_same": len(mine) - sum(
-        1 for k in tensors if not k.endswith(SCALE_SUFFIX)), "max_abs_error": worst, "note": note, "state": state}
+    stored = sum(1 for k in tensors if not k.endswith(SCALE_SUFFIX))
+    info = {"base": str(base), "base_sha256": sha256(_base_weights(base)), "tensors_stored": stored,
+            "tensors_same": len(mine) - stored, "max_abs_error": worst, "note": note, "state": state}
     (out / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
     return info
 
