@@ -311,14 +311,9 @@ def _add_train(sub) -> None:
                         "tokens is penalised (default: 0 = off; zoo/set_isolation.py)")
     t.add_argument("--set-odd", type=float, default=0.0,
                    help="weight of an attention loss for 'which image is different / the odd one out?' answers: "
-                        "a head spread over every image's objects (the set's common look) and a head of a later "
-                        "layer on the odd image's object patches, whose image number (--set-marks) is the answer; "
-                        "where they sit: --set-odd-hops (default: 0 = off; zoo/set_referents.py set_odd_targets)")
-    t.add_argument("--set-odd-hops", choices=("high", "low"), default="high",
-                   help="the layers and heads of --set-odd's hops: high (head 3 of layer 1 spread over the objects, "
-                        "head 0 of layer 2 on the odd image) or low (head 5 of layer 0 over the objects' visual "
-                        "tokens, head 3 of layer 1 on the odd image, where --set-consistency-layers 1 keeps a set's "
-                        "patches as each image alone) (default: high; zoo/set_referents.py ODD_HOPS)")
+                        "head 3 of layer 1 spread over every image's objects (the set's common look) and head 0 of "
+                        "layer 2 on the odd image's object patches, whose image number (--set-marks) is the answer "
+                        "(default: 0 = off; zoo/set_referents.py set_odd_targets)")
     t.add_argument("--set-count", type=float, default=0.0,
                    help="weight of an attention loss for 'how many images show a ...?' answers: head 3 of layer 0 "
                         "reads each image's objects onto the token after it, and at the answer head 2 of layer 1 "
@@ -604,8 +599,6 @@ def _add_zoo(sub) -> None:
     src.add_argument("--checkpoint", default=None, help="a training checkpoint (runs/X/ckpt), rounded to fp16")
     ps.add_argument("--set-hops", default=None, choices=("deep", "shallow", "reader"),
                     help="the layers and heads of the set hops (default: the checkpoint's own, else reader)")
-    ps.add_argument("--set-odd-hops", default=None, choices=("high", "low"),
-                    help="the layers and heads of the odd one out's hops (default: the checkpoint's own, else high)")
     ps.add_argument("--n", type=int, default=200, help="questions drawn (about a third of them each type; default 200)")
     ps.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
     ps.add_argument("--out", default=None, help="also write probe_sets.json and probe_sets.md to this directory")

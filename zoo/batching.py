@@ -52,14 +52,13 @@ class Encoder:
                  caption_referents: bool = False, twins: bool = False, sets: bool = False,
                  set_referents: bool = False, set_index: bool = False, set_marks: bool = False,
                  set_hops: str = "deep", set_isolation: bool = False, set_odd: bool = False,
-                 set_count: bool = False, set_odd_hops: str = "high"):
+                 set_count: bool = False):
         self.processor = processor
         self.set_isolation = set_isolation  # ... and its later images' isolation spans (zoo/set_isolation.py)
         self.set_referents = set_referents  # each image-set sample also carries its addressing targets (zoo/set_referents.py)
         self.set_index = set_index  # ... and the image-number targets of its object patches (set_index_targets)
         self.set_marks = set_marks  # ... and its object patches' "Image n:" marker targets (set_mark_targets)
         self.set_odd = set_odd  # ... and its "odd one out" answers' odd-image targets (set_odd_targets)
-        self.set_odd_hops = set_odd_hops  # where those sit: a key of set_referents.ODD_HOPS
         self.set_count = set_count  # ... and its counting turns' summary and count targets (zoo/set_count.py)
         self.set_hops = set_hops  # the layers of those hops: a key of set_referents.SET_HOPS
         self.sets = sets  # each image of an image-set sample is flagged in ``Encoded.lone_images``
@@ -123,7 +122,7 @@ class Encoder:
         if self.set_odd:
             from specula.zoo.set_referents import set_odd_targets
 
-            refs = tuple(refs) + set_odd_targets(s, ids, labels, self.image_id, self.set_odd_hops)
+            refs = tuple(refs) + set_odd_targets(s, ids, labels, self.image_id)
         if self.set_count:
             from specula.zoo.set_count import set_count_targets
 

@@ -87,7 +87,7 @@ def train_config_from_args(args):
                        set_referents=args.set_referents, set_index=args.set_index,
                        set_marks=args.set_marks, number_images=args.number_images,
                        set_hops=args.set_hops, set_readout=args.set_readout,
-                       set_isolation=args.set_isolation, set_odd=args.set_odd, set_odd_hops=args.set_odd_hops,
+                       set_isolation=args.set_isolation, set_odd=args.set_odd,
                        set_count=args.set_count, set_count_readout=args.set_count_readout)
 
 

@@ -141,8 +141,7 @@ def _forward(model, enc, attentions: bool):
                      attention_mask=torch.ones_like(enc.input_ids)[None], output_attentions=attentions)
 
 
-def probe_sets(model, processor, n: int = 200, set_hops: str = "reader", seed: int = 0, progress: bool = True,
-               odd_hops: str = "high") -> dict:
+def probe_sets(model, processor, n: int = 200, set_hops: str = "reader", seed: int = 0, progress: bool = True) -> dict:
     """The reading above over the first ``n`` probe questions of the image-set suite (JSON-ready)."""
     from tqdm import tqdm
 
@@ -150,8 +149,7 @@ def probe_sets(model, processor, n: int = 200, set_hops: str = "reader", seed: i
     from specula.zoo.batching import Encoder
     from specula.zoo.quality import blank_like
 
-    enc = Encoder(processor, set_referents=True, set_marks=True, set_hops=set_hops, set_odd=True, set_count=True,
-                  set_odd_hops=odd_hops)
+    enc = Encoder(processor, set_referents=True, set_marks=True, set_hops=set_hops, set_odd=True, set_count=True)
     sums: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in KINDS}
     answers: dict[str, dict[str, int]] = {k: defaultdict(int) for k in KINDS}
     first_by_m: dict[int, list[float]] = defaultdict(list)
@@ -180,7 +178,7 @@ def probe_sets(model, processor, n: int = 200, set_hops: str = "reader", seed: i
                 first_by_m[v[0]].append(v[1])
             else:
                 sums[kind][key].append(v)
-    report: dict = {"n": n, "set_hops": set_hops, "set_odd_hops": odd_hops}
+    report: dict = {"n": n, "set_hops": set_hops}
     for kind in KINDS:
         if not sums[kind]["right"]:
             continue
@@ -207,21 +205,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _refuse_unfit(model, set_hops: str, odd_hops: str) -> None:
-    """A clear refusal when a hop the probe reads sits on a layer or head the model does not have."""
-    from specula.zoo.set_count import set_count_hops
-    from specula.zoo.set_referents import SET_HOPS, hops_in_use
-
-    used = hops_in_use(SET_HOPS[set_hops], True, False, True, True, odd=True, odd_hops=odd_hops)
-    used.update(set_count_hops())
-    cfg = model.config.text_config
-    for name, (layer, head) in used.items():
-        if layer >= cfg.num_hidden_layers or head >= cfg.num_attention_heads:
-            raise SystemExit(f"the {name} hop (layer {layer}, head {head}; --set-hops {set_hops}, --set-odd-hops "
-                             f"{odd_hops}) is not in this model: {cfg.num_hidden_layers} layers of "
-                             f"{cfg.num_attention_heads} heads")
-
-
 def probe_sets_cli(args) -> int:
     from pathlib import Path
 
@@ -232,12 +215,10 @@ def probe_sets_cli(args) -> int:
     if args.checkpoint:
         model, processor, state = load_checkpoint(args.checkpoint)
         hops = args.set_hops or state["config"].get("set_hops") or "reader"
-        odd_hops = args.set_odd_hops or state["config"].get("set_odd_hops") or "high"
     else:
         model, processor = load_model(args.model)
-        hops, odd_hops = args.set_hops or "reader", args.set_odd_hops or "high"
-    _refuse_unfit(model, hops, odd_hops)
-    report = probe_sets(model, processor, n=args.n, set_hops=hops, seed=args.seed, odd_hops=odd_hops)
+        hops = args.set_hops or "reader"
+    report = probe_sets(model, processor, n=args.n, set_hops=hops, seed=args.seed)
     report["model"] = args.checkpoint or args.model
     if args.out:
         out = Path(args.out)

@@ -72,14 +72,6 @@ READER_WORD_HEAD = 4  # "reader": the layer-0 head that fetches the ordinal (hea
 ODD_LAYER, ODD_HEAD = 2, 0  # the head that finds the odd image of a set (set_odd_targets): one layer above the
 # reader, so that the layers below can put the set's common look on the answer position to compare against
 ODD_MEAN_LAYER, ODD_MEAN_HEAD = 1, 3  # the head that puts that common look there: spread over every image's objects
-# Where the two odd hops sit, by ``--set-odd-hops`` name: (layer, head) of the mean hop, then of the odd hop.
-# "high" (stops 49-51) reads the odd image's patches at layer 2's input, where a set patch's colour and shape had
-# gone (stop 52: linear probes read them at 0.26 / 0.26 of set patches there, 0.98 / 0.98 in the visual tokens).
-# "low" takes the set's look from the visual tokens themselves (layer 0) and compares it with the patches at layer
-# 1's input, the states ``--set-consistency-layers 1`` keeps close to each image read alone, where the "which"
-# reader reads its colours; layer 0's head 5 and layer 1's head 3 are free in the "reader" hops and the count hops.
-ODD_HOPS = {"high": ((ODD_MEAN_LAYER, ODD_MEAN_HEAD), (ODD_LAYER, ODD_HEAD)),
-            "low": ((0, 5), (1, 3))}
 MARK_REACH = 4  # the marker's number token lies at most this many tokens before its image's first token
 
 
@@ -105,7 +97,7 @@ SET_HOPS = {"deep": SetHops(SET_WORD_LAYER, SET_PATCH_LAYER, SET_MARK_LAYER),
 
 
 def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readout: bool,
-                odd: bool = False, odd_hops: str = "high") -> dict[str, tuple[int, int]]:
+                odd: bool = False) -> dict[str, tuple[int, int]]:
     """(layer, head) of each set hop that the switched-on terms train or read, by hop name: ``--set-referents``
     trains the ordinal and patch hops, ``--set-readout`` reads the patch hop's head, ``--set-marks`` trains the mark
     hop, ``--set-index`` the image-number head, ``--set-odd`` the odd-image head. A run needs an LM with more layers
@@ -120,7 +112,8 @@ def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readou
     if index:
         used["index"] = (SET_INDEX_LAYER, SET_INDEX_HEAD)
     if odd:
-        used["odd mean"], used["odd"] = ODD_HOPS[odd_hops]
+        used["odd mean"] = (ODD_MEAN_LAYER, ODD_MEAN_HEAD)
+        used["odd"] = (ODD_LAYER, ODD_HEAD)
     return used
 
 
@@ -179,15 +172,13 @@ def set_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tenso
 
 
 def set_odd_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor,
-                    image_id: int, hops: str = "high") -> tuple[ReferentTarget, ...]:
+                    image_id: int) -> tuple[ReferentTarget, ...]:
     """At the answer of every "which image is different / the odd one out?" turn of an image set (single questions
     and the training dialogues' turns), two targets of group ``"set_odd"`` (no word hops); () for anything else or
     when the image tokens do not match the images:
-    - the mean hop: a head spread evenly over the object patches of every image (``spread``), which puts the set's
-      common look (the majority's colour and shape) on the answer position;
-    - the odd hop: a head of a later layer on the odd image's object patches.
-
-    ``hops`` names their (layer, head) pairs in ``ODD_HOPS``.
+    - the mean hop: head ``ODD_MEAN_HEAD`` of layer ``ODD_MEAN_LAYER`` spread evenly over the object patches of every
+      image (``spread``), which puts the set's common look (the majority's colour and shape) on the answer position;
+    - the odd hop: head ``ODD_HEAD`` of layer ``ODD_LAYER`` on the odd image's object patches.
 
     The answer is that image's ordinal, and its patches carry their image's number (``--set-marks``), so a head that
     lands there reads the answer off them, as the "which" reader does; unlike "which", nothing in the question names
@@ -204,16 +195,15 @@ def set_odd_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor,
     starts, _ = answer_spans(labels)
     turns = [(s.prompt, s.response)] + list(s.followups)
     objects = [tuple(image_pos[n * n_tok + t] for t in object_patches(words)) for n, words in enumerate(s.patch_words)]
-    (mean_layer, mean_head), (odd_layer, odd_head) = ODD_HOPS[hops]
     out = []
     for (q, a), start in zip(turns, starts):
         word = a.strip(" .").lower()
         n = ORDINALS.index(word) if word in ORDINALS else len(s.images)
         if _ODD.search(q.lower()) is None or n >= len(s.images) or not objects[n]:
             continue
-        out.append(ReferentTarget(start - 1, sum(objects, ()), (), patch_layer=mean_layer, group="set_odd",
-                                  head=mean_head, spread=True))
-        out.append(ReferentTarget(start - 1, objects[n], (), patch_layer=odd_layer, group="set_odd", head=odd_head))
+        out.append(ReferentTarget(start - 1, sum(objects, ()), (), patch_layer=ODD_MEAN_LAYER, group="set_odd",
+                                  head=ODD_MEAN_HEAD, spread=True))
+        out.append(ReferentTarget(start - 1, objects[n], (), patch_layer=ODD_LAYER, group="set_odd", head=ODD_HEAD))
     return tuple(out)
 
 

@@ -48,7 +48,7 @@ from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.set_count import SUMMARY_LAYER, set_count_hops
 from specula.zoo.set_isolation import set_isolation_loss
 from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss, summary_readout_loss
-from specula.zoo.set_referents import ODD_HOPS, SET_HOPS, hops_in_use
+from specula.zoo.set_referents import SET_HOPS, hops_in_use
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
 from specula.zoo.word_codes import WordCodes
@@ -116,7 +116,6 @@ class TrainConfig:
     set_isolation: float = 0.0  # weight of keeping a set's later images off the earlier ones (zoo/set_isolation.py)
     set_readout: float = 0.0  # weight of the set patch-hop head's own readout of the answer (zoo/set_readout.py)
     set_odd: float = 0.0  # weight of the odd-image attention loss of "odd one out" answers (set_odd_targets); 0 = off
-    set_odd_hops: str = "high"  # the layers / heads of the odd hops: "high" or "low" (set_referents.ODD_HOPS)
     set_count: float = 0.0  # weight of the attention loss of "how many images show a ..." answers (set_count.py); 0 = off
     set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
 
@@ -143,8 +142,6 @@ class TrainConfig:
             raise ValueError("set_consistency_layers must be >= 0 (0 = every layer)")
         if self.set_referents < 0:
             raise ValueError("set_referents must be >= 0 (0 = off)")
-        if self.set_odd_hops not in ODD_HOPS:
-            raise ValueError(f"set_odd_hops must be one of {', '.join(ODD_HOPS)}, got {self.set_odd_hops!r}")
         if self.set_hops not in SET_HOPS:
             raise ValueError(f"set_hops must be one of {', '.join(SET_HOPS)}, got {self.set_hops!r}")
         if self.set_index < 0 or self.set_marks < 0:
@@ -631,7 +628,7 @@ def _load_init_weights(model, src: Path) -> dict:
 def _check_hops_fit(model, cfg: TrainConfig) -> None:
     """Refuse a run whose set terms train or read a hop on a layer or head the LM does not have."""
     used = hops_in_use(SET_HOPS[cfg.set_hops], cfg.set_referents > 0, cfg.set_index > 0, cfg.set_marks > 0,
-                       cfg.set_readout > 0, cfg.set_odd > 0, cfg.set_odd_hops)
+                       cfg.set_readout > 0, cfg.set_odd > 0)
     if cfg.set_count > 0 or cfg.set_count_readout > 0:
         used.update(set_count_hops())
     layers, heads = model.config.text_config.num_hidden_layers, model.config.text_config.num_attention_heads
@@ -689,15 +686,14 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         log(f"initialised from {src}: {state['samples']} samples already trained (optimizer restarts"
             f"{'; the vision heads start fresh' if cfg.vis_weight else ''})")
     # this run's prompt form and hop layers, also when it resumed from another run's checkpoint
-    state["config"].update(number_images=cfg.number_images, set_hops=cfg.set_hops, set_odd_hops=cfg.set_odd_hops)
+    state["config"].update(number_images=cfg.number_images, set_hops=cfg.set_hops)
     codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
         if cfg.uses_codes else None
     enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
                   set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
                   set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0,
-                  set_odd=cfg.set_odd > 0, set_odd_hops=cfg.set_odd_hops,
-                  set_count=cfg.set_count > 0 or cfg.set_count_readout > 0)
+                  set_odd=cfg.set_odd > 0, set_count=cfg.set_count > 0 or cfg.set_count_readout > 0)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():

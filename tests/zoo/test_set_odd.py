@@ -16,9 +16,8 @@ from specula.world.scene import make_dialogue
 from specula.world.vocab import ORDINALS
 from specula.zoo.batching import Encoder
 from specula.zoo.build import train_config_from_args
-from specula.zoo.set_count import set_count_hops
-from specula.zoo.set_referents import (ODD_HEAD, ODD_HOPS, ODD_LAYER, ODD_MEAN_HEAD, ODD_MEAN_LAYER, SET_HOPS,
-                                       hops_in_use, object_patches, set_odd_targets)
+from specula.zoo.set_referents import (ODD_HEAD, ODD_LAYER, ODD_MEAN_HEAD, ODD_MEAN_LAYER, SET_HOPS, hops_in_use,
+                                       object_patches, set_odd_targets)
 from specula.zoo.train_target import TrainConfig, train
 
 T = 144  # image tokens per image
@@ -108,32 +107,3 @@ def test_the_flag_reaches_the_config_a_run_trains_the_term_and_a_shallow_lm_is_r
                  log=lambda *a: None)
     history = json.loads((ckpt / "state.json").read_text())["history"]
     assert any(h.get("loss_set_odd", 0) > 0 for h in history)
-
-
-def test_the_low_odd_hops_keep_the_targets_and_move_the_heads_to_free_ones(processor, enc):
-    low = Encoder(processor, set_odd=True, set_odd_hops="low")
-    (mean_at, odd_at) = ODD_HOPS["low"]
-    assert ODD_HOPS["high"] == ((ODD_MEAN_LAYER, ODD_MEAN_HEAD), (ODD_LAYER, ODD_HEAD))
-    for s in (_kind("multi/odd", 2), _odd_dialogue(1)):
-        high_t = [t for t in enc.encode(s).referents if t.group == "set_odd"]
-        low_t = [t for t in low.encode(s).referents if t.group == "set_odd"]
-        assert [(t.query, t.patches, t.spread) for t in low_t] == [(t.query, t.patches, t.spread) for t in high_t]
-        assert [(t.patch_layer, t.head) for t in low_t] == [mean_at, odd_at] * (len(low_t) // 2)
-    # the mean hop reads the visual tokens themselves, the odd hop one layer up
-    assert mean_at[0] == 0 and odd_at[0] == 1
-    # no other hop of the "reader" set hops or of the count hops sits on them
-    others = hops_in_use(SET_HOPS["reader"], True, False, True, True)
-    others.update(set_count_hops())
-    got = hops_in_use(SET_HOPS["reader"], False, False, False, False, odd=True, odd_hops="low")
-    assert got == {"odd mean": mean_at, "odd": odd_at}
-    assert not set(got.values()) & set(others.values())
-
-
-def test_the_odd_hops_flag_reaches_the_config_and_unknown_names_are_refused(processor, tmp_path):
-    assert train_config_from_args(build_parser().parse_args(["train", "target"])).set_odd_hops == "high"
-    args = build_parser().parse_args(["train", "target", "--set-odd", "1", "--set-odd-hops", "low"])
-    assert train_config_from_args(args).set_odd_hops == "low"
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["train", "target", "--set-odd-hops", "middle"])
-    with pytest.raises(ValueError, match="set_odd_hops must be one of high, low"):
-        TrainConfig(run_dir=str(tmp_path), set_odd_hops="middle")
