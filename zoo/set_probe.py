@@ -205,6 +205,20 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _refuse_unfit(model, set_hops: str) -> None:
+    """A clear refusal when a hop the probe reads sits on a layer or head the model does not have."""
+    from specula.zoo.set_count import set_count_hops
+    from specula.zoo.set_referents import SET_HOPS, hops_in_use
+
+    used = hops_in_use(SET_HOPS[set_hops], True, False, True, True, odd=True)
+    used.update(set_count_hops())
+    cfg = model.config.text_config
+    for name, (layer, head) in used.items():
+        if layer >= cfg.num_hidden_layers or head >= cfg.num_attention_heads:
+            raise SystemExit(f"the {name} hop (layer {layer}, head {head}; --set-hops {set_hops}) is not in this "
+                             f"model: {cfg.num_hidden_layers} layers of {cfg.num_attention_heads} heads")
+
+
 def probe_sets_cli(args) -> int:
     from pathlib import Path
 
@@ -218,6 +232,7 @@ def probe_sets_cli(args) -> int:
     else:
         model, processor = load_model(args.model)
         hops = args.set_hops or "reader"
+    _refuse_unfit(model, hops)
     report = probe_sets(model, processor, n=args.n, set_hops=hops, seed=args.seed)
     report["model"] = args.checkpoint or args.model
     if args.out:

@@ -107,3 +107,7 @@ def test_the_command_writes_json_and_markdown(tiny, tmp_path, capsys):
     assert "| question |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--n must be > 0"):
         main(["zoo", "probe-sets", "--model", str(tmp_path / "m"), "--n", "0"])
+    # the reader hops' ordinal sits on head 4, which this 4-head LM does not have: refused, not an IndexError
+    with pytest.raises(SystemExit, match=r"the ordinal hop \(layer 0, head 4; --set-hops reader\) .*4 heads"):
+        main(["zoo", "probe-sets", "--model", str(tmp_path / "m"), "--set-hops", "reader", "--n", "2",
+              "--threads", "1"])
