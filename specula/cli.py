@@ -325,6 +325,13 @@ def _add_train(sub) -> None:
                         "summary head's own output, read through the LM head, should say the shapes that image shows "
                         "(so the count hop can match them against the asked shape word) (default: 0 = off; "
                         "zoo/set_readout.py summary_readout_loss)")
+    t.add_argument("--set-count-key-fit", type=int, default=0, metavar="N",
+                   help="before the joint stage, once per run: fit what each image of N counting dialogues shows "
+                        "from the count layer's input at its summary token, write the fit into the count head's "
+                        "keys (the slowest rotary pairs) and zero the head's query there, so the count hop's "
+                        "query can learn the match instead of sitting at the saddle of an untrained query and key "
+                        "(needs --set-count or --set-count-readout and --number-images; default: 0 = off; "
+                        "zoo/set_count_fit.py)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

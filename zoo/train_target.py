@@ -46,6 +46,7 @@ from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
 from specula.zoo.set_count import SUMMARY_LAYER, set_count_hops
+from specula.zoo.set_count_fit import fit_count_keys
 from specula.zoo.set_isolation import set_isolation_loss
 from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss, summary_readout_loss
 from specula.zoo.set_referents import SET_HOPS, hops_in_use
@@ -118,6 +119,8 @@ class TrainConfig:
     set_odd: float = 0.0  # weight of the odd-image attention loss of "odd one out" answers (set_odd_targets); 0 = off
     set_count: float = 0.0  # weight of the attention loss of "how many images show a ..." answers (set_count.py); 0 = off
     set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
+    set_count_key_fit: int = 0  # before the joint stage, once: the count head's keys fitted on this many dialogues
+    # (zoo/set_count_fit.py); 0 = off
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -142,6 +145,10 @@ class TrainConfig:
             raise ValueError("set_consistency_layers must be >= 0 (0 = every layer)")
         if self.set_referents < 0:
             raise ValueError("set_referents must be >= 0 (0 = off)")
+        if self.set_count_key_fit < 0 or (self.set_count_key_fit and not (
+                (self.set_count > 0 or self.set_count_readout > 0) and self.number_images)):
+            raise ValueError("set_count_key_fit must be >= 0 and needs the count targets (set_count or "
+                             "set_count_readout > 0) on numbered sets (number_images)")
         if self.set_hops not in SET_HOPS:
             raise ValueError(f"set_hops must be one of {', '.join(SET_HOPS)}, got {self.set_hops!r}")
         if self.set_index < 0 or self.set_marks < 0:
@@ -763,6 +770,10 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         fit = fit_projector(model, enc, cfg.projector_fit_images, cfg.seed, gate_background=cfg.projector_fit_gate,
                             log=log)
         state["projector_fit"] = {**asdict(fit), "at_samples": state["samples"]}
+        save()
+    if cfg.set_count_key_fit and "count_key_fit" not in state:  # once per run (zoo/set_count_fit.py)
+        kfit = fit_count_keys(model, enc, cfg.set_count_key_fit, cfg.seed, log=log)
+        state["count_key_fit"] = {**asdict(kfit), "at_samples": state["samples"]}
         save()
     if cfg.freeze_vision:  # no gradient reaches them, so AdamW leaves them (and their weight decay) alone
         for n, p in model.named_parameters():
