@@ -332,6 +332,10 @@ def _add_train(sub) -> None:
                         "query can learn the match instead of sitting at the saddle of an untrained query and key "
                         "(needs --set-count or --set-count-readout and --number-images; default: 0 = off; "
                         "zoo/set_count_fit.py)")
+    t.add_argument("--set-count-query-steps", type=int, default=0, metavar="N",
+                   help="with --set-count-key-fit: then N Adam steps on the count head's query alone against the "
+                        "count hop's targets on the same dialogues (rotary positions and causal softmax exact), so "
+                        "the joint stage starts with the match in place (default: 0 = off; zoo/set_count_fit.py)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "

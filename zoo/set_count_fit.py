@@ -47,6 +47,9 @@ class CountKeyFit:
     probe_accuracy: float  # the fit's sign against shown / not shown, fitted on half the dialogues, on the other half
     base_rate: float  # what always guessing each shape's commoner answer gives on that half
     dims: tuple[int, ...]  # the head dimensions whose key rows now hold the fit, one per shape in SHAPES order
+    query_steps: int = 0  # Adam steps on the head's query against the count hop's targets, the keys as written
+    query_loss_before: float | None = None  # the count hop's loss on the fitting dialogues before those steps
+    query_loss_after: float | None = None  # ... and after
 
 
 def slow_pairs(head_dim: int, n: int) -> tuple[int, ...]:
@@ -58,10 +61,21 @@ def slow_pairs(head_dim: int, n: int) -> tuple[int, ...]:
     return tuple(range(half - n, half))
 
 
-def collect_summaries(model, encoder, n: int, seed: int, progress: bool = True) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                        torch.Tensor]:
+@dataclass(frozen=True)
+class CountRow:
+    """One dialogue's count layer input up to its last counting answer, for fitting the count head's query."""
+
+    h: torch.Tensor  # [L, D] the count layer's normed input
+    cos: torch.Tensor  # [L, head_dim] the rotary tables at those positions
+    sin: torch.Tensor  # [L, head_dim]
+    turns: tuple[tuple[int, tuple[int, ...]], ...]  # (query position, the count hop's target positions) per turn
+
+
+def collect_summaries(model, encoder, n: int, seed: int, progress: bool = True,
+                      keep_rows: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The count layer's normed input at every summary token of ``n`` counting dialogues, what each image shows,
-    and which dialogue each came from: X # [S, D], Y # [S, len(SHAPES)] in {0, 1}, rows # [S]."""
+    and which dialogue each came from: X # [S, D], Y # [S, len(SHAPES)] in {0, 1}, rows # [S]. With ``keep_rows``
+    each dialogue's ``CountRow`` is appended to it as well."""
     from specula.world.multi import make_multi_dialogue
 
     if not encoder.set_count:
@@ -87,6 +101,15 @@ def collect_summaries(model, encoder, n: int, seed: int, progress: bool = True) 
             out = model(input_ids=e.input_ids[None].to(device), pixel_values=e.pixel_values.to(device),
                         attention_mask=torch.ones_like(e.input_ids)[None].to(device), output_hidden_states=True)
             h = layer.input_layernorm(out.hidden_states[COUNT_LAYER][0])  # [L, D]
+            if keep_rows is not None:
+                turns = tuple((t.query, t.patches) for t in e.referents
+                              if t.group == "set_count" and t.spread and t.patches)
+                if turns:
+                    end = max(q for q, _ in turns) + 1
+                    pos = torch.arange(end, device=device)[None]
+                    cos, sin = lm.rotary_emb(h[None, :end], pos)
+                    keep_rows.append(CountRow(h[:end].float().cpu(), cos[0].float().cpu(), sin[0].float().cpu(),
+                                              turns))
             for t in summ:
                 y = torch.zeros(len(SHAPES))
                 y[[shape_of[w] for w in t.says if w in shape_of]] = 1
@@ -126,7 +149,52 @@ def write_keys(model, a: torch.Tensor, scale: float = KEY_SCALE) -> tuple[int, .
     return dims
 
 
-def fit_count_keys(model, encoder, n: int, seed: int, log=print, progress: bool = True) -> CountKeyFit:
+def count_hop_loss(wq: torch.Tensor, wk: torch.Tensor, rows, scale: float) -> torch.Tensor:
+    """The count hop's spread loss (zoo/referents.py, ``spread``) of a head with query / key maps wq, wk
+    (# [head_dim, D]) over ``rows`` (CountRow), computed exactly: rotary positions and the causal softmax."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    terms = []
+    for r in rows:
+        k = r.h @ wk.T  # [L, hd]
+        k = k * r.cos + rotate_half(k) * r.sin
+        for q_pos, targets in r.turns:
+            q = r.h[q_pos] @ wq.T  # [hd]
+            q = q * r.cos[q_pos] + rotate_half(q) * r.sin[q_pos]
+            logp = (k[:q_pos + 1] @ q * scale).log_softmax(0)  # [q_pos + 1]
+            terms.append(-logp[list(targets)].mean())
+    return torch.stack(terms).mean()
+
+
+def fit_count_query(model, rows, steps: int, lr: float = 3e-3, batch: int = 16, seed: int = 0) -> tuple[float, float]:
+    """Adam on the count head's whole ``q_proj`` slice alone, against ``count_hop_loss`` on ``rows`` (the keys as
+    written); the result is written into the model. Returns the loss before and after."""
+    attn = model.model.language_model.layers[COUNT_LAYER].self_attn
+    cfg = model.config.text_config
+    hd = cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
+    sl = slice(COUNT_HEAD * hd, (COUNT_HEAD + 1) * hd)
+    wk = attn.k_proj.weight[sl].detach().float().cpu()
+    wq = attn.q_proj.weight[sl].detach().float().cpu().clone().requires_grad_()
+    scale = getattr(attn, "scaling", hd ** -0.5)
+    if attn.q_proj.bias is not None or attn.k_proj.bias is not None:
+        raise ValueError("the count query fit expects bias-free q / k projections (Llama)")
+    with torch.no_grad():
+        before = float(count_hop_loss(wq, wk, rows, scale))
+    opt = torch.optim.Adam([wq], lr=lr)
+    rng = random.Random(seed)
+    for _ in range(steps):
+        loss = count_hop_loss(wq, wk, rng.sample(rows, min(batch, len(rows))), scale)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        after = float(count_hop_loss(wq, wk, rows, scale))
+        attn.q_proj.weight[sl] = wq.detach().to(attn.q_proj.weight)
+    return before, after
+
+
+def fit_count_keys(model, encoder, n: int, seed: int, log=print, progress: bool = True,
+                   query_steps: int = 0) -> CountKeyFit:
     """Read ``n`` counting dialogues, fit the summary tokens' shapes, write the count head's keys (see above)."""
     if n < 2:
         raise ValueError(f"the count key fit needs at least 2 dialogues, got {n}")
@@ -135,7 +203,8 @@ def fit_count_keys(model, encoder, n: int, seed: int, log=print, progress: bool 
         raise ValueError(f"the count hop (layer {COUNT_LAYER}, head {COUNT_HEAD}) is not in this LM")
     was_training = model.training
     model.eval()
-    x, y, rows = collect_summaries(model, encoder, n, seed, progress=progress)
+    kept: list = []
+    x, y, rows = collect_summaries(model, encoder, n, seed, progress=progress, keep_rows=kept if query_steps else None)
     model.train(was_training)
     fit_half, test_half = rows % 2 == 0, rows % 2 == 1
     a = ridge_fit(x[fit_half], y[fit_half])
@@ -143,7 +212,13 @@ def fit_count_keys(model, encoder, n: int, seed: int, log=print, progress: bool 
     common = (y[fit_half].mean(0) > 0.5).float()  # each shape's commoner answer on the fitting half
     base = float((y[test_half] == common).float().mean())
     dims = write_keys(model, ridge_fit(x, y))
-    fit = CountKeyFit(n, len(x), round(acc, 4), round(base, 4), dims)
+    q_loss = (None, None)
+    if query_steps:
+        q_loss = fit_count_query(model, kept, query_steps, seed=seed)
+        log(f"count query fit: {query_steps} steps, count hop loss {q_loss[0]:.3f} -> {q_loss[1]:.3f} on "
+            f"{len(kept)} dialogues")
+    fit = CountKeyFit(n, len(x), round(acc, 4), round(base, 4), dims, query_steps,
+                      *(round(v, 4) if v is not None else None for v in q_loss))
     log(f"count key fit: {n} dialogues, {len(x)} summary tokens; the fit reads an image's shapes {acc:.3f} on the "
         f"held-out half (always the commoner answer: {base:.3f}); key rows {dims[0]}..{dims[-1]} of head "
         f"{COUNT_HEAD}, layer {COUNT_LAYER}")

@@ -121,6 +121,7 @@ class TrainConfig:
     set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
     set_count_key_fit: int = 0  # before the joint stage, once: the count head's keys fitted on this many dialogues
     # (zoo/set_count_fit.py); 0 = off
+    set_count_query_steps: int = 0  # ... then this many Adam steps on the head's query alone (set_count_fit.py)
 
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
@@ -149,6 +150,8 @@ class TrainConfig:
                 (self.set_count > 0 or self.set_count_readout > 0) and self.number_images)):
             raise ValueError("set_count_key_fit must be >= 0 and needs the count targets (set_count or "
                              "set_count_readout > 0) on numbered sets (number_images)")
+        if self.set_count_query_steps < 0 or (self.set_count_query_steps and not self.set_count_key_fit):
+            raise ValueError("set_count_query_steps must be >= 0 and needs set_count_key_fit")
         if self.set_hops not in SET_HOPS:
             raise ValueError(f"set_hops must be one of {', '.join(SET_HOPS)}, got {self.set_hops!r}")
         if self.set_index < 0 or self.set_marks < 0:
@@ -772,7 +775,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         state["projector_fit"] = {**asdict(fit), "at_samples": state["samples"]}
         save()
     if cfg.set_count_key_fit and "count_key_fit" not in state:  # once per run (zoo/set_count_fit.py)
-        kfit = fit_count_keys(model, enc, cfg.set_count_key_fit, cfg.seed, log=log)
+        kfit = fit_count_keys(model, enc, cfg.set_count_key_fit, cfg.seed, log=log,
+                              query_steps=cfg.set_count_query_steps)
         state["count_key_fit"] = {**asdict(kfit), "at_samples": state["samples"]}
         save()
     if cfg.freeze_vision:  # no gradient reaches them, so AdamW leaves them (and their weight decay) alone

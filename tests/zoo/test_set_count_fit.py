@@ -14,7 +14,9 @@ from specula.zoo.batching import Encoder
 from specula.zoo.build import train_config_from_args
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.set_count import COUNT_HEAD, COUNT_LAYER
-from specula.zoo.set_count_fit import (KEY_SCALE, collect_summaries, fit_count_keys, ridge_fit, slow_pairs)
+from specula.zoo.referents import eager_attention
+from specula.zoo.set_count_fit import (KEY_SCALE, collect_summaries, count_hop_loss, fit_count_keys, ridge_fit,
+                                       slow_pairs)
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, train
 
@@ -89,12 +91,13 @@ def test_the_fit_refuses_an_encoder_without_count_targets_and_too_few_dialogues(
 def test_a_run_fits_once_and_a_resumed_run_keeps_the_fit(processor, tmp_path):
     base = dict(pool=16, token_budget=4096, warmup_samples=2, eval_n=2, eval_every_s=1e9, ckpt_every_s=1e9,
                 threads=1, vision_images=8, mix="scan_multi", number_images=True, arch="tiny_deep", set_count=1.0,
-                set_count_key_fit=3, run_dir=str(tmp_path / "run"))
+                set_count_key_fit=3, set_count_query_steps=3, run_dir=str(tmp_path / "run"))
     logs: list[str] = []
     ckpt = train(TrainConfig(total_samples=16, **base), processor, log=logs.append)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["count_key_fit"]["dialogues"] == 3 and state["count_key_fit"]["at_samples"] == 0
-    assert sum("count key fit" in m for m in logs) == 1
+    assert state["count_key_fit"]["query_steps"] == 3
+    assert sum("count key fit" in m for m in logs) == 1 and sum("count query fit" in m for m in logs) == 1
     train(TrainConfig(total_samples=32, **base), processor, log=logs.append)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["samples"] >= 32 and state["count_key_fit"]["at_samples"] == 0
@@ -103,11 +106,67 @@ def test_a_run_fits_once_and_a_resumed_run_keeps_the_fit(processor, tmp_path):
 
 def test_the_flag_reaches_the_config_and_needs_the_count_targets_on_numbered_sets(tmp_path):
     args = build_parser().parse_args(["train", "target", "--set-count", "1", "--number-images",
-                                      "--set-count-key-fit", "200"])
+                                      "--set-count-key-fit", "200", "--set-count-query-steps", "50"])
     assert train_config_from_args(args).set_count_key_fit == 200
+    assert train_config_from_args(args).set_count_query_steps == 50
+    with pytest.raises(ValueError, match="set_count_query_steps"):
+        TrainConfig(run_dir=str(tmp_path), set_count_query_steps=5, set_count=1.0, number_images=True)
     assert train_config_from_args(build_parser().parse_args(["train", "target"])).set_count_key_fit == 0
     for bad in (dict(set_count_key_fit=10), dict(set_count_key_fit=10, set_count=1.0),
                 dict(set_count_key_fit=-1, set_count=1.0, number_images=True)):
         with pytest.raises(ValueError, match="set_count_key_fit"):
             TrainConfig(run_dir=str(tmp_path), **bad)
     TrainConfig(run_dir=str(tmp_path), set_count_key_fit=10, set_count_readout=1.0, number_images=True)
+
+
+def test_the_count_hop_loss_is_the_models_own_attention(processor):
+    """count_hop_loss recomputes the count head's attention from the cached layer input (rotary tables, scale,
+    causal softmax): it must equal -mean log of the weights the model's eager attention returns."""
+    torch.manual_seed(1)
+    model = build_model(TargetArch.from_name("tiny_deep"), processor.tokenizer).eval()
+    enc = Encoder(processor, set_count=True)
+    rows: list = []
+    collect_summaries(model, enc, 3, seed=2, progress=False, keep_rows=rows)
+    assert rows and all(r.turns for r in rows)
+    attn = model.model.language_model.layers[COUNT_LAYER].self_attn
+    hd = model.config.text_config.head_dim
+    sl = slice(COUNT_HEAD * hd, (COUNT_HEAD + 1) * hd)
+    got = float(count_hop_loss(attn.q_proj.weight[sl].detach(), attn.k_proj.weight[sl].detach(), rows,
+                               attn.scaling))
+    from specula.world.multi import make_multi_dialogue
+    import random
+    want, i, seen = [], 0, 0
+    lm = model.model.language_model
+    while seen < 3:  # the same dialogues collect_summaries read
+        s = make_multi_dialogue(random.Random(f"count-key-fit/2/{i}"), "multi_image", "dialogue")
+        i += 1
+        e = enc.encode(s)
+        if not [t for t in e.referents if t.group == "set_count" and t.says]:
+            continue
+        seen += 1
+        with torch.no_grad(), eager_attention(lm):
+            out = model(input_ids=e.input_ids[None], pixel_values=e.pixel_values,
+                        attention_mask=torch.ones_like(e.input_ids)[None], output_attentions=True)
+        w = out.attentions[COUNT_LAYER][0, COUNT_HEAD]  # [L, L]
+        want += [float(-w[t.query, list(t.patches)].log().mean()) for t in e.referents
+                 if t.group == "set_count" and t.spread and t.patches]
+    assert got == pytest.approx(sum(want) / len(want), rel=1e-4)
+
+
+def test_the_query_fit_lowers_the_count_hop_loss_and_moves_only_the_count_heads_query(processor):
+    torch.manual_seed(0)
+    model = build_model(TargetArch.from_name("tiny_deep"), processor.tokenizer).eval()
+    enc = Encoder(processor, set_count=True)
+    keys_only = copy.deepcopy(model)
+    fit_count_keys(keys_only, enc, 4, seed=0, log=lambda *a: None, progress=False)
+    fit = fit_count_keys(model, enc, 4, seed=0, log=lambda *a: None, progress=False, query_steps=20)
+    assert fit.query_steps == 20 and fit.query_loss_after < fit.query_loss_before
+    hd = model.config.text_config.head_dim
+    prefix = f"model.language_model.layers.{COUNT_LAYER}.self_attn."
+    a, b = model.state_dict(), keys_only.state_dict()
+    for k in a:
+        if k == prefix + "q_proj.weight":
+            other = [r for r in range(a[k].shape[0]) if not COUNT_HEAD * hd <= r < (COUNT_HEAD + 1) * hd]
+            assert torch.equal(a[k][other], b[k][other]) and not torch.equal(a[k], b[k])
+        else:
+            assert torch.equal(a[k], b[k]), k  # the keys as the key fit wrote them, everything else untouched
