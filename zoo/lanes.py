@@ -1,9 +1,9 @@
 """Lane snapshots: a training lane's weights kept in the repository as a small delta against the shipped target.
 
-``runs/`` is not committed, and a new session's checkout has lost it five times (stops 35, 38, 40-47, 48 and 51): every
-time the lane's hours of CPU went with it and the next stop started again from the shipped weights. A full fp16
-export of a lane is 35 MB per copy in git's history; most of its tensors (the frozen tower and projector) equal the
-shipped ones anyway. A snapshot stores only what moved:
+``runs/`` is not committed, and a new session's checkout has lost it six times (stops 35, 38, 40-47, 48, 51 and
+52): every time the lane's hours of CPU went with it and the next stop started again from the shipped weights. A
+full fp16 export of a lane is 35 MB per copy in git's history; most of its tensors (the frozen tower and projector)
+equal the shipped ones anyway. A snapshot stores only what moved:
 
 - for every tensor of the checkpoint's model (rounded to fp16, as ``zoo export`` would store it) that differs from the
   base model's, the difference, as int8 per row with one fp16 scale a row (``max |delta| / 127``): 1-D tensors
