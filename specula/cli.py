@@ -325,6 +325,10 @@ def _add_train(sub) -> None:
                         "summary head's own output, read through the LM head, should say the shapes that image shows "
                         "(so the count hop can match them against the asked shape word) (default: 0 = off; "
                         "zoo/set_readout.py summary_readout_loss)")
+    t.add_argument("--set-count-number-readout", type=float, default=0.0,
+                   help="weight of a readout loss on --set-count's count hop: at each counting answer the count "
+                        "head's own output, read through the LM head, should say the number (builds the count "
+                        "targets; default: 0 = off; zoo/set_readout.py count_readout_loss)")
     t.add_argument("--set-count-key-fit", type=int, default=0, metavar="N",
                    help="before the joint stage, once per run: fit what each image of N counting dialogues shows "
                         "from the count layer's input at its summary token, write the fit into the count head's "

@@ -89,6 +89,7 @@ def train_config_from_args(args):
                        set_hops=args.set_hops, set_readout=args.set_readout,
                        set_isolation=args.set_isolation, set_odd=args.set_odd,
                        set_count=args.set_count, set_count_readout=args.set_count_readout,
+                       set_count_number_readout=args.set_count_number_readout,
                        set_count_key_fit=args.set_count_key_fit,
                        set_count_query_steps=args.set_count_query_steps)
 

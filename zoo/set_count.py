@@ -12,7 +12,8 @@ these targets ask for gives every image one token to be counted by:
   share left on the first token is 1 / (m + 1) for m such images, which the layers above turn into the number
   (m = 0: all of it).
 
-Each summary target also names the shape words its image shows (``ReferentTarget.says``): ``--set-count-readout W``
+Each count target names the number it answers (``says``: ``--set-count-number-readout W`` reads the count head out
+alone as that number), and each summary target the shape words its image shows: ``--set-count-readout W``
 reads the summary head's own output out through the LM head and asks it to say them (zoo/set_readout.py
 ``summary_readout_loss``), so that the summary token's key carries the shape as the word the count hop's query
 fetched. Stop 50's count hop landed on the first token and the summaries but did not tell matching summaries from
@@ -32,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 from specula.world.sample import Sample
-from specula.world.vocab import SHAPES
+from specula.world.vocab import NUMBER_WORDS, SHAPES
 from specula.zoo.referents import WORD_LAYER, ReferentTarget, answer_spans
 from specula.zoo.set_referents import object_patches, set_image_tokens
 
@@ -82,7 +83,8 @@ def set_count_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, 
         shown = [n for n, words in enumerate(s.patch_words) if any(w and w[1] == shape for w in words)]
         prev = ends[i - 1] if i > 0 and i - 1 < len(ends) else 0  # the question's turn starts after the last answer
         word = [j for j in range(prev, start) if ids[j] == word_id(shape)]
+        number = word_id(NUMBER_WORDS[len(shown)]) if len(shown) < len(NUMBER_WORDS) else -1
         out.append(ReferentTarget(start - 1, (0,) + tuple(summary[n] for n in shown), tuple(word[-1:]),
                                   patch_layer=COUNT_LAYER, word_layer=WORD_LAYER, group="set_count", head=COUNT_HEAD,
-                                  spread=True, word_head=COUNT_WORD_HEAD))
+                                  spread=True, word_head=COUNT_WORD_HEAD, says=(number,) if number >= 0 else ()))
     return tuple(out)

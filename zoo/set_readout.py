@@ -18,6 +18,8 @@ attention, value and output weights (and the layers below) do.
 
 ``--set-count-readout W`` reads the count circuit's summary hops the same way (``summary_readout_loss``): at each
 image's summary token (zoo/set_count.py) the summary head, read out alone, should say the shapes that image shows.
+``--set-count-number-readout W`` reads its count hop (``count_readout_loss``): at a counting answer the count head,
+read out alone, should say the number.
 """
 
 from __future__ import annotations
@@ -95,10 +97,22 @@ def summary_readout_loss(lm, lm_head, got: dict, targets: Sequence[Sequence[Refe
     """``--set-count-readout``: each ``"set_count"`` summary target's head read out alone (``head_logits``) against
     the shape words its image shows (``ReferentTarget.says``; the cross-entropy with an even share on each, so an
     image of a circle and a star is read as both); None when the batch has none."""
+    return _says_loss(lm, lm_head, got, targets, count_hops=False)
+
+
+def count_readout_loss(lm, lm_head, got: dict, targets: Sequence[Sequence[ReferentTarget]]) -> torch.Tensor | None:
+    """``--set-count-number-readout``: each count hop (the ``spread`` ``"set_count"`` target at a counting answer)
+    read out alone against the number word it answers (its ``says``): the head's mix of the first token and the
+    matching summaries, 1 / (m + 1) of it on the first, made to say m itself; None when the batch has none."""
+    return _says_loss(lm, lm_head, got, targets, count_hops=True)
+
+
+def _says_loss(lm, lm_head, got: dict, targets: Sequence[Sequence[ReferentTarget]],
+               count_hops: bool) -> torch.Tensor | None:
     rows: dict[tuple[int, int], list[tuple[int, int, tuple[int, ...]]]] = {}
     for b, row in enumerate(targets):
         for t in row:
-            if t.group == "set_count" and t.says and t.patch_layer in got:
+            if t.group == "set_count" and t.says and t.spread == count_hops and t.patch_layer in got:
                 rows.setdefault((t.patch_layer, t.head), []).append((b, t.query, t.says))
     if not rows:
         return None

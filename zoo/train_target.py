@@ -45,10 +45,11 @@ from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.zoo.referents import eager_attention, referent_attention_loss
-from specula.zoo.set_count import SUMMARY_LAYER, set_count_hops
+from specula.zoo.set_count import COUNT_LAYER, SUMMARY_LAYER, set_count_hops
 from specula.zoo.set_count_fit import fit_count_keys
 from specula.zoo.set_isolation import set_isolation_loss
-from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss, summary_readout_loss
+from specula.zoo.set_readout import (count_readout_loss, head_inputs, readout_token_ids, set_readout_loss,
+                                     summary_readout_loss)
 from specula.zoo.set_referents import SET_HOPS, hops_in_use
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.vision_heads import VisionHeads, tower_features, vision_stage
@@ -119,6 +120,7 @@ class TrainConfig:
     set_odd: float = 0.0  # weight of the odd-image attention loss of "odd one out" answers (set_odd_targets); 0 = off
     set_count: float = 0.0  # weight of the attention loss of "how many images show a ..." answers (set_count.py); 0 = off
     set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
+    set_count_number_readout: float = 0.0  # weight of the count head's readout as the number (set_readout.py)
     set_count_key_fit: int = 0  # before the joint stage, once: the count head's keys fitted on this many dialogues
     # (zoo/set_count_fit.py); 0 = off
     set_count_query_steps: int = 0  # ... then this many Adam steps on the head's query alone (set_count_fit.py)
@@ -160,6 +162,8 @@ class TrainConfig:
             raise ValueError("set_readout, set_isolation, set_odd and set_count must be >= 0 (0 = off)")
         if self.set_count_readout < 0:
             raise ValueError("set_count_readout must be >= 0 (0 = off)")
+        if self.set_count_number_readout < 0:
+            raise ValueError("set_count_number_readout must be >= 0 (0 = off)")
         if self.max_minutes < 0:
             raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -250,14 +254,18 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     if readout and readout_ids is None:
         raise ValueError("set_readout needs readout_ids (zoo/set_readout.py readout_token_ids)")
     summaries = cfg.set_count_readout > 0 and bool(batch.referents)
+    numbers = cfg.set_count_number_readout > 0 and bool(batch.referents)
     hop_layers = {SET_HOPS[cfg.set_hops].patch_layer} if readout else set()
     if summaries:
         hop_layers.add(SUMMARY_LAYER)
+    if numbers:
+        hop_layers.add(COUNT_LAYER)
     with eager_attention(lm, refs), head_inputs(lm, hop_layers) as got:
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
                  output_hidden_states=consistency or sets or (twins and cfg.twin_states > 0))
     term = set_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, readout_ids) if readout else None
     summary_term = summary_readout_loss(lm, model.lm_head, got, batch.referents) if summaries else None
+    number_term = count_readout_loss(lm, model.lm_head, got, batch.referents) if numbers else None
     hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
@@ -272,6 +280,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         losses["set_readout"] = term
     if summary_term is not None:
         losses["set_count_readout"] = summary_term
+    if number_term is not None:
+        losses["set_count_number_readout"] = number_term
     if consistency:
         if opening is None:
             raise ValueError("image_consistency needs the opening token ids (<s><|user|>)")
@@ -639,7 +649,7 @@ def _check_hops_fit(model, cfg: TrainConfig) -> None:
     """Refuse a run whose set terms train or read a hop on a layer or head the LM does not have."""
     used = hops_in_use(SET_HOPS[cfg.set_hops], cfg.set_referents > 0, cfg.set_index > 0, cfg.set_marks > 0,
                        cfg.set_readout > 0, cfg.set_odd > 0)
-    if cfg.set_count > 0 or cfg.set_count_readout > 0:
+    if cfg.set_count > 0 or cfg.set_count_readout > 0 or cfg.set_count_number_readout > 0:
         used.update(set_count_hops())
     layers, heads = model.config.text_config.num_hidden_layers, model.config.text_config.num_attention_heads
     flags = "--set-referents / --set-index / --set-marks / --set-readout / --set-odd / --set-count"
@@ -703,7 +713,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
                   set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
                   set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0,
-                  set_odd=cfg.set_odd > 0, set_count=cfg.set_count > 0 or cfg.set_count_readout > 0)
+                  set_odd=cfg.set_odd > 0,
+                  set_count=cfg.set_count > 0 or cfg.set_count_readout > 0 or cfg.set_count_number_readout > 0)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
@@ -820,7 +831,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.set_marks * losses.get("set_mark", 0.0) + cfg.set_readout * losses.get("set_readout", 0.0) \
                 + cfg.set_isolation * losses.get("set_isolation", 0.0) + cfg.set_odd * losses.get("set_odd", 0.0) \
                 + cfg.set_count * losses.get("set_count", 0.0) \
-                + cfg.set_count_readout * losses.get("set_count_readout", 0.0)
+                + cfg.set_count_readout * losses.get("set_count_readout", 0.0) \
+                + cfg.set_count_number_readout * losses.get("set_count_number_readout", 0.0)
             opt.zero_grad(set_to_none=True)
             heads_opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -82,7 +82,8 @@ def _check(s, e, enc, processor) -> int:
         assert shape in q and t.words[0] < t.query
         shown = [n for n, w in enumerate(s.patch_words) if any(x and x[1] == shape for x in w)]
         assert NUMBER_WORDS[len(shown)] == a  # the summaries counted are the answer
-        assert t.patches == (0,) + tuple(summary[n] for n in shown) and t.says == ()
+        assert t.patches == (0,) + tuple(summary[n] for n in shown)
+        assert t.says == (enc.word_id(a),)  # what --set-count-number-readout asks the count head to say
     return len(counts)
 
 
@@ -126,6 +127,11 @@ def test_other_samples_and_sets_without_a_token_after_each_image_have_no_count_t
 def test_the_count_term_is_its_own_loss_and_reaches_the_first_layer(processor, enc):
     assert_own_term_reaching_layer0(processor.tokenizer, [enc.encode(_count_question(0)), enc.encode(_dialogue(0))],
                                     "set_count")
+
+
+def test_the_count_number_readout_is_its_own_loss_and_reaches_the_first_layer(processor, enc):
+    assert_own_term_reaching_layer0(processor.tokenizer, [enc.encode(_count_question(2)), enc.encode(_dialogue(2))],
+                                    "set_count_number_readout")
 
 
 def test_the_summary_readout_is_its_own_loss_and_reaches_the_first_layer(processor, enc):

@@ -13,8 +13,9 @@ from specula.world.vocab import COLOUR_NAMES, SHAPES
 from specula.zoo.batching import Encoder, collate
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.referents import eager_attention
-from specula.zoo.set_count import SUMMARY_LAYER
-from specula.zoo.set_readout import head_inputs, readout_token_ids, set_readout_loss, summary_readout_loss
+from specula.zoo.set_count import COUNT_LAYER, SUMMARY_LAYER
+from specula.zoo.set_readout import (count_readout_loss, head_inputs, readout_token_ids, set_readout_loss,
+                                     summary_readout_loss)
 from specula.zoo.set_referents import SET_HOPS
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, forward_losses
@@ -100,12 +101,44 @@ def test_the_summary_readout_asks_each_summary_head_for_its_images_shapes(setup)
     terms = []
     for b, row in enumerate(batch.referents):
         for t in row:
-            if t.group == "set_count" and t.says:
+            if t.group == "set_count" and t.says and not t.spread:
                 logp = _by_hand(model, out, t.patch_layer, t.head, b, t.query).log_softmax(-1)
                 terms.append(-logp[list(t.says)].mean())
     assert len(terms) >= 6 and any(len(t.says) == 2 for row in batch.referents for t in row)
     assert torch.allclose(term, torch.stack(terms).mean(), rtol=1e-4, atol=1e-5)
     assert summary_readout_loss(lm, model.lm_head, got, [[]] * len(samples)) is None
+
+
+def test_the_number_readout_asks_each_count_head_for_its_answer(setup):
+    model, enc, _ = setup
+    counts = Encoder(enc.processor, set_count=True)
+    rng = random.Random("set-readout/number")
+    samples = [multi.make_multi_dialogue(rng, "multi_dialogue", "qa") for _ in range(3)]
+    batch = collate([counts.encode(s) for s in samples], enc.processor.tokenizer.pad_token_id)
+    lm = model.model.language_model
+    with torch.no_grad(), eager_attention(lm), head_inputs(lm, [COUNT_LAYER]) as got:
+        out = lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
+                 output_hidden_states=True)
+        term = count_readout_loss(lm, model.lm_head, got, batch.referents)
+        # the summaries' readout reads layer 0: with only layer 1 captured it finds nothing to read
+        assert summary_readout_loss(lm, model.lm_head, got, batch.referents) is None
+    terms = []
+    for b, row in enumerate(batch.referents):
+        for t in row:
+            if t.group == "set_count" and t.spread:
+                assert len(t.says) == 1 and int(batch.labels[b, t.query + 1]) == t.says[0]  # the answer's number
+                logp = _by_hand(model, out, t.patch_layer, t.head, b, t.query).log_softmax(-1)
+                terms.append(-logp[t.says[0]])
+    assert len(terms) >= 3
+    assert torch.allclose(term, torch.stack(terms).mean(), rtol=1e-4, atol=1e-5)
+    # both readouts on, both layers captured: each term reads its own targets only
+    with torch.no_grad(), eager_attention(lm), head_inputs(lm, [SUMMARY_LAYER]) as alone:
+        lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask)
+        summaries_alone = summary_readout_loss(lm, model.lm_head, alone, batch.referents)
+    with torch.no_grad(), eager_attention(lm), head_inputs(lm, [SUMMARY_LAYER, COUNT_LAYER]) as both:
+        lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask)
+        assert torch.allclose(summary_readout_loss(lm, model.lm_head, both, batch.referents), summaries_alone)
+        assert torch.allclose(count_readout_loss(lm, model.lm_head, both, batch.referents), term)
 
 
 def test_the_term_trains_the_hop_head_and_not_the_lm_head(setup):
