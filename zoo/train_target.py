@@ -632,7 +632,8 @@ def _load_init_weights(model, src: Path) -> dict:
         model.tie_weights()
         st = json.loads((src / "state.json").read_text())
         return {"trained_samples": st.get("samples", 0), "train_minutes": st.get("elapsed_s", 0.0) / 60.0,
-                "history": st.get("history", [])}
+                "history": st.get("history", []), **({"count_key_fit": st["count_key_fit"]}
+                                                      if "count_key_fit" in st else {})}
     if not (src / "config.json").exists():
         raise FileNotFoundError(f"--init-from {src}: neither an exported model (config.json) nor a training "
                                 "checkpoint (state.json + model.safetensors)")
@@ -696,6 +697,8 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         state["elapsed_s"] = 60.0 * float(info.get("train_minutes", 0.0))
         state["history"] = list(info.get("history", []))
         state["warm_restart_at"] = state["samples"]
+        if "count_key_fit" in info:  # those weights carry their count fit: a lane goes on with it, not refitted
+            state["count_key_fit"] = info["count_key_fit"]
         if cfg.uses_codes:  # exported weights are past the code LM, vision and fit stages: only the joint stage runs
             state.update(code_lm_samples=cfg.code_lm_samples, code_lm_done=True, vision_images_done=cfg.vision_images,
                          vision_stage_at=0)

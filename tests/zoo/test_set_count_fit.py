@@ -102,6 +102,12 @@ def test_a_run_fits_once_and_a_resumed_run_keeps_the_fit(processor, tmp_path):
     state = json.loads((ckpt / "state.json").read_text())
     assert state["samples"] >= 32 and state["count_key_fit"]["at_samples"] == 0
     assert sum("count key fit" in m for m in logs) == 1  # not fitted again on resuming
+    # a run started from that checkpoint (a lane restored elsewhere) keeps its fit too
+    train(TrainConfig(total_samples=48, **{**base, "run_dir": str(tmp_path / "next"), "init_from": str(ckpt)}),
+          processor, log=logs.append)
+    assert sum("count key fit" in m for m in logs) == 1
+    nxt = json.loads((tmp_path / "next" / "ckpt" / "state.json").read_text())
+    assert nxt["count_key_fit"] == state["count_key_fit"]
 
 
 def test_the_flag_reaches_the_config_and_needs_the_count_targets_on_numbered_sets(tmp_path):
