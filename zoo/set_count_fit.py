@@ -205,9 +205,12 @@ def fit_count_keys(model, encoder, n: int, seed: int, log=print, progress: bool 
     """Read ``n`` counting dialogues, fit the summary tokens' shapes, write the count head's keys (see above)."""
     if n < 2:
         raise ValueError(f"the count key fit needs at least 2 dialogues, got {n}")
-    if COUNT_LAYER >= model.config.text_config.num_hidden_layers or \
-            COUNT_HEAD >= model.config.text_config.num_attention_heads:
+    cfg = model.config.text_config
+    if COUNT_LAYER >= cfg.num_hidden_layers or COUNT_HEAD >= cfg.num_attention_heads:
         raise ValueError(f"the count hop (layer {COUNT_LAYER}, head {COUNT_HEAD}) is not in this LM")
+    if (cfg.num_key_value_heads or cfg.num_attention_heads) != cfg.num_attention_heads:
+        raise ValueError("the count key fit writes one head's keys: it needs as many key-value heads as query heads "
+                         f"(this LM shares {cfg.num_key_value_heads} among {cfg.num_attention_heads})")
     was_training = model.training
     model.eval()
     kept: list = []

@@ -2,7 +2,9 @@
 slow rotary pairs, the ridge fit, what the fit writes and leaves alone, the run stage that does it once, the flag)."""
 
 import copy
+import dataclasses
 import json
+import random
 
 import pytest
 import torch
@@ -82,6 +84,9 @@ def test_the_fit_refuses_an_encoder_without_count_targets_and_too_few_dialogues(
         fit_count_keys(model, Encoder(processor), 4, seed=0, log=lambda *a: None, progress=False)
     with pytest.raises(ValueError, match="at least 2 dialogues"):
         fit_count_keys(model, Encoder(processor, set_count=True), 1, seed=0, log=lambda *a: None, progress=False)
+    shared = build_model(dataclasses.replace(TargetArch.from_name("tiny_deep"), lm_kv_heads=2), processor.tokenizer)
+    with pytest.raises(ValueError, match="as many key-value heads as query heads"):
+        fit_count_keys(shared, Encoder(processor, set_count=True), 4, seed=0, log=lambda *a: None, progress=False)
     unnumbered = copy.copy(processor)
     unnumbered.number_images = False  # half the prompts carry markers of their own: the fit still finds some
     x, _, rows = collect_summaries(model, Encoder(unnumbered, set_count=True), 2, seed=0, progress=False)
@@ -140,7 +145,7 @@ def test_the_count_hop_loss_is_the_models_own_attention(processor):
     got = float(count_hop_loss(attn.q_proj.weight[sl].detach(), attn.k_proj.weight[sl].detach(), rows,
                                attn.scaling))
     from specula.world.multi import make_multi_dialogue
-    import random
+
     want, i, seen = [], 0, 0
     lm = model.model.language_model
     while seen < 3:  # the same dialogues collect_summaries read
