@@ -7,7 +7,8 @@ equal the shipped ones anyway. A snapshot stores only what moved:
 
 - for every tensor of the checkpoint's model (rounded to fp16, as ``zoo export`` would store it) that differs from the
   base model's, the difference, as int8 per row with one fp16 scale a row (``max |delta| / 127``): 1-D tensors
-  (norm gains, biases) keep their delta in fp16; tensors equal to the base's are not stored; a tied tensor once;
+  (norm gains, biases) keep their delta in fp16, and so does any tensor whose int8 rows would miss it by more than
+  ``INT8_TOL`` (rows rewritten outright by a fit); tensors equal to the base's are not stored; a tied tensor once;
 - ``lane.json``: the base (its path as given and the sha256 of its weights file, which a restore checks), the
   checkpoint's ``state.json`` (samples, elapsed time, history, the run's config: what ``--init-from`` and ``zoo eval
   --checkpoint`` read), the largest rounding error of the int8 deltas, and a free-text note (the lane's command).
@@ -63,6 +64,22 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale.float().reshape(shape)
 
 
+INT8_TOL = 1e-3  # a tensor whose int8 rows would miss its delta by more than this is stored in fp16 instead
+
+
+def pack(delta: torch.Tensor) -> tuple[dict[str, torch.Tensor], float]:
+    """One tensor's delta as stored (under "" and, for int8 rows, SCALE_SUFFIX) and its largest rounding error:
+    fp16 for 1-D tensors and for any tensor whose int8 rows would miss by more than ``INT8_TOL`` (a row rewritten
+    outright, as ``--set-count-key-fit`` does, has a delta far larger than training's drift), int8 rows otherwise."""
+    if delta.dim() > 1:
+        q, scale = quantize(delta)
+        err = float((dequantize(q, scale) - delta).abs().max())
+        if err <= INT8_TOL:
+            return {"": q, SCALE_SUFFIX: scale}, err
+    half = delta.to(torch.float16)
+    return {"": half}, float((half.float() - delta).abs().max())
+
+
 def save(ckpt: Path, base: Path, out: Path, note: str = "") -> dict:
     """Snapshot the training checkpoint ``ckpt`` against the exported model ``base`` into ``out``; returns lane.json."""
     from safetensors.torch import save_file
@@ -81,13 +98,9 @@ def save(ckpt: Path, base: Path, out: Path, note: str = "") -> dict:
         delta = w - theirs[name]
         if not bool(delta.any()):
             continue
-        if delta.dim() == 1:
-            tensors[name] = delta.to(torch.float16)
-            worst = max(worst, float((tensors[name].float() - delta).abs().max()))
-            continue
-        q, scale = quantize(delta)
-        tensors[name], tensors[name + SCALE_SUFFIX] = q, scale
-        worst = max(worst, float((dequantize(q, scale) - delta).abs().max()))
+        packed, err = pack(delta)
+        tensors.update({name + suffix: t for suffix, t in packed.items()})
+        worst = max(worst, err)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / DELTA_FILE))
     stored = sum(1 for k in tensors if not k.endswith(SCALE_SUFFIX))

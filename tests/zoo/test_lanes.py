@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from specula.cli import main
 from specula.zoo.evaluate import load_checkpoint
-from specula.zoo.lanes import DELTA_FILE, INFO_FILE, dequantize, quantize, restore, save
+from specula.zoo.lanes import DELTA_FILE, INFO_FILE, INT8_TOL, SCALE_SUFFIX, dequantize, pack, quantize, restore, save
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import _load_init_weights
 
@@ -42,6 +42,21 @@ def lane(processor, tmp_path):
              "config": {"arch": "tiny", "number_images": True, "set_hops": "reader"}}
     (ckpt / "state.json").write_text(json.dumps(state))
     return tmp_path, ckpt
+
+
+def test_a_tensor_with_rewritten_rows_is_kept_in_fp16_and_a_drifted_one_in_int8():
+    g = torch.Generator().manual_seed(0)
+    drift = torch.randn(16, 32, generator=g) * 1e-3  # what training moves a weight by
+    packed, err = pack(drift)
+    assert packed[""].dtype == torch.int8 and SCALE_SUFFIX in packed and err <= INT8_TOL
+    rewritten = drift.clone()
+    rewritten[3] = torch.randn(32, generator=g) * 10  # a row written outright (the count key fit)
+    packed, err = pack(rewritten)
+    assert set(packed) == {""} and packed[""].dtype == torch.float16
+    assert err == float((packed[""].float() - rewritten).abs().max()) and err < 1e-2
+    assert float((dequantize(*quantize(rewritten)) - rewritten).abs().max()) > INT8_TOL  # what int8 would have cost
+    bias = torch.randn(8, generator=g)
+    assert pack(bias)[0][""].dtype == torch.float16
 
 
 def test_a_snapshot_stores_what_moved_and_comes_back_within_its_error(lane, tmp_path):
