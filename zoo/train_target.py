@@ -125,6 +125,11 @@ class TrainConfig:
     # (zoo/set_count_fit.py); 0 = off
     set_count_query_steps: int = 0  # ... then this many Adam steps on the head's query alone (set_count_fit.py)
 
+    @property
+    def uses_count_targets(self) -> bool:
+        """Some term reads the count targets (zoo/set_count.py)."""
+        return self.set_count > 0 or self.set_count_readout > 0 or self.set_count_number_readout > 0
+
     def __post_init__(self):
         if self.mix not in MIXES or self.code_lm_mix not in MIXES:
             raise ValueError(f"unknown mix {self.mix!r} / {self.code_lm_mix!r} (known: {', '.join(MIXES)})")
@@ -650,7 +655,7 @@ def _check_hops_fit(model, cfg: TrainConfig) -> None:
     """Refuse a run whose set terms train or read a hop on a layer or head the LM does not have."""
     used = hops_in_use(SET_HOPS[cfg.set_hops], cfg.set_referents > 0, cfg.set_index > 0, cfg.set_marks > 0,
                        cfg.set_readout > 0, cfg.set_odd > 0)
-    if cfg.set_count > 0 or cfg.set_count_readout > 0 or cfg.set_count_number_readout > 0:
+    if cfg.uses_count_targets:
         used.update(set_count_hops())
     layers, heads = model.config.text_config.num_hidden_layers, model.config.text_config.num_attention_heads
     flags = "--set-referents / --set-index / --set-marks / --set-readout / --set-odd / --set-count"
@@ -717,7 +722,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                   set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
                   set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0,
                   set_odd=cfg.set_odd > 0,
-                  set_count=cfg.set_count > 0 or cfg.set_count_readout > 0 or cfg.set_count_number_readout > 0)
+                  set_count=cfg.uses_count_targets)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():

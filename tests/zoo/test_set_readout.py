@@ -87,12 +87,17 @@ def _by_hand(model, out, layer_i: int, head: int, b: int, q: int) -> torch.Tenso
     return model.lm_head(x)
 
 
+def _count_batch(enc, seed: str):
+    """Three image-set dialogues encoded with their count targets, and their batch."""
+    counts = Encoder(enc.processor, set_count=True)
+    rng = random.Random(seed)
+    samples = [multi.make_multi_dialogue(rng, "multi_dialogue", "qa") for _ in range(3)]
+    return samples, collate([counts.encode(s) for s in samples], enc.processor.tokenizer.pad_token_id)
+
+
 def test_the_summary_readout_asks_each_summary_head_for_its_images_shapes(setup):
     model, enc, _ = setup
-    counts = Encoder(enc.processor, set_count=True)
-    rng = random.Random("set-readout/summary")
-    samples = [multi.make_multi_dialogue(rng, "multi_dialogue", "qa") for _ in range(3)]
-    batch = collate([counts.encode(s) for s in samples], enc.processor.tokenizer.pad_token_id)
+    samples, batch = _count_batch(enc, "set-readout/summary")
     lm = model.model.language_model
     with torch.no_grad(), eager_attention(lm), head_inputs(lm, [SUMMARY_LAYER]) as got:
         out = lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
@@ -111,10 +116,7 @@ def test_the_summary_readout_asks_each_summary_head_for_its_images_shapes(setup)
 
 def test_the_number_readout_asks_each_count_head_for_its_answer(setup):
     model, enc, _ = setup
-    counts = Encoder(enc.processor, set_count=True)
-    rng = random.Random("set-readout/number")
-    samples = [multi.make_multi_dialogue(rng, "multi_dialogue", "qa") for _ in range(3)]
-    batch = collate([counts.encode(s) for s in samples], enc.processor.tokenizer.pad_token_id)
+    _, batch = _count_batch(enc, "set-readout/number")
     lm = model.model.language_model
     with torch.no_grad(), eager_attention(lm), head_inputs(lm, [COUNT_LAYER]) as got:
         out = lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
