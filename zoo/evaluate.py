@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from specula.world.placed import VARIANTS, variant
 from specula.world.suites import SUITES, generate
-from specula.zoo.quality import (CAPTION_TOKENS, attribute_recall, blank_like, by_question_type,
+from specula.zoo.quality import (CAPTION_TOKENS, answers_by_type, attribute_recall, blank_like, by_question_type,
                                  caption_attribute_recall, chance_level, greedy_answer, object_precision, object_recall,
                                  short_answer_accuracy, short_answer_hits, short_answers, which_image_by_place)
 
@@ -163,6 +163,7 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
             r["exact_blank_image"] = sum(blank_hits) / max(1, len(samples))
             if any("/" in s.kind for s in samples):
                 r["by_type"] = by_question_type(samples, hits, blank_hits)
+                r["answers_by_type"] = answers_by_type(samples, answers)  # a format never learnt vs a prior
             if name == "multi_image":  # does the LM read every image of a set, or only the first?
                 r["which_by_place"] = which_image_by_place(samples, answers)
             if name == "vqa":  # the same questions asked with the image off the start of the prompt (world/placed.py)

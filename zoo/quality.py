@@ -90,6 +90,28 @@ def by_question_type(samples: list[Sample], hits: list[bool], blank_hits: list[b
     return dict(sorted(out.items()))
 
 
+def answers_by_type(samples: list[Sample], answers: list[str], top: int = 4) -> dict[str, dict]:
+    """What the model answers per question type (the part of ``kind`` after "/"): its ``top`` most frequent answers
+    with their counts, and the share of answers that are *some* right answer of that type in these samples
+    (``in_answer_set``). A type answered off its answer set (an ordinal question answered "star") is a format the LM
+    never learnt, not a reading it gets wrong; one answered with a single word whatever the image is a prior."""
+    gold: dict[str, set[str]] = {}
+    given: dict[str, list[str]] = {}
+    for s, a in zip(samples, answers):
+        qtype = s.kind.split("/", 1)[-1]
+        gold.setdefault(qtype, set()).add(normalize(s.answer or ""))
+        given.setdefault(qtype, []).append(a)
+    out = {}
+    for qtype, said in sorted(given.items()):
+        counts: dict[str, int] = {}
+        for a in said:
+            counts[a] = counts.get(a, 0) + 1
+        common = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+        out[qtype] = {"n": len(said), "top": dict(common),
+                      "in_answer_set": sum(a in gold[qtype] for a in said) / len(said)}
+    return out
+
+
 def chance_level(samples: list[Sample]) -> float | None:
     """Mean of 1 / n_choices over the samples (balanced questions); None where the task has no closed answer set."""
     if not any(s.n_choices for s in samples):

@@ -7,7 +7,7 @@ from specula.targets.processor import load_processor
 from specula.world import generate
 from specula.zoo.evaluate import EVAL_OFFSET, evaluate
 from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.quality import attribute_recall, by_question_type, which_image_by_place
+from specula.zoo.quality import answers_by_type, attribute_recall, by_question_type, which_image_by_place
 from specula.zoo.target_config import TargetArch, build_model
 
 
@@ -40,6 +40,21 @@ def test_which_image_by_place_tells_reading_the_first_image_from_reading_the_ask
     assert max(later) < 0.5  # right for a later image only where its colour happens to be the first's
 
 
+def test_answers_by_type_tells_an_unlearnt_format_from_a_prior():
+    samples = [s for s in (generate("multi_image", "eval", i) for i in range(120)) if s.kind in ("multi/odd",
+                                                                                               "multi/count")]
+    odd = [s for s in samples if s.kind == "multi/odd"]
+    # odd-one-out questions answered with a shape (off the ordinals), counting questions always "one" (a prior)
+    answers = ["star" if s.kind == "multi/odd" else "one" for s in samples]
+    out = answers_by_type(samples, answers)
+    assert out["odd"] == {"n": len(odd), "top": {"star": len(odd)}, "in_answer_set": 0.0}
+    count = [s for s in samples if s.kind == "multi/count"]
+    assert out["count"]["top"] == {"one": len(count)} and out["count"]["in_answer_set"] == 1.0
+    right = answers_by_type(samples, [s.answer for s in samples], top=2)
+    assert all(r["in_answer_set"] == 1.0 and len(r["top"]) <= 2 for r in right.values())
+    assert sum(right["odd"]["top"].values()) <= len(odd) and len({s.answer for s in odd}) > 2
+
+
 def test_evaluate_reports_gate_keys_and_types():
     processor = load_processor(TOKENIZER_DIR)
     model = build_model(TargetArch.from_name("tiny"), processor.tokenizer).eval()
@@ -56,6 +71,8 @@ def test_evaluate_reports_gate_keys_and_types():
     places = r["suites"]["multi_image"]["which_by_place"]  # image sets: "which" questions by the asked image
     which = sum(s.kind == "multi/which" for s in (generate("multi_image", "eval", EVAL_OFFSET + i) for i in range(6)))
     assert sum(t["n"] for t in places.values()) == which
+    said = r["suites"]["multi_image"]["answers_by_type"]  # what it answers per type, beside how often it is right
+    assert {t: a["n"] for t, a in said.items()} == {t: b["n"] for t, b in r["suites"]["multi_image"]["by_type"].items()}
 
 
 def test_scene_objects_counts_the_shapes_of_a_described_scene():
