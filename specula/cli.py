@@ -627,6 +627,29 @@ def _add_zoo(sub) -> None:
         return probe_sets_cli(args)
 
     ps.set_defaults(func=run_probe_sets)
+    pc = zsub.add_parser("probe-content", help="where an image set's colours and shapes survive, layer by layer",
+                         description="Held-out image sets of the 'which image' questions: a ridge probe fitted on "
+                                     "half the sets' object patches reads each patch's colour and shape from every "
+                                     "decoder layer's input and is scored on the other half; for the set's first "
+                                     "image, its later images, and every image in a prompt of its own (see "
+                                     "zoo/content_probe.py). A later image that reads far below itself alone has "
+                                     "been blended into the others.")
+    src = pc.add_mutually_exclusive_group()
+    src.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")
+    src.add_argument("--checkpoint", default=None, help="a training checkpoint (runs/X/ckpt), rounded to fp16")
+    pc.add_argument("--n", type=int, default=60, help="image sets read (half to fit, half to score; default 60)")
+    pc.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
+    pc.add_argument("--out", default=None, help="also write probe_content.json and probe_content.md to this directory")
+    pc.add_argument("--json", action="store_true", help="print JSON instead of the markdown table")
+    pc.add_argument("--threads", type=int, default=2)
+
+    def run_probe_content(args):
+        _threads(args)
+        from specula.zoo.content_probe import probe_content_cli
+
+        return probe_content_cli(args)
+
+    pc.set_defaults(func=run_probe_content)
     ln = zsub.add_parser("lane", help="keep a training lane in the repository as a small delta, and bring it back",
                          description="runs/ is not committed and a new checkout may not have it. `save` stores a "
                                      "training checkpoint as its difference from an exported model (int8 per row, "

@@ -1,0 +1,75 @@
+"""``specula zoo probe-content``: the ridge probe, the patches it reads, and the command's output."""
+
+import json
+
+import pytest
+import torch
+
+from specula.cli import main
+from specula.targets.processor import load_processor
+from specula.world import generate
+from specula.world.vocab import COLOUR_NAMES
+from specula.zoo.content_probe import PROBE_OFFSET, base_accuracy, collect, probe_content, ridge_accuracy
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.target_config import TargetArch, build_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    processor = load_processor(TOKENIZER_DIR)
+    return build_model(TargetArch.from_name("tiny"), processor.tokenizer).eval(), processor
+
+
+def test_ridge_reads_a_linear_code_and_not_noise():
+    g = torch.Generator().manual_seed(0)
+    code = torch.randn(len(COLOUR_NAMES), 32, generator=g)  # one direction per class
+    y = torch.randint(0, len(COLOUR_NAMES), (400,), generator=g)
+    x = code[y] + 0.3 * torch.randn(400, 32, generator=g)  # [N, H]
+    assert ridge_accuracy(x[:200], y[:200], x[200:], y[200:], len(COLOUR_NAMES)) > 0.95
+    noise = torch.randn(400, 32, generator=g)
+    assert ridge_accuracy(noise[:200], y[:200], noise[200:], y[200:], len(COLOUR_NAMES)) < 0.35
+    assert base_accuracy(torch.tensor([2, 2, 1]), torch.tensor([2, 0, 2, 1])) == 0.5
+    with pytest.raises(ValueError, match="both halves"):
+        ridge_accuracy(x[:0], y[:0], x, y, len(COLOUR_NAMES))
+
+
+@torch.no_grad()
+def test_the_same_patches_alone_and_in_the_set_start_from_the_same_visual_tokens(tiny):
+    model, processor = tiny
+    s = next(s for s in (generate("multi_image", "eval", PROBE_OFFSET + i) for i in range(40))
+             if s.kind == "multi/which" and len(s.images) >= 3)
+    parts = collect(model, processor, s)
+    layers = model.config.text_config.num_hidden_layers
+    in_set = torch.cat([parts["set_first"][0], parts["set_later"][0]], 1)  # [L + 1, P, H]
+    alone, labels = parts["alone"]
+    assert in_set.shape == alone.shape and in_set.shape[0] == layers + 1
+    assert torch.equal(torch.cat([parts["set_first"][1], parts["set_later"][1]]), labels)
+    # layer 0's input is the projector's output: the same image tokens wherever the image sits
+    torch.testing.assert_close(in_set[0], alone[0])
+    assert not torch.allclose(in_set[-1], alone[-1])  # ... and the set's text and other images change what follows
+    assert labels.shape[0] > 0 and (labels[:, 0] < len(COLOUR_NAMES)).all()
+
+
+def test_a_probe_reports_every_layer_of_every_group(tiny):
+    model, processor = tiny
+    r = probe_content(model, processor, n=4, progress=False)
+    assert r["sets"] == 4 and set(r["groups"]) == {"set_first", "set_later", "alone"}
+    for g in r["groups"].values():
+        assert len(g["by_layer"]) == r["layers"] + 1 and all(p > 0 for p in g["patches"])
+        assert all(0.0 <= v <= 1.0 for row in g["by_layer"] for v in row) and len(g["base"]) == 2
+
+
+def test_the_command_writes_json_and_markdown(tiny, tmp_path, capsys):
+    model, processor = tiny
+    model.save_pretrained(tmp_path / "m")
+    processor.save_pretrained(tmp_path / "m")
+    assert main(["zoo", "probe-content", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1",
+                 "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "probe_content.json").read_text())
+    assert report["model"] == str(tmp_path / "m") and report["sets"] == 2
+    md = (tmp_path / "out" / "probe_content.md").read_text()
+    assert md.startswith("| where |") and "layer 0's input" in md and "| where |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--n must be at least 2"):
+        main(["zoo", "probe-content", "--model", str(tmp_path / "m"), "--n", "1"])
