@@ -639,6 +639,10 @@ def _add_zoo(sub) -> None:
     src.add_argument("--checkpoint", default=None, help="a training checkpoint (runs/X/ckpt), rounded to fp16")
     pc.add_argument("--n", type=int, default=60, help="image sets read (half to fit, half to score; default 60)")
     pc.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
+    pc.add_argument("--isolate", action="store_true",
+                    help="read the sets with each image's tokens kept off the other images and the text between "
+                         "them (a 4-D attention mask): what the patches would hold if only the chat template came "
+                         "before them, against what they hold")
     pc.add_argument("--out", default=None, help="also write probe_content.json and probe_content.md to this directory")
     pc.add_argument("--json", action="store_true", help="print JSON instead of the markdown table")
     pc.add_argument("--threads", type=int, default=2)

@@ -19,6 +19,12 @@ the last layer's output):
 Per group and layer: ``colour`` / ``shape``, the held-out accuracy of a ridge classifier (one-vs-rest, closed form,
 fitted on the even-numbered sets' patches and scored on the odd-numbered ones, so no image is on both sides), and
 ``base``, what always answering the fitting half's most frequent class scores.
+
+``--isolate`` reads the sets through ``isolation_mask`` instead of causal attention: each image's tokens see the chat
+template and their own image only. The first image of a set then holds exactly what it holds alone, and a later one
+differs from alone only by its positions; what the causal reading loses beyond that is what the text and images
+before a patch take from it (stop 53: the shipped target's later images read at the base rate, isolated ones as
+well as alone).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from specula.world.sample import Sample
+from specula.world.tokenizer import USER
 from specula.world.vocab import COLOUR_NAMES, SHAPES
 
 PROBE_OFFSET = 40_000  # eval-split indices past the gates' (zoo/evaluate.py), the training checks' and probe-sets'
@@ -39,16 +46,18 @@ ALONE_PROMPT = "<image> What is in the image?"
 def ridge_accuracy(x_fit: torch.Tensor, y_fit: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
                    n_classes: int, lam: float = 1e-2) -> float:
     """Held-out accuracy of a one-vs-rest ridge classifier. x_fit # [N, H], y_fit # [N] int64 in [0, n_classes),
-    likewise the test half. ``lam`` is relative to the mean feature variance (so the same value suits any scale)."""
+    likewise the test half. ``lam``: the penalty per standardised feature, relative to the number of patches fitted."""
     if x_fit.shape[0] == 0 or x_test.shape[0] == 0:
         raise ValueError("ridge_accuracy needs patches on both halves")
     x_fit, x_test = x_fit.double(), x_test.double()
-    mean = x_fit.mean(0, keepdim=True)  # [1, H]
-    a, b = x_fit - mean, x_test - mean
+    # each feature standardised on the fitting half: a residual stream has a few dimensions hundreds of times larger
+    # than the rest, and one penalty for all would then shrink every other dimension to nothing
+    mean, std = x_fit.mean(0, keepdim=True), x_fit.std(0, keepdim=True).clamp_min(1e-6)  # [1, H] each
+    a, b = (x_fit - mean) / std, (x_test - mean) / std
     targets = torch.nn.functional.one_hot(y_fit, n_classes).double()  # [N, C]
     targets = targets - targets.mean(0, keepdim=True)
     gram = a.T @ a  # [H, H]
-    reg = lam * gram.diagonal().mean().clamp_min(1e-12) * torch.eye(gram.shape[0], dtype=gram.dtype)
+    reg = lam * a.shape[0] * torch.eye(gram.shape[0], dtype=gram.dtype)
     w = torch.linalg.solve(gram + reg, a.T @ targets)  # [H, C]
     return float(((b @ w).argmax(1) == y_test).double().mean())
 
@@ -68,15 +77,31 @@ def object_labels(patch_words: Sequence[Sequence[str]]) -> tuple[list[int], torc
     return keep, classes[keep]
 
 
-def _states(model, input_ids: torch.Tensor, pixel_values: torch.Tensor) -> torch.Tensor:
-    """Every layer's input (and the last output) at every position # [L + 1, T, H] fp32."""
+def isolation_mask(input_ids: torch.Tensor, image_id: int, tokens_per_image: int, prefix: int) -> torch.Tensor:
+    """Causal attention in which an image's tokens see only their own image and the first ``prefix`` tokens (the
+    chat template before the user's words), never another image or any text of the prompt: # [T, T] bool, True =
+    attend. input_ids # [T] int64. Text tokens see everything before them, as in plain causal attention."""
+    n = input_ids.shape[0]
+    is_image = input_ids == image_id  # [T]
+    index = torch.where(is_image, (torch.cumsum(is_image.long(), 0) - 1) // tokens_per_image, -1)  # [T] image number
+    query, key = index[:, None], index[None, :]  # [T, 1], [1, T]
+    in_prefix = torch.arange(n)[None, :] < prefix  # [1, T]
+    return torch.ones(n, n, dtype=torch.bool).tril() & ((query < 0) | (key == query) | in_prefix)
+
+
+def _states(model, input_ids: torch.Tensor, pixel_values: torch.Tensor,
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Every layer's input (and the last output) at every position # [L + 1, T, H] fp32; ``mask`` # [T, T] bool
+    (None: causal)."""
+    attention = torch.ones_like(input_ids)[None] if mask is None else mask[None, None]  # [1, T] or [1, 1, T, T]
     out = model(input_ids=input_ids[None], pixel_values=pixel_values, output_hidden_states=True,
-                attention_mask=torch.ones_like(input_ids)[None])
+                attention_mask=attention)
     return torch.stack([h[0] for h in out.hidden_states]).float()
 
 
-def collect(model, processor, s: Sample) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """One set's object patches per group: (states # [L + 1, P, H], labels # [P, 2])."""
+def collect(model, processor, s: Sample, isolate: bool = False) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """One set's object patches per group: (states # [L + 1, P, H], labels # [P, 2]); ``isolate``: the set read
+    with ``isolation_mask`` (what its patches would hold if nothing before them but the template were visible)."""
     from specula.runtime.prompts import encode_prompt
     from specula.zoo.set_referents import set_image_tokens
 
@@ -86,7 +111,11 @@ def collect(model, processor, s: Sample) -> dict[str, tuple[torch.Tensor, torch.
     if got is None:
         raise ValueError(f"{s.kind}: its image tokens do not match its {len(s.images)} images")
     n_tok, pos = got
-    states = _states(model, ids, pix)  # [L + 1, T, H]
+    mask = None
+    if isolate:  # the template before the user's words: everything up to the first user-turn marker
+        prefix = int((ids == processor.tokenizer.convert_tokens_to_ids(USER)).nonzero()[0, 0]) + 1
+        mask = isolation_mask(ids, image_id, n_tok, prefix)
+    states = _states(model, ids, pix, mask)  # [L + 1, T, H]
     parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {g: [] for g in GROUPS}
     for n, words in enumerate(s.patch_words):
         keep, labels = object_labels(words)
@@ -101,8 +130,9 @@ def collect(model, processor, s: Sample) -> dict[str, tuple[torch.Tensor, torch.
 
 
 @torch.no_grad()
-def probe_content(model, processor, n: int = 60, seed: int = 0, progress: bool = True) -> dict:
-    """The reading above over the first ``n`` "which image" sets past ``PROBE_OFFSET`` (JSON-ready)."""
+def probe_content(model, processor, n: int = 60, seed: int = 0, progress: bool = True, isolate: bool = False) -> dict:
+    """The reading above over the first ``n`` "which image" sets past ``PROBE_OFFSET`` (JSON-ready); ``isolate``:
+    the sets read with ``isolation_mask``."""
     from tqdm import tqdm
 
     from specula.world.suites import generate
@@ -115,13 +145,13 @@ def probe_content(model, processor, n: int = 60, seed: int = 0, progress: bool =
         i += 1
         if s.kind != "multi/which":
             continue
-        for g, part in collect(model, processor, s).items():
+        for g, part in collect(model, processor, s, isolate).items():
             halves[g][sets % 2].append(part)
         sets += 1
         bar.update()
     bar.close()
     layers = model.config.text_config.num_hidden_layers
-    report: dict = {"sets": n, "layers": layers, "groups": {}}
+    report: dict = {"sets": n, "layers": layers, "isolated": isolate, "groups": {}}
     for g, (fit, test) in halves.items():
         if not fit or not test:
             continue
@@ -161,7 +191,7 @@ def probe_content_cli(args) -> int:
         model, processor, _ = load_checkpoint(args.checkpoint)
     else:
         model, processor = load_model(args.model)
-    report = probe_content(model, processor, n=args.n, seed=args.seed)
+    report = probe_content(model, processor, n=args.n, seed=args.seed, isolate=args.isolate)
     report["model"] = args.checkpoint or args.model
     if args.out:
         out = Path(args.out)

@@ -9,7 +9,8 @@ from specula.cli import main
 from specula.targets.processor import load_processor
 from specula.world import generate
 from specula.world.vocab import COLOUR_NAMES
-from specula.zoo.content_probe import PROBE_OFFSET, base_accuracy, collect, probe_content, ridge_accuracy
+from specula.zoo.content_probe import (PROBE_OFFSET, base_accuracy, collect, isolation_mask, probe_content,
+                                      ridge_accuracy)
 from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.target_config import TargetArch, build_model
 
@@ -52,6 +53,33 @@ def test_the_same_patches_alone_and_in_the_set_start_from_the_same_visual_tokens
     assert labels.shape[0] > 0 and (labels[:, 0] < len(COLOUR_NAMES)).all()
 
 
+def test_the_isolation_mask_keeps_an_image_off_the_other_images_and_the_text():
+    # prefix (2) | "Image 1:" (2) | image 0 (3) | text (1) | image 1 (3) | question (2)
+    ids = torch.tensor([1, 2, 5, 6, 9, 9, 9, 7, 9, 9, 9, 8, 8])
+    m = isolation_mask(ids, image_id=9, tokens_per_image=3, prefix=2)  # [T, T]
+    assert m[4].tolist() == [True, True, False, False, True] + [False] * 8  # image 0's first token: prefix and itself
+    assert m[10].tolist() == [True, True] + [False] * 6 + [True, True, True, False, False]  # image 1: not image 0
+    assert m[12].tolist() == [True] * 13 and m[7].tolist() == [True] * 8 + [False] * 5  # text: plain causal
+    assert not m.triu(1).any()
+
+
+@torch.no_grad()
+def test_an_isolated_set_holds_what_its_images_hold_alone(tiny):
+    model, processor = tiny
+    s = next(s for s in (generate("multi_image", "eval", PROBE_OFFSET + i) for i in range(80))
+             if s.kind == "multi/which" and len(s.images) >= 3 and "Image 1:" in s.prompt)
+    causal, isolated = collect(model, processor, s), collect(model, processor, s, isolate=True)
+    alone = causal["alone"][0]  # [L + 1, P, H]
+    first = causal["set_first"][0].shape[1]
+
+    def gap(parts):  # the largest difference from alone after layer 0, first image and later ones
+        return [float((parts[g][0][1:] - part[1:]).abs().max())
+                for g, part in (("set_first", alone[:, :first]), ("set_later", alone[:, first:]))]
+
+    assert min(gap(causal)) > 0.1  # the marker text and the earlier images change what the patches hold
+    assert max(gap(isolated)) < 0.05  # ... and without them only the positions differ
+
+
 def test_a_probe_reports_every_layer_of_every_group(tiny):
     model, processor = tiny
     r = probe_content(model, processor, n=4, progress=False)
@@ -68,8 +96,11 @@ def test_the_command_writes_json_and_markdown(tiny, tmp_path, capsys):
     assert main(["zoo", "probe-content", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1",
                  "--out", str(tmp_path / "out")]) == 0
     report = json.loads((tmp_path / "out" / "probe_content.json").read_text())
-    assert report["model"] == str(tmp_path / "m") and report["sets"] == 2
+    assert report["model"] == str(tmp_path / "m") and report["sets"] == 2 and not report["isolated"]
     md = (tmp_path / "out" / "probe_content.md").read_text()
     assert md.startswith("| where |") and "layer 0's input" in md and "| where |" in capsys.readouterr().out
+    assert main(["zoo", "probe-content", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1", "--isolate",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["isolated"] is True
     with pytest.raises(SystemExit, match="--n must be at least 2"):
         main(["zoo", "probe-content", "--model", str(tmp_path / "m"), "--n", "1"])
