@@ -29,7 +29,6 @@ well as alone).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import torch
@@ -181,9 +180,8 @@ def markdown(report: dict) -> str:
 
 
 def probe_content_cli(args) -> int:
-    from pathlib import Path
-
     from specula.zoo.evaluate import load_checkpoint, load_model
+    from specula.zoo.probe_output import emit
 
     if args.n < 2:
         raise SystemExit("--n must be at least 2 (the probe fits on half the sets and scores on the other half)")
@@ -193,10 +191,5 @@ def probe_content_cli(args) -> int:
         model, processor = load_model(args.model)
     report = probe_content(model, processor, n=args.n, seed=args.seed, isolate=args.isolate)
     report["model"] = args.checkpoint or args.model
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "probe_content.json").write_text(json.dumps(report, indent=2) + "\n")
-        (out / "probe_content.md").write_text(markdown(report) + "\n")
-    print(json.dumps(report, indent=2) if args.json else markdown(report))
+    emit(report, markdown(report), args.out, "probe_content", args.json)
     return 0

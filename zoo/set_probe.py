@@ -20,7 +20,6 @@ A hop that has learnt to *land* (mass on objects) but not to *choose* shows as a
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -220,9 +219,8 @@ def _refuse_unfit(model, set_hops: str) -> None:
 
 
 def probe_sets_cli(args) -> int:
-    from pathlib import Path
-
     from specula.zoo.evaluate import load_checkpoint, load_model
+    from specula.zoo.probe_output import emit
 
     if args.n <= 0:
         raise SystemExit("--n must be > 0")
@@ -235,10 +233,5 @@ def probe_sets_cli(args) -> int:
     _refuse_unfit(model, hops)
     report = probe_sets(model, processor, n=args.n, set_hops=hops, seed=args.seed)
     report["model"] = args.checkpoint or args.model
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "probe_sets.json").write_text(json.dumps(report, indent=2) + "\n")
-        (out / "probe_sets.md").write_text(markdown(report) + "\n")
-    print(json.dumps(report, indent=2) if args.json else markdown(report))
+    emit(report, markdown(report), args.out, "probe_sets", args.json)
     return 0
