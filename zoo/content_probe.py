@@ -92,7 +92,13 @@ def _states(model, input_ids: torch.Tensor, pixel_values: torch.Tensor,
             mask: torch.Tensor | None = None) -> torch.Tensor:
     """Every layer's input (and the last output) at every position # [L + 1, T, H] fp32; ``mask`` # [T, T] bool
     (None: causal)."""
-    attention = torch.ones_like(input_ids)[None] if mask is None else mask[None, None]  # [1, T] or [1, 1, T, T]
+    if mask is None:
+        attention = torch.ones_like(input_ids)[None]  # [1, T]
+    else:  # bool for sdpa, additive for eager (the engine's own conversion)
+        from specula.targets.kv import attention_mask
+
+        lm = model.model.language_model
+        attention = attention_mask(mask[None, None], lm.config._attn_implementation, lm.dtype)  # [1, 1, T, T]
     out = model(input_ids=input_ids[None], pixel_values=pixel_values, output_hidden_states=True,
                 attention_mask=attention)
     return torch.stack([h[0] for h in out.hidden_states]).float()

@@ -12,6 +12,7 @@ from specula.world.vocab import COLOUR_NAMES
 from specula.zoo.content_probe import (PROBE_OFFSET, base_accuracy, collect, isolation_mask, probe_content,
                                       ridge_accuracy)
 from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.referents import eager_attention
 from specula.zoo.target_config import TargetArch, build_model
 
 
@@ -78,6 +79,9 @@ def test_an_isolated_set_holds_what_its_images_hold_alone(tiny):
 
     assert min(gap(causal)) > 0.1  # the marker text and the earlier images change what the patches hold
     assert max(gap(isolated)) < 0.05  # ... and without them only the positions differ
+    with eager_attention(model.model.language_model):  # the mask made additive for eager attention
+        eager = collect(model, processor, s, isolate=True)
+    torch.testing.assert_close(eager["set_later"][0], isolated["set_later"][0], atol=1e-4, rtol=1e-4)
 
 
 def test_a_probe_reports_every_layer_of_every_group(tiny):
