@@ -609,16 +609,11 @@ def _add_zoo(sub) -> None:
                                      "over the type's candidate words, with the images and with gray ones, and the "
                                      "attention mass of every supervised set hop (reader, ordinal, mean and odd "
                                      "hops, summary and count hops) on its target and off it (see zoo/set_probe.py)")
-    src = ps.add_mutually_exclusive_group()
-    src.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")
-    src.add_argument("--checkpoint", default=None, help="a training checkpoint (runs/X/ckpt), rounded to fp16")
+    _probe_source(ps)
     ps.add_argument("--set-hops", default=None, choices=("deep", "shallow", "reader"),
                     help="the layers and heads of the set hops (default: the checkpoint's own, else reader)")
     ps.add_argument("--n", type=int, default=200, help="questions drawn (about a third of them each type; default 200)")
-    ps.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
-    ps.add_argument("--out", default=None, help="also write probe_sets.json and probe_sets.md to this directory")
-    ps.add_argument("--json", action="store_true", help="print JSON instead of the markdown table")
-    ps.add_argument("--threads", type=int, default=2)
+    _probe_output(ps, "probe_sets")
 
     def run_probe_sets(args):
         _threads(args)
@@ -634,18 +629,13 @@ def _add_zoo(sub) -> None:
                                      "image, its later images, and every image in a prompt of its own (see "
                                      "zoo/content_probe.py). A later image that reads far below itself alone has "
                                      "been blended into the others.")
-    src = pc.add_mutually_exclusive_group()
-    src.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")
-    src.add_argument("--checkpoint", default=None, help="a training checkpoint (runs/X/ckpt), rounded to fp16")
+    _probe_source(pc)
     pc.add_argument("--n", type=int, default=60, help="image sets read (half to fit, half to score; default 60)")
-    pc.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
     pc.add_argument("--isolate", action="store_true",
                     help="read the sets with each image's tokens kept off the other images and the text between "
                          "them (a 4-D attention mask): what the patches would hold if only the chat template came "
                          "before them, against what they hold")
-    pc.add_argument("--out", default=None, help="also write probe_content.json and probe_content.md to this directory")
-    pc.add_argument("--json", action="store_true", help="print JSON instead of the markdown table")
-    pc.add_argument("--threads", type=int, default=2)
+    _probe_output(pc, "probe_content")
 
     def run_probe_content(args):
         _threads(args)
@@ -736,6 +726,21 @@ def _add_chat(sub) -> None:
     p.add_argument("--ca-cert", default=None, help="PEM file of the CA that signed the server's certificate")
     p.add_argument("--stats", action="store_true", help="print finish reason, tokens and tau to stderr at the end")
     p.set_defaults(func=lambda a: __import__("specula.runtime.client", fromlist=["x"]).chat_cli(a))
+
+
+def _probe_source(p) -> None:
+    """A probe command's model: an exported one (default: the shipped target) or a training checkpoint."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")
+    src.add_argument("--checkpoint", default=None, help="a training checkpoint (runs/X/ckpt), rounded to fp16")
+
+
+def _probe_output(p, stem: str) -> None:
+    """A probe command's world seed, report files (``<stem>.json`` / ``.md``), output form and threads."""
+    p.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
+    p.add_argument("--out", default=None, help=f"also write {stem}.json and {stem}.md to this directory")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the markdown table")
+    p.add_argument("--threads", type=int, default=2)
 
 
 def build_parser() -> argparse.ArgumentParser:
