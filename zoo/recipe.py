@@ -20,7 +20,15 @@ The target, in these run directories:
    the ``scan_suites`` mix, on the schedules the runs had (50,000 cut at 13,680, 27,000 cut at 24,864, 40,000);
    then a second cycle in ``cycle2``: the same stage from 4.'s last checkpoint (rounded to fp16, fresh optimizer
    with a short re-warm-up) on a 90,000-sample schedule, so its rate climbs back to ~1.9e-4 and decays again;
-   the shipped target is its checkpoint at 55,008 samples (promoted with every drafter retrained on it, stop 39).
+   its checkpoint at 55,008 samples was the target shipped from stop 39 to stop 53.
+5. ``reader`` and ``finish`` (the image-set lanes of stops 52-53, zoo/TRAINING.md): from 4.'s checkpoint (rounded
+   to fp16) the set terms on the image-sets mix at 6e-4 on an 80,000-sample schedule, with numbered images; at
+   57,888 the count head's keys and query fitted (zoo/set_count_fit.py), at 60,576 its number read out, cut at
+   63,456 (lane ``reader-b``); then from that checkpoint (rounded to fp16) the same terms on the ``scan_suites`` mix
+   to 73,296 (lane ``finish-a``). The lane itself also ran two short variants left out here (576 samples with the
+   odd hops a layer lower, a code path since removed, and 2,016 samples of consistency on two layers) and made the
+   count fit twice (first without the query steps); its threads changed between runs, so the recipe walks its route
+   rather than reproducing its bits.
 ``SHIPPED_UNTIL`` names the last stage of the shipped target.
 """
 
@@ -40,6 +48,18 @@ _TOWER = dict(total_samples=0, mix="dialogue", code_lm_samples=1, code_lm_layers
 # the direct route's stages (4.): vision side frozen, scan listings' object cells weighted, no auxiliary losses
 _DIRECT = dict(freeze_vision=True, tower_lr_mult=0.02, aux_out=0.0, vis_weight=0.0, lr=3e-4, mix="scan_suites",
                object_cell_weight=3.0, vision_images=180_000, **_VISION, **{**_CODES, "referent_attention": 0.0})
+
+# the image-set stages (5.): the direct route's flags at twice its rate on the 80,000-sample schedule of the lanes,
+# numbered images (`Image n: `), and the set terms (zoo/set_referents.py, set_isolation.py, set_count.py)
+_SETS = dict(number_images=True, set_referents=10.0, set_marks=1.0, set_hops="reader", set_readout=1.0,
+             set_isolation=10.0, set_consistency=30.0, set_consistency_layers=1, set_odd=10.0, set_count=10.0,
+             set_count_readout=3.0)
+_READER = {**_DIRECT, **_SETS, "lr": 6e-4, "total_samples": 80_000, "mix": "scan_multi_odd", "token_budget": 1024}
+_COUNT_FIT = dict(set_count_key_fit=200, set_count_query_steps=200)
+# the set terms that train or read a hop on a layer / head (zoo/train_target.py _check_hops_fit): a 2-layer tiny LM
+# has none of those, so a tiny build runs these stages without them
+HOP_TERMS = ("set_referents", "set_marks", "set_readout", "set_odd", "set_count", "set_count_readout",
+             "set_count_number_readout", "set_count_key_fit", "set_count_query_steps")
 
 # what a tiny test build changes besides the counts: small pools and batches, no mid-run checks, and no gate on
 # the projector fit (a tower trained on a few dozen images does not separate objects from background)
@@ -80,7 +100,13 @@ TARGET_STAGES = (
     TargetStage("suites-27k", "cells", {**_DIRECT, "total_samples": 27_000, "stop_at": 24_864}),
     TargetStage("suites-40k", "cells", {**_DIRECT, "total_samples": 40_000}),
     TargetStage("cycle-2", "cycle2", {**_DIRECT, "total_samples": 90_000, "stop_at": 55_008},
-                needs={"init_from": "cells"}),  # stopped at the shipped target's checkpoint
+                needs={"init_from": "cells"}),  # stopped at the target shipped from stop 39 to stop 53
+    TargetStage("reader", "reader", {**_READER, "stop_at": 57_888}, needs={"init_from": "cycle2"}),
+    TargetStage("reader-fit", "reader", {**_READER, **_COUNT_FIT, "stop_at": 60_576}),
+    TargetStage("reader-number", "reader", {**_READER, **_COUNT_FIT, "set_count_number_readout": 3.0,
+                                            "stop_at": 63_456}),
+    TargetStage("finish", "finish", {**_READER, "set_count_number_readout": 3.0, "mix": "scan_suites",
+                                     "stop_at": 73_296}, needs={"init_from": "reader"}),
 )
 # The shipped target is the export of this stage's run; stages after it would be a candidate under way
 # (zoo/candidates, zoo/promote.py, zoo/TRAINING.md): ``specula zoo build --until <stage>`` builds those too, and
@@ -143,6 +169,7 @@ def stage_config(stage: TargetStage, run_dir: Path, scale: float = 1.0, arch: st
         cfg["code_lm_stop"] = cfg["code_lm_samples"] // 2
     if arch == "tiny":  # 2 decoder layers: the 2- and 4-layer stages become 1 and 2
         cfg.update(TINY)
+        cfg.update({k: 0 for k in HOP_TERMS if k in cfg})
         cfg["code_lm_layers"] = cfg.get("code_lm_layers", 0) // 2
     for k, run in stage.needs.items():
         cfg[k] = str(run_dir / run / "ckpt")

@@ -173,8 +173,9 @@ def test_zoo_build_drafters_only_needs_a_target_in_the_zoo(tmp_path, capsys):
 def test_zoo_build_until_the_last_stage_builds_the_direct_route(tmp_path):
     """`--until` the recipe's last stage (tiny arch and scale, no drafters): the caption stage starts from the joint
     stage's checkpoint rounded to fp16, the refit stage copies it into its own run with a cell-code projector, the
-    suite stages go on there, the second cycle restarts from that run in its own, and the last run is what the build
-    exports."""
+    suite stages go on there, the second cycle restarts from that run in its own, the image-set stages from that one
+    (numbered images, the set terms without their hops at this size), the finishing stage from theirs, and the last
+    run is what the build exports."""
     from specula.cli import main
     from specula.zoo.recipe import TARGET_STAGES, scaled
 
@@ -192,8 +193,16 @@ def test_zoo_build_until_the_last_stage_builds_the_direct_route(tmp_path):
     cycle2 = json.loads((runs / "cycle2" / "ckpt" / "state.json").read_text())  # the second cycle: a warm restart
     assert cycle2["warm_restart_at"] == cells["samples"] and cycle2["samples"] >= scaled(55_008, 0.0005)
     assert cycle2["samples"] > cells["samples"]  # it trains (at this scale 20 -> 28), not only copies the weights
+    reader = json.loads((runs / "reader" / "ckpt" / "state.json").read_text())  # the image-set stages, one run
+    assert reader["warm_restart_at"] == cycle2["samples"] and reader["samples"] >= scaled(63_456, 0.0005)
+    assert reader["config"]["number_images"] and reader["config"]["mix"] == "scan_multi_odd"
+    assert reader["config"]["set_consistency"] == 30.0 and reader["config"]["set_count"] == 0  # no hops at tiny size
+    finish = json.loads((runs / "finish" / "ckpt" / "state.json").read_text())  # and the finishing stage after it
+    assert finish["warm_restart_at"] == reader["samples"] and finish["samples"] >= scaled(73_296, 0.0005)
+    assert finish["config"]["mix"] == "scan_suites"
     info = json.loads((zoo / "target" / "specula.json").read_text())
-    assert info["trained_samples"] == cycle2["samples"] and not verify(zoo)
+    assert info["trained_samples"] == finish["samples"] and not verify(zoo)
+    assert json.loads((zoo / "target" / "processor_config.json").read_text())["number_images"]
 
 
 def test_init_from_a_training_checkpoint_rounds_its_weights_to_fp16(tmp_path, processor):
