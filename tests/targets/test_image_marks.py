@@ -29,7 +29,12 @@ def images():
 
 def test_the_processor_numbers_sets_only_when_asked(images, tmp_path):
     proc = load_processor(TOKENIZER_DIR)
-    assert not proc.number_images and not load_processor(TARGET_DIR).number_images  # shipped: prompts as written
+    assert not proc.number_images  # the tokenizer's processor: prompts as written
+    if (TARGET_DIR / "processor_config.json").exists():  # the shipped target's: as the recipe's stage trained it
+        from specula.zoo.recipe import SHIPPED_UNTIL, stages_until
+
+        trained = stages_until(SHIPPED_UNTIL)[-1].config.get("number_images", False)
+        assert bool(load_processor(TARGET_DIR).number_images) == trained
     bare = proc(text=["<image><image> Q"], images=images, return_tensors="pt").input_ids
     marked = proc(text=["Image 1: <image> Image 2: <image> Q"], images=images, return_tensors="pt").input_ids
     assert bare.shape[1] < marked.shape[1]
