@@ -17,7 +17,7 @@ import sys
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
 MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
              "scan_captions", "colour_captions", "scan_suites", "scan_multi", "scan_multi_odd",
-             "scan_placed", "scan_placed_multi"]
+             "scan_suites_count", "scan_placed", "scan_placed_multi"]
 
 
 def _threads(args) -> None:
@@ -239,7 +239,9 @@ def _add_train(sub) -> None:
                         "instead of by cell), scan_suites (scan_captions plus dialogues about charts, image sets and "
                         "clips), scan_multi (scan_suites with image sets at about a third of the samples, their "
                         "captions worded \"Image N has ...\"), scan_multi_odd (scan_multi plus dialogues about sets "
-                        "with an odd one out, about one sample in eight), scan_placed (scan_suites with half the prompts "
+                        "with an odd one out, about one sample in eight), scan_suites_count (scan_suites plus "
+                        "dialogues about sets built for counting, their counts drawn evenly from zero to the set's "
+                        "size, about one sample in ten), scan_placed (scan_suites with half the prompts "
                         "asked with text or the question before the image, or after a system turn) or "
                         "scan_placed_multi (scan_multi placed the same way)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
@@ -515,7 +517,8 @@ def _add_zoo(sub) -> None:
     ls.set_defaults(func=lambda a: __import__("specula.zoo.manifest", fromlist=["x"]).list_cli(a))
     b = zsub.add_parser("build", help="regenerate the zoo from seeds: tokenizer, the target's stages, every drafter",
                         description="Runs the recipe of zoo/recipe.py: the tokenizer; the target's stages (code LM, "
-                                    "tower, merge, joint stage, the direct route's caption and suite stages); its "
+                                    "tower, merge, joint stage, the direct route's caption and suite stages, the image-set "
+                                    "stages); its "
                                     "export; then "
                                     "each drafter's `specula train` command against it (about 6.5 CPU-hours). "
                                     "Resumable: rerun the same command and finished steps are skipped; a drafter "

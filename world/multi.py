@@ -115,13 +115,25 @@ def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int 
     else:
         scenes = [_single(rng, pick(rng, COLOUR_NAMES), pick(rng, SHAPES)) if rng.random() < 0.6
                   else sample_scene(rng, 1, 2, allow_overlap=False) for _ in range(k)]
+    return _set_dialogue(rng, suite, scenes, n_turns, odd_i=odd_i, odd=odd)
+
+
+def _set_dialogue(rng: random.Random, suite: str, scenes: list[Scene], n_turns: int, odd_i: int | None = None,
+                  odd: bool = False, ask: str | None = None) -> Sample:
+    """The turns of ``make_multi_dialogue`` about ``scenes`` (``odd_i``: the odd image's index, if any; ``odd``: keep
+    its turn among the first ``n_turns``); ``ask``: a shape whose count is always asked, first."""
+    k = len(scenes)
     singles = [i for i, sc in enumerate(scenes) if len(sc.objects) == 1]
     shown = sorted({o.shape for sc in scenes for o in sc.objects})
     turns = [(pick(rng, MULTI_WHICH).format(o=ORDINALS[i]), scenes[i].objects[0].colour) for i in singles]
-    absent = [sh for sh in SHAPES if sh not in shown]  # empty when the set shows all six shapes
-    counted = shown + ([pick(rng, absent)] if absent and rng.random() < 0.5 else [])
-    turns += [(pick(rng, MULTI_COUNT).format(s=sh),
-               NUMBER_WORDS[sum(any(o.shape == sh for o in sc.objects) for sc in scenes)]) for sh in counted]
+    if ask is None:
+        absent = [sh for sh in SHAPES if sh not in shown]  # empty when the set shows all six shapes
+        counted = shown + ([pick(rng, absent)] if absent and rng.random() < 0.5 else [])
+    else:
+        counted = sorted(set(shown) | {ask})
+    count_turns = [(pick(rng, MULTI_COUNT).format(s=sh),
+                    NUMBER_WORDS[sum(any(o.shape == sh for o in sc.objects) for sc in scenes)]) for sh in counted]
+    turns += count_turns
     if odd_i is not None:
         turns.append((pick(rng, MULTI_ODD), ORDINALS[odd_i]))
     if k == 2 and len(singles) == 2:
@@ -133,11 +145,33 @@ def make_multi_dialogue(rng: random.Random, suite: str, task: str, n_turns: int 
         if i >= n_turns:
             j = rng.randrange(n_turns)
             turns[i], turns[j] = turns[j], turns[i]
+    if ask is not None:  # the asked count leads, in the evaluation format
+        i = turns.index(count_turns[counted.index(ask)])
+        turns[0], turns[i] = turns[i], turns[0]
     (q0, a0), rest = turns[0], turns[1:n_turns]
     rendered = [render_scene(sc, rng) for sc in scenes]
     followups = tuple((maybe_suffix(rng, q), a) for q, a in rest)
     return Sample(suite, "multi_dialogue", tuple(r[0] for r in rendered), _prompt(rng, k, f"{q0} {pick(rng, SHORT_SUFFIX)}"),
                   a0, a0, None, (), tuple(r[1] for r in rendered), followups)
+
+
+def make_count_dialogue(rng: random.Random, suite: str, task: str, n_turns: int = 8) -> Sample:
+    """``make_multi_dialogue`` about a set of 2-5 built for counting: a shape shown in m of its images, m drawn
+    evenly from 0 to the set's size (in the suite's sets most counts are "one", which a model answers blind), the
+    other images showing one or two other shapes; an image may show the shape twice (it still counts once). Its
+    first turn asks how many images show that shape."""
+    k = rng.randint(2, 5)
+    shape = pick(rng, SHAPES)
+    others = tuple(rng.sample([sh for sh in SHAPES if sh != shape], rng.randint(1, 2)))
+    hits = set(rng.sample(range(k), rng.randint(0, k)))
+    scenes = []
+    for i in range(k):
+        palette = (shape,) if i in hits else others
+        if rng.random() < 0.7:
+            scenes.append(_single(rng, pick(rng, COLOUR_NAMES), pick(rng, palette)))
+        else:  # two objects of the palette (distinct colours when it is one shape)
+            scenes.append(sample_scene(rng, 2, 2, allow_overlap=False, shapes=palette))
+    return _set_dialogue(rng, suite, scenes, n_turns, ask=shape)
 
 
 def make_odd_dialogue(rng: random.Random, suite: str, task: str) -> Sample:

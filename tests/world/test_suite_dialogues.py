@@ -244,3 +244,25 @@ def test_scan_multi_mix_puts_image_sets_at_about_a_third_and_keeps_the_rest():
     maker, task, _ = mix["multi_caption_scan"]
     s = maker(random.Random("scan-multi"), "multi_caption_scan", task)
     assert s.response.startswith("Image 1 has ") and s.kind == "multi_caption"
+
+
+def test_count_dialogues_lead_with_a_count_drawn_evenly_and_read_off_the_images():
+    from specula.world.suites import MIXES
+
+    leads = Counter()
+    for i in range(120):
+        s = multi.make_count_dialogue(random.Random(f"count-dialogue/{i}"), "multi_image", "qa")
+        turns = _check_turns(s)
+        shown = [{shape for _, shape in _objects(pw)} for pw in s.patch_words]
+        assert 2 <= len(shown) <= 5 and 1 <= len(turns) <= 8
+        for n, (q, a) in enumerate(turns):
+            if "how many images" in q.lower():
+                shape = next(sh for sh in SHAPES if f" {sh}?" in q)
+                assert a == NUMBER_WORDS[sum(shape in sh for sh in shown)], (q, a, shown)
+            else:
+                assert n > 0, "the first turn counts"
+        leads[s.response] += 1
+    # the counts of the suite's sets are mostly "one"; these are spread from zero to five
+    assert set(leads) == set(NUMBER_WORDS[:6]) and max(leads.values()) < 0.4 * sum(leads.values())
+    mix = MIXES["scan_suites_count"]
+    assert mix[:-1] == MIXES["scan_suites"] and mix[-1][:2] == ("multi_count_dialogue", multi.make_count_dialogue)
