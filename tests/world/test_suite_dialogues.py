@@ -266,3 +266,14 @@ def test_count_dialogues_lead_with_a_count_drawn_evenly_and_read_off_the_images(
     assert set(leads) == set(NUMBER_WORDS[:6]) and max(leads.values()) < 0.4 * sum(leads.values())
     mix = MIXES["scan_suites_count"]
     assert mix[:-1] == MIXES["scan_suites"] and mix[-1][:2] == ("multi_count_dialogue", multi.make_count_dialogue)
+
+
+def test_image_set_dialogues_are_drawn_as_before_the_count_dialogues_shared_their_turns():
+    # digest taken with world/multi.py before ``_set_dialogue`` was split out of ``make_multi_dialogue`` (stop 55):
+    # the lanes' image-set and odd dialogues stay the same samples
+    h = hashlib.sha256()
+    for i in range(40):
+        for s in (multi.make_multi_dialogue(random.Random(f"dialogue-digest/{i}"), "multi_image", "qa"),
+                  multi.make_odd_dialogue(random.Random(f"odd-digest/{i}"), "multi_image", "qa")):
+            h.update(f"{s.prompt}|{s.response}|{s.followups}|{s.patch_words}\n".encode())
+    assert h.hexdigest()[:16] == "daef3eb36c66dea4"
