@@ -17,7 +17,7 @@ import sys
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
 MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
              "scan_captions", "colour_captions", "scan_suites", "scan_multi", "scan_multi_odd",
-             "scan_suites_count", "scan_placed", "scan_placed_multi"]
+             "scan_suites_count", "scan_suites_sets", "scan_placed", "scan_placed_multi"]
 
 
 def _threads(args) -> None:
@@ -241,7 +241,8 @@ def _add_train(sub) -> None:
                         "captions worded \"Image N has ...\"), scan_multi_odd (scan_multi plus dialogues about sets "
                         "with an odd one out, about one sample in eight), scan_suites_count (scan_suites plus "
                         "dialogues about sets built for counting, their counts drawn evenly from zero to the set's "
-                        "size, about one sample in ten), scan_placed (scan_suites with half the prompts "
+                        "size, about one sample in ten), scan_suites_sets (scan_suites_count plus dialogues about sets "
+                        "with an odd one out, about one sample in twelve), scan_placed (scan_suites with half the prompts "
                         "asked with text or the question before the image, or after a system turn) or "
                         "scan_placed_multi (scan_multi placed the same way)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
@@ -316,6 +317,12 @@ def _add_train(sub) -> None:
                         "head 3 of layer 1 spread over every image's objects (the set's common look) and head 0 of "
                         "layer 2 on the odd image's object patches, whose image number (--set-marks) is the answer "
                         "(default: 0 = off; zoo/set_referents.py set_odd_targets)")
+    t.add_argument("--chart-referents", type=float, default=0.0,
+                   help="weight of an attention loss for chart questions about one part of the chart (a bar's or "
+                        "point's value; the tallest bar, the peak, the largest slice): head 0 of layer 0 on the "
+                        "question's colour or ordinal and head 0 of layer 1 on that part's patches (the number "
+                        "printed above it for a value), the lookup hops of scene questions "
+                        "(default: 0 = off; zoo/chart_referents.py)")
     t.add_argument("--set-count", type=float, default=0.0,
                    help="weight of an attention loss for 'how many images show a ...?' answers: head 3 of layer 0 "
                         "reads each image's objects onto the token after it, and at the answer head 2 of layer 1 "

@@ -11,6 +11,7 @@ from specula.world.vocab import COLOURS, NUMBER_WORDS, ORDINALS
 
 CHART_COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")
 BG = (236, 236, 232)
+LINE_XS = tuple(18 + i * (IMAGE_SIZE - 36) / 4 for i in range(5))  # a line chart's five points, left to right (px)
 
 
 def _bar(rng: random.Random):
@@ -43,8 +44,7 @@ def _line(rng: random.Random):
     c = Canvas.new(BG, rng, noise=3.0)
     base, top = IMAGE_SIZE - 14, 22
     unit = (base - top) / 9
-    xs = [18 + i * (IMAGE_SIZE - 36) / (k - 1) for i in range(k)]
-    pts = [(x, base - v * unit) for x, v in zip(xs, values)]
+    pts = [(x, base - v * unit) for x, v in zip(LINE_XS, values)]
     c.line([(8, base), (IMAGE_SIZE - 6, base)], (40, 40, 40), width=2)
     c.line(pts, COLOURS[col], width=4)
     for (x, y), v in zip(pts, values):

@@ -52,8 +52,9 @@ class Encoder:
                  caption_referents: bool = False, twins: bool = False, sets: bool = False,
                  set_referents: bool = False, set_index: bool = False, set_marks: bool = False,
                  set_hops: str = "deep", set_isolation: bool = False, set_odd: bool = False,
-                 set_count: bool = False):
+                 set_count: bool = False, chart_referents: bool = False):
         self.processor = processor
+        self.chart_referents = chart_referents  # each chart sample also carries its lookup turns' targets (zoo/chart_referents.py)
         self.set_isolation = set_isolation  # ... and its later images' isolation spans (zoo/set_isolation.py)
         self.set_referents = set_referents  # each image-set sample also carries its addressing targets (zoo/set_referents.py)
         self.set_index = set_index  # ... and the image-number targets of its object patches (set_index_targets)
@@ -108,6 +109,10 @@ class Encoder:
             from specula.zoo.referents import referent_targets
 
             refs = referent_targets(s, ids, labels, self.image_id, self.word_id, captions=self.caption_referents)
+        if self.chart_referents:
+            from specula.zoo.chart_referents import chart_referent_targets
+
+            refs = tuple(refs) + chart_referent_targets(s, ids, labels, self.image_id, self.word_id)
         if self.set_referents or self.set_index or self.set_marks:
             from specula.zoo.set_referents import SET_HOPS, set_index_targets, set_mark_targets, set_referent_targets
 

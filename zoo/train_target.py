@@ -121,6 +121,7 @@ class TrainConfig:
     set_count: float = 0.0  # weight of the attention loss of "how many images show a ..." answers (set_count.py); 0 = off
     set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
     set_count_number_readout: float = 0.0  # weight of the count head's readout as the number (set_readout.py)
+    chart_referents: float = 0.0  # weight of the lookup hops of chart questions (zoo/chart_referents.py); 0 = off
     set_count_key_fit: int = 0  # before the joint stage, once: the count head's keys fitted on this many dialogues
     # (zoo/set_count_fit.py); 0 = off
     set_count_query_steps: int = 0  # ... then this many Adam steps on the head's query alone (set_count_fit.py)
@@ -165,6 +166,8 @@ class TrainConfig:
             raise ValueError("set_index and set_marks must be >= 0 (0 = off)")
         if self.set_readout < 0 or self.set_isolation < 0 or self.set_odd < 0 or self.set_count < 0:
             raise ValueError("set_readout, set_isolation, set_odd and set_count must be >= 0 (0 = off)")
+        if self.chart_referents < 0:
+            raise ValueError("chart_referents must be >= 0 (0 = off)")
         if self.set_count_readout < 0:
             raise ValueError("set_count_readout must be >= 0 (0 = off)")
         if self.set_count_number_readout < 0:
@@ -251,7 +254,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
     refs = (cfg.referent_attention > 0 or cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0
-            or cfg.set_isolation > 0 or cfg.set_odd > 0 or cfg.set_count > 0) and bool(batch.referents)
+            or cfg.set_isolation > 0 or cfg.set_odd > 0 or cfg.set_count > 0 or cfg.chart_referents > 0) \
+        and bool(batch.referents)
     consistency = cfg.image_consistency > 0 and img is not None
     sets = cfg.set_consistency > 0 and img is not None and batch.lone_images is not None
     twins = (cfg.twin_states > 0 or cfg.twin_answer > 0) and batch.twin_ids is not None
@@ -489,7 +493,8 @@ def _referent(losses: dict, out, batch, refs: bool, cfg: TrainConfig) -> dict[st
         for key, group, weight in (("referent", "scene", cfg.referent_attention),
                                    ("set_referent", "set", cfg.set_referents), ("set_index", "set_index", cfg.set_index),
                                    ("set_mark", "set_mark", cfg.set_marks), ("set_odd", "set_odd", cfg.set_odd),
-                                   ("set_count", "set_count", cfg.set_count)):
+                                   ("set_count", "set_count", cfg.set_count),
+                                   ("chart_referent", "chart", cfg.chart_referents)):
             ref = referent_attention_loss(out.attentions, batch.referents, group) if weight > 0 else None
             if ref is not None:
                 losses[key] = ref
@@ -721,7 +726,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
                   set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
                   set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0,
-                  set_odd=cfg.set_odd > 0,
+                  set_odd=cfg.set_odd > 0, chart_referents=cfg.chart_referents > 0,
                   set_count=cfg.uses_count_targets)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
@@ -839,6 +844,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.set_marks * losses.get("set_mark", 0.0) + cfg.set_readout * losses.get("set_readout", 0.0) \
                 + cfg.set_isolation * losses.get("set_isolation", 0.0) + cfg.set_odd * losses.get("set_odd", 0.0) \
                 + cfg.set_count * losses.get("set_count", 0.0) \
+                + cfg.chart_referents * losses.get("chart_referent", 0.0) \
                 + cfg.set_count_readout * losses.get("set_count_readout", 0.0) \
                 + cfg.set_count_number_readout * losses.get("set_count_number_readout", 0.0)
             opt.zero_grad(set_to_none=True)

@@ -1,0 +1,155 @@
+"""Chart referents: a chart question about one part of the chart gets the scene lookup's two hops (targets parsed
+from chart questions and dialogues, the questions that get none, the loss group and its wiring, the CLI flag)."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from loss_kit import assert_own_term_reaching_layer0
+
+from specula.cli import build_parser
+from specula.world import charts
+from specula.world.sample import GRID, PATCH
+from specula.world.scene import make_dialogue
+from specula.world.vocab import ORDINALS
+from specula.zoo.batching import Encoder
+from specula.zoo.build import train_config_from_args
+from specula.zoo.chart_referents import chart_referent_targets, point_patches
+from specula.zoo.referents import HEAD, PATCH_LAYER, WORD_LAYER
+from specula.zoo.train_target import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def enc(processor):
+    return Encoder(processor, chart_referents=True)
+
+
+def _chart(kind: str, seed: int, dialogue: bool = False):
+    make = charts.make_dialogue if dialogue else charts.make
+    return next(s for s in (make(random.Random(f"chart-ref/{seed}/{i}"), "chart", "qa") for i in range(300))
+                if s.kind == kind)
+
+
+def _turns(s):
+    return [(s.prompt.replace("<image>", ""), s.response)] + list(s.followups)
+
+
+def _targets(e):
+    return [t for t in e.referents if t.group == "chart"]
+
+
+def _patch_words_at(s, e, enc, t):
+    """The patch words under a target's image tokens."""
+    image_pos = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
+    return [s.patch_words[0][image_pos.index(p)] for p in t.patches], [image_pos.index(p) for p in t.patches]
+
+
+def _ordinal(q: str) -> int:
+    return next(k for k, o in enumerate(ORDINALS) if f"the {o} point" in q)
+
+
+def _answer_after(processor, e, t) -> str:
+    return processor.tokenizer.decode(e.input_ids[t.query + 1: t.query + 2]).strip()
+
+
+def test_a_bar_value_question_looks_up_the_bars_colour_and_the_number_above_it(processor, enc):
+    for seed in range(6):
+        s = _chart("chart_dialogue/bar", seed, dialogue=True)
+        e = enc.encode(s)
+        values = [(q, a) for q, a in _turns(s) if "bar" in q and a.isdigit()]
+        got = [t for t in _targets(e) if t.words]
+        assert len(got) == len(values) > 0
+        for t, (q, a) in zip(got, values):
+            assert (t.patch_layer, t.word_layer, t.head) == (PATCH_LAYER, WORD_LAYER, HEAD)
+            assert _answer_after(processor, e, t) == a  # the query predicts the value
+            colour = next(c for c in charts.CHART_COLOURS if f" {c} bar" in q)
+            assert [processor.tokenizer.decode([int(e.input_ids[w])]).strip() for w in t.words] == [colour]
+            assert max(t.words) < t.query and min(t.patches) < min(t.words)
+            words, idx = _patch_words_at(s, e, enc, t)
+            assert set(words) == {(a,)}  # the number printed above that bar, nothing else
+            bar_cols = {p % GRID for p, w in enumerate(s.patch_words[0]) if w == (colour, "bar")}
+            assert {p % GRID for p in idx} <= bar_cols
+
+
+def test_a_point_value_question_looks_up_the_ordinal_and_that_points_marker(processor, enc):
+    n = 0
+    for seed in range(10):
+        s = _chart("chart_dialogue/line", seed, dialogue=True)
+        e = enc.encode(s)
+        values = [(q, a) for q, a in _turns(s) if "point?" in q and "value" in q
+                  and point_patches(s.patch_words[0], _ordinal(q), label=False)]  # a marker under a patch's quarter: none
+        got = [t for t in _targets(e) if t.words]
+        assert len(got) == len(values)
+        for t, (q, a) in zip(got, values):
+            i = _ordinal(q)
+            assert _answer_after(processor, e, t) == a
+            assert processor.tokenizer.decode([int(e.input_ids[t.words[0]])]).strip() == ORDINALS[i]
+            words, idx = _patch_words_at(s, e, enc, t)
+            assert any(len(w) == 2 and w[1] == "point" for w in words)
+            assert all(w[1:] == ("point",) or w == (a,) for w in words)  # the marker, and the number when it shows
+            assert all(abs(p % GRID - int(charts.LINE_XS[i] // PATCH)) <= 1 for p in idx)
+            n += 1
+    assert n > 5
+
+
+def test_superlatives_look_at_the_answers_part_without_a_word_hop(processor, enc):
+    for kind, part in (("chart/bar", "bar"), ("chart/pie", "slice"), ("chart/line", "point")):
+        found = 0
+        for seed in range(40):
+            s = _chart(kind, seed)
+            q = s.prompt.lower()
+            if not any(w in q for w in ("tallest", "highest", "peak", "largest", "biggest")):
+                continue
+            e = enc.encode(s)
+            (t,) = _targets(e)
+            assert t.words == () and _answer_after(processor, e, t) == s.response
+            words, idx = _patch_words_at(s, e, enc, t)
+            if part == "point":
+                assert all(w[1] == "point" for w in words)
+                i = ORDINALS.index(s.response)
+                assert all(abs(p % GRID - int(charts.LINE_XS[i] // PATCH)) <= 1 for p in idx)
+            else:
+                assert set(words) == {(s.response, part)}
+            found += 1
+            if found == 2:
+                break
+        assert found == 2, kind
+
+
+def test_comparisons_counts_trends_and_other_samples_get_no_chart_targets(processor, enc):
+    none = 0
+    for seed in range(40):
+        s = charts.make(random.Random(f"chart-ref/none/{seed}"), "chart", "qa")
+        q = s.prompt.lower()
+        if any(w in q for w in ("taller than", "how many", "higher or lower")):
+            assert _targets(enc.encode(s)) == []
+            none += 1
+    assert none > 5
+    rng = random.Random("chart-ref/other")
+    for s in (make_dialogue(rng, "vqa_dialogue", "vqa"), charts.make(rng, "chart", "caption")):
+        assert _targets(enc.encode(s)) == []
+    s = _chart("chart/bar", 0)
+    assert chart_referent_targets(s, torch.zeros(8, dtype=torch.long), torch.full((8,), -100), enc.image_id,
+                                  enc.word_id) == ()
+    assert _targets(Encoder(processor).encode(_chart("chart_dialogue/bar", 0, dialogue=True))) == []  # off by default
+
+
+def test_the_chart_term_is_its_own_loss_and_reaches_the_first_layer(processor, enc):
+    assert_own_term_reaching_layer0(processor.tokenizer, [enc.encode(_chart("chart_dialogue/bar", 0, dialogue=True)),
+                                                         enc.encode(_chart("chart/pie", 0))], "chart_referents", "chart_referent")
+
+
+def test_the_flag_reaches_the_config_and_a_run_trains_the_term(processor, tmp_path):
+    args = build_parser().parse_args(["train", "target", "--chart-referents", "2"])
+    assert train_config_from_args(args).chart_referents == 2.0
+    assert train_config_from_args(build_parser().parse_args(["train", "target"])).chart_referents == 0.0
+    with pytest.raises(ValueError, match="chart_referents must be >= 0"):
+        TrainConfig(chart_referents=-1.0)
+    base = dict(total_samples=48, pool=16, token_budget=4096, warmup_samples=2, eval_n=2, eval_every_s=0.0,
+                ckpt_every_s=1e9, threads=1, vision_images=8, mix="scan_suites")
+    ckpt = train(TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", chart_referents=1.0, **base), processor,
+                 log=lambda *a: None)
+    history = json.loads((ckpt / "state.json").read_text())["history"]
+    assert any(h.get("loss_chart_referent", 0) > 0 for h in history)
