@@ -1,18 +1,24 @@
-"""Chart referents: the lookup hops of a scene question, asked of a chart's bars, points and slices.
+"""Chart referents: a chart question about one part of the chart, read as a lookup of that part and then of its number.
 
 Charts stay near their blank-image level while one-image scenes are read (zoo/TRAINING.md, "Chart referents (stop
 56)"), and from exact word codes in place of the image the LM answered them no better (stop 25): the LM does not pick
-the part of the chart a question is about. A value question ("What is the value of the red bar?") is the two-hop
-lookup that ``zoo/referents.py`` supervises for scenes: fetch the question's referent word ("red", "third"), then
-attend to that part's patches and copy what they hold (here the number printed above it). So ``chart_referent_targets``
-gives the same two heads (head 0 of ``WORD_LAYER`` on the referent word, head 0 of ``PATCH_LAYER`` on the patches)
-these targets, group ``"chart"``, weighted by ``--chart-referents``:
+the part of the chart a question is about, or does not read the number printed on it. ``chart_referent_targets``
+gives attention targets of group ``"chart"`` (weighted by ``--chart-referents``) at the position that predicts the
+answer:
 
-- a bar's value: the word hop on the bar's colour, the patch hop on the number printed above it (the number's patches
-  in the bar's columns; the bar's own top patches when the number covers none);
-- a line point's value: the word hop on the ordinal, the patch hop on that point's marker and the number above it;
-- the tallest bar, the line's peak, the largest slice: no word hop (the question names no part), the patch hop on
-  the answer's bar, point or slice: the part whose colour or place the answer says.
+- a bar's value: the scene lookup's two hops (head 0 of ``WORD_LAYER`` on the bar's colour word, head 0 of
+  ``PATCH_LAYER`` on the bar's patches), and the number hop: head ``NUMBER_HEAD`` of ``NUMBER_LAYER`` on the number
+  printed above the bar (the number's patches in the bar's columns; the bar's top row when the number covers none);
+- a line point's value: the patch hop on the point's marker, the number hop on the number above it (when it covers
+  a patch); no word hop: the scene word head puts all its mass on colour and shape words and exactly none (fp32
+  underflow) on an ordinal, so -log of it is floored and has no gradient;
+- the tallest bar, the line's peak, the largest slice: the patch hop alone on the answer's bar, point or slice (the
+  question names no part; the part's colour or place is the answer).
+
+Why the number has a hop of its own, two layers up: in the shipped target no layer-1 head puts more than 0.002 of its
+mass on a bar's number at a value answer, while head 0 of layer 1 gives the asked bar 0.19 and head 3 of layer 3
+gives the number 0.16 (``runs/chart_attn.py``, 30 answers; stop 56). A first version asked the layer-1 lookup head
+for the number itself: its loss stayed near -log 0.001 and the charts fell (0.39 -> 0.31 on 150).
 
 Questions that compare two parts (taller, trend) or count them have no single referent and get none.
 """
@@ -28,6 +34,8 @@ from specula.world.charts import CHART_COLOURS, LINE_XS
 from specula.world.sample import GRID, PATCH, Sample
 from specula.world.vocab import ORDINALS
 from specula.zoo.referents import ReferentTarget, answer_spans
+
+NUMBER_LAYER, NUMBER_HEAD = 3, 3  # the head that reads a part's printed number (it already gives it 0.16)
 
 _BAR_VALUE = re.compile(r"(value (of|does) the|how high is the) (\w+) bar")
 _POINT_VALUE = re.compile(r"value of the (\w+) point")
@@ -67,24 +75,30 @@ def point_patches(patch_words: Sequence[tuple[str, ...]], i: int, label: bool) -
 
 
 def _turn_target(q: str, a: str, kind: str, patch_words: Sequence[tuple[str, ...]],
-                 words_in: Callable[[str], tuple[int, ...]]) -> tuple[list[int], tuple[int, ...]] | None:
-    """(patches, referent word positions) of one question about a chart, or None when it has no single referent."""
+                 words_in: Callable[[str], tuple[int, ...]]) -> list[tuple[list[int], tuple[int, ...], bool]]:
+    """The hops of one question about a chart: (patches, referent word positions, is the number hop) each; [] when
+    it has no single referent."""
     ql, answer = q.lower(), a.strip(" .").lower()
     if kind == "bar":
         m = _BAR_VALUE.search(ql)
         if m and m.group(3) in CHART_COLOURS:
-            return bar_patches(patch_words, m.group(3), label=True), words_in(m.group(3))
+            colour = m.group(3)
+            return [(bar_patches(patch_words, colour, label=False), words_in(colour), False),
+                    (bar_patches(patch_words, colour, label=True), (), True)]
         if "tallest" in ql and answer in CHART_COLOURS:
-            return bar_patches(patch_words, answer, label=False), ()
+            return [(bar_patches(patch_words, answer, label=False), (), False)]
     elif kind == "line":
         m = _POINT_VALUE.search(ql)
         if m and m.group(1) in ORDINALS[:len(LINE_XS)]:
-            return point_patches(patch_words, ORDINALS.index(m.group(1)), label=True), words_in(m.group(1))
+            i = ORDINALS.index(m.group(1))
+            marker = point_patches(patch_words, i, label=False)
+            number = [t for t in point_patches(patch_words, i, label=True) if t not in marker]
+            return [(marker, (), False), (number, (), True)]  # no word hop: see the module's docstring
         if any(w in ql for w in _SUPERLATIVE) and answer in ORDINALS[:len(LINE_XS)]:
-            return point_patches(patch_words, ORDINALS.index(answer), label=False), ()
+            return [(point_patches(patch_words, ORDINALS.index(answer), label=False), (), False)]
     elif kind == "pie" and any(w in ql for w in _SUPERLATIVE) and answer in CHART_COLOURS:
-        return [t for t, w in enumerate(patch_words) if w[:2] == (answer, "slice")], ()
-    return None
+        return [([t for t, w in enumerate(patch_words) if w[:2] == (answer, "slice")], (), False)]
+    return []
 
 
 def chart_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
@@ -112,7 +126,9 @@ def chart_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Ten
             wid = word_id(word)
             return tuple(j for j in range(lo, hi) if ids[j] == wid) if wid >= 0 else ()
 
-        found = _turn_target(q, a, kind, s.patch_words[0], words_in)
-        if found and found[0]:
-            out.append(ReferentTarget(start - 1, tuple(image_pos[t] for t in found[0]), found[1], group="chart"))
+        for patches, words, number in _turn_target(q, a, kind, s.patch_words[0], words_in):
+            if not patches:  # a marker or number under a quarter of any patch
+                continue
+            hop = dict(patch_layer=NUMBER_LAYER, head=NUMBER_HEAD) if number else {}
+            out.append(ReferentTarget(start - 1, tuple(image_pos[t] for t in patches), words, group="chart", **hop))
     return tuple(out)

@@ -662,15 +662,20 @@ def _check_hops_fit(model, cfg: TrainConfig) -> None:
                        cfg.set_readout > 0, cfg.set_odd > 0)
     if cfg.uses_count_targets:
         used.update(set_count_hops())
+    if cfg.chart_referents > 0:
+        from specula.zoo.chart_referents import NUMBER_HEAD, NUMBER_LAYER
+
+        used["chart number"] = (NUMBER_LAYER, NUMBER_HEAD)
     layers, heads = model.config.text_config.num_hidden_layers, model.config.text_config.num_attention_heads
-    flags = "--set-referents / --set-index / --set-marks / --set-readout / --set-odd / --set-count"
+    flags = "--set-referents / --set-index / --set-marks / --set-readout / --set-odd / --set-count / --chart-referents"
     for name, (layer, head) in used.items():
+        hop = f"the {name} hop (zoo/chart_referents.py)" if name.startswith("chart") else \
+            f"the {name} hop of --set-hops {cfg.set_hops} (zoo/set_referents.py)"
         if layer >= layers:
-            raise ValueError(f"{flags} need an LM deeper than layer {layer} (the {name} hop of --set-hops "
-                             f"{cfg.set_hops}, zoo/set_referents.py); arch {cfg.arch!r} has {layers} layers")
+            raise ValueError(f"{flags} need an LM deeper than layer {layer} ({hop}); arch {cfg.arch!r} has "
+                             f"{layers} layers")
         if head >= heads:
-            raise ValueError(f"{flags}: the {name} hop of --set-hops {cfg.set_hops} sits on head {head}; arch "
-                             f"{cfg.arch!r} has {heads} heads (zoo/set_referents.py)")
+            raise ValueError(f"{flags}: {hop} sits on head {head}; arch {cfg.arch!r} has {heads} heads")
 
 
 def train(cfg: TrainConfig, processor, log=_print_now) -> Path:

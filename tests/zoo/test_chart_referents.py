@@ -1,5 +1,6 @@
-"""Chart referents: a chart question about one part of the chart gets the scene lookup's two hops (targets parsed
-from chart questions and dialogues, the questions that get none, the loss group and its wiring, the CLI flag)."""
+"""Chart referents: a chart question about one part of the chart gets the scene lookup's two hops and a hop onto the
+part's number (targets parsed from chart questions and dialogues, the questions that get none, the loss group and its
+wiring, the CLI flag and the depth refusal)."""
 
 import json
 import random
@@ -16,7 +17,7 @@ from specula.world.scene import make_dialogue
 from specula.world.vocab import ORDINALS
 from specula.zoo.batching import Encoder
 from specula.zoo.build import train_config_from_args
-from specula.zoo.chart_referents import chart_referent_targets, point_patches
+from specula.zoo.chart_referents import NUMBER_HEAD, NUMBER_LAYER, chart_referent_targets, point_patches
 from specula.zoo.referents import HEAD, PATCH_LAYER, WORD_LAYER
 from specula.zoo.train_target import TrainConfig, train
 
@@ -54,21 +55,27 @@ def _answer_after(processor, e, t) -> str:
     return processor.tokenizer.decode(e.input_ids[t.query + 1: t.query + 2]).strip()
 
 
-def test_a_bar_value_question_looks_up_the_bars_colour_and_the_number_above_it(processor, enc):
+def _number_hops(e):
+    return [t for t in _targets(e) if (t.patch_layer, t.head) == (NUMBER_LAYER, NUMBER_HEAD)]
+
+
+def test_a_bar_value_question_looks_up_the_bar_by_colour_and_then_the_number_above_it(processor, enc):
     for seed in range(6):
         s = _chart("chart_dialogue/bar", seed, dialogue=True)
         e = enc.encode(s)
         values = [(q, a) for q, a in _turns(s) if "bar" in q and a.isdigit()]
-        got = [t for t in _targets(e) if t.words]
-        assert len(got) == len(values) > 0
-        for t, (q, a) in zip(got, values):
+        got, numbers = [t for t in _targets(e) if t.words], _number_hops(e)
+        assert len(got) == len(numbers) == len(values) > 0
+        for t, n, (q, a) in zip(got, numbers, values):
             assert (t.patch_layer, t.word_layer, t.head) == (PATCH_LAYER, WORD_LAYER, HEAD)
+            assert n.query == t.query and n.words == ()
             assert _answer_after(processor, e, t) == a  # the query predicts the value
             colour = next(c for c in charts.CHART_COLOURS if f" {c} bar" in q)
             assert [processor.tokenizer.decode([int(e.input_ids[w])]).strip() for w in t.words] == [colour]
             assert max(t.words) < t.query and min(t.patches) < min(t.words)
-            words, idx = _patch_words_at(s, e, enc, t)
-            assert set(words) == {(a,)}  # the number printed above that bar, nothing else
+            assert set(_patch_words_at(s, e, enc, t)[0]) == {(colour, "bar")}  # the lookup lands on the bar
+            words, idx = _patch_words_at(s, e, enc, n)
+            assert set(words) == {(a,)}  # the number hop on the number printed above that bar, nothing else
             bar_cols = {p % GRID for p, w in enumerate(s.patch_words[0]) if w == (colour, "bar")}
             assert {p % GRID for p in idx} <= bar_cols
 
@@ -80,16 +87,17 @@ def test_a_point_value_question_looks_up_the_ordinal_and_that_points_marker(proc
         e = enc.encode(s)
         values = [(q, a) for q, a in _turns(s) if "point?" in q and "value" in q
                   and point_patches(s.patch_words[0], _ordinal(q), label=False)]  # a marker under a patch's quarter: none
-        got = [t for t in _targets(e) if t.words]
+        got = [t for t in _targets(e) if (t.patch_layer, t.head) == (PATCH_LAYER, HEAD) and _answer_after(
+            processor, e, t).isdigit()]
         assert len(got) == len(values)
         for t, (q, a) in zip(got, values):
             i = _ordinal(q)
-            assert _answer_after(processor, e, t) == a
-            assert processor.tokenizer.decode([int(e.input_ids[t.words[0]])]).strip() == ORDINALS[i]
+            assert _answer_after(processor, e, t) == a and t.words == ()  # no word hop on an ordinal
             words, idx = _patch_words_at(s, e, enc, t)
-            assert any(len(w) == 2 and w[1] == "point" for w in words)
-            assert all(w[1:] == ("point",) or w == (a,) for w in words)  # the marker, and the number when it shows
+            assert words and all(w[1:] == ("point",) for w in words)  # the lookup lands on the point's marker
             assert all(abs(p % GRID - int(charts.LINE_XS[i] // PATCH)) <= 1 for p in idx)
+            for h in (h for h in _number_hops(e) if h.query == t.query):  # the number, when it covers a patch
+                assert set(_patch_words_at(s, e, enc, h)[0]) == {(a,)}
             n += 1
     assert n > 5
 
@@ -103,7 +111,7 @@ def test_superlatives_look_at_the_answers_part_without_a_word_hop(processor, enc
             if not any(w in q for w in ("tallest", "highest", "peak", "largest", "biggest")):
                 continue
             e = enc.encode(s)
-            (t,) = _targets(e)
+            (t,) = _targets(e)  # the lookup alone: no word, no number
             assert t.words == () and _answer_after(processor, e, t) == s.response
             words, idx = _patch_words_at(s, e, enc, t)
             if part == "point":
@@ -149,7 +157,11 @@ def test_the_flag_reaches_the_config_and_a_run_trains_the_term(processor, tmp_pa
         TrainConfig(chart_referents=-1.0)
     base = dict(total_samples=48, pool=16, token_budget=4096, warmup_samples=2, eval_n=2, eval_every_s=0.0,
                 ckpt_every_s=1e9, threads=1, vision_images=8, mix="scan_suites")
-    ckpt = train(TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny", chart_referents=1.0, **base), processor,
+    refused = r"LM deeper than layer 3 \(the chart number hop \(zoo/chart_referents.py\)\); arch 'tiny' has 2 layers"
+    with pytest.raises(ValueError, match=refused):
+        train(TrainConfig(run_dir=str(tmp_path / "tiny"), arch="tiny", chart_referents=1.0, **base), processor,
+              log=lambda *a: None)
+    ckpt = train(TrainConfig(run_dir=str(tmp_path / "run"), arch="tiny_deep", chart_referents=1.0, **base), processor,
                  log=lambda *a: None)
     history = json.loads((ckpt / "state.json").read_text())["history"]
     assert any(h.get("loss_chart_referent", 0) > 0 for h in history)
