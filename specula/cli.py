@@ -654,6 +654,23 @@ def _add_zoo(sub) -> None:
         return probe_content_cli(args)
 
     pc.set_defaults(func=run_probe_content)
+    pch = zsub.add_parser("probe-charts", help="where a target's heads look when it answers a chart question",
+                          description="Held-out chart questions, the answer fed in: at bar-value answers every "
+                                      "head's attention mass on the asked bar, on the number printed above it, on "
+                                      "the other image tokens and on text; and for every --chart-referents target "
+                                      "(zoo/chart_referents.py) the mass its head puts there (see zoo/chart_probe.py)")
+    _probe_source(pch)
+    pch.add_argument("--n", type=int, default=30,
+                     help="bar-value questions, and chart dialogues for the targets (default: 30)")
+    _probe_output(pch, "probe_charts")
+
+    def run_probe_charts(args):
+        _threads(args)
+        from specula.zoo.chart_probe import probe_charts_cli
+
+        return probe_charts_cli(args)
+
+    pch.set_defaults(func=run_probe_charts)
     ln = zsub.add_parser("lane", help="keep a training lane in the repository as a small delta, and bring it back",
                          description="runs/ is not committed and a new checkout may not have it. `save` stores a "
                                      "training checkpoint as its difference from an exported model (int8 per row, "

@@ -8,7 +8,7 @@ import pytest
 from specula.cli import build_parser, main
 
 COMMANDS = [[], ["generate"], ["world"], ["world", "sample"], ["bench"], ["bench", "target"], ["bench", "spec"], ["train"],
-            ["train", "target"], ["train", "text_lm"], ["train", "eagle"], ["train", "msd"], ["zoo"], ["zoo", "eval"], ["zoo", "probe"], ["zoo", "probe-sets"], ["zoo", "probe-content"], ["zoo", "lane"], ["zoo", "lane", "save"], ["zoo", "lane", "restore"], ["zoo", "build"], ["zoo", "promote"], ["serve"],
+            ["train", "target"], ["train", "text_lm"], ["train", "eagle"], ["train", "msd"], ["zoo"], ["zoo", "eval"], ["zoo", "probe"], ["zoo", "probe-sets"], ["zoo", "probe-content"], ["zoo", "probe-charts"], ["zoo", "lane"], ["zoo", "lane", "save"], ["zoo", "lane", "restore"], ["zoo", "build"], ["zoo", "promote"], ["serve"],
             ["train", "flash"], ["train", "aasd"], ["train", "massv"], ["bench", "report"], ["bench", "distributed"],
             ["chat"]]
 

@@ -17,7 +17,7 @@ answer:
 
 Why the number has a hop of its own, two layers up: in the shipped target no layer-1 head puts more than 0.002 of its
 mass on a bar's number at a value answer, while head 0 of layer 1 gives the asked bar 0.19 and head 3 of layer 3
-gives the number 0.16 (``runs/chart_attn.py``, 30 answers; stop 56). A first version asked the layer-1 lookup head
+gives the number 0.16 (``specula zoo probe-charts``, 30 answers; stop 56). A first version asked the layer-1 lookup head
 for the number itself: its loss stayed near -log 0.001 and the charts fell (0.39 -> 0.31 on 150).
 
 Questions that compare two parts (taller, trend) or count them have no single referent and get none.

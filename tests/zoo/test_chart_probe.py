@@ -1,0 +1,58 @@
+"""``specula zoo probe-charts``: each head's mass at bar-value answers, each chart target's mass, the command."""
+
+import json
+
+import pytest
+import torch
+
+from specula.cli import main
+from specula.targets.processor import load_processor
+from specula.zoo.chart_probe import PARTS, head_masses, target_masses
+from specula.zoo.chart_referents import NUMBER_HEAD, NUMBER_LAYER
+from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.target_config import TargetArch, build_model
+
+
+@pytest.fixture(scope="module")
+def tiny_deep():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    processor = load_processor(TOKENIZER_DIR)
+    return build_model(TargetArch.from_name("tiny_deep"), processor.tokenizer).eval(), processor
+
+
+def test_every_heads_mass_splits_over_the_four_parts(tiny_deep):
+    model, processor = tiny_deep
+    report = head_masses(model, processor, n=3)
+    cfg = model.config.text_config
+    assert report["n"] == 3 and report["parts"] == list(PARTS)
+    assert [(r["layer"], r["head"]) for r in report["by_head"]] == [
+        (layer, h) for layer in range(cfg.num_hidden_layers) for h in range(cfg.num_attention_heads)]
+    for r in report["by_head"]:
+        assert all(x >= -1e-4 for x in r["mass"]) and sum(r["mass"]) == pytest.approx(1.0, abs=1e-3)
+    # a random LM spreads its mass: a one- or two-patch number gets far less than the whole image
+    assert max(r["mass"][1] for r in report["by_head"]) < 0.5
+
+
+def test_each_target_kind_reports_its_mass_and_trained_loss(tiny_deep):
+    model, processor = tiny_deep
+    hops = target_masses(model, processor, n=12)["hops"]
+    assert f"bar number (layer {NUMBER_LAYER} head {NUMBER_HEAD})" in hops and "bar part (layer 1 head 0)" in hops
+    assert "bar word (layer 0 head 0)" in hops and not any(k.startswith("line word") for k in hops)
+    for v in hops.values():
+        assert v["n"] > 0 and 0 <= v["min"] <= v["mean"] <= 1
+        assert v["neg_log"] >= -1e-6
+
+
+def test_the_command_writes_json_and_markdown(tiny_deep, tmp_path):
+    model, processor = tiny_deep
+    model.save_pretrained(tmp_path / "m")
+    processor.save_pretrained(tmp_path / "m")
+    assert main(["zoo", "probe-charts", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1",
+                 "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "probe_charts.json").read_text())
+    assert report["model"] == str(tmp_path / "m") and report["heads"]["n"] == 2 and report["targets"]["hops"]
+    md = (tmp_path / "out" / "probe_charts.md").read_text()
+    assert "| layer | head | asked bar | its number | other image | text |" in md and "mean -log" in md
+    with pytest.raises(SystemExit, match="--n must be at least 1"):
+        main(["zoo", "probe-charts", "--model", str(tmp_path / "m"), "--n", "0"])
