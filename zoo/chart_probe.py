@@ -109,15 +109,11 @@ def markdown(report: dict) -> str:
 
 
 def probe_charts_cli(args) -> int:
-    from specula.zoo.evaluate import load_checkpoint, load_model
-    from specula.zoo.probe_output import emit
+    from specula.zoo.probe_output import emit, load_source
 
     if args.n < 1:
         raise SystemExit("--n must be at least 1")
-    if args.checkpoint:
-        model, processor, _ = load_checkpoint(args.checkpoint)
-    else:
-        model, processor = load_model(args.model)
+    model, processor = load_source(args)
     report = {"model": args.checkpoint or args.model,
               "heads": head_masses(model, processor, n=args.n, seed=args.seed),
               "targets": target_masses(model, processor, n=args.n, seed=args.seed)}

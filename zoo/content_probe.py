@@ -186,15 +186,11 @@ def markdown(report: dict) -> str:
 
 
 def probe_content_cli(args) -> int:
-    from specula.zoo.evaluate import load_checkpoint, load_model
-    from specula.zoo.probe_output import emit
+    from specula.zoo.probe_output import emit, load_source
 
     if args.n < 2:
         raise SystemExit("--n must be at least 2 (the probe fits on half the sets and scores on the other half)")
-    if args.checkpoint:
-        model, processor, _ = load_checkpoint(args.checkpoint)
-    else:
-        model, processor = load_model(args.model)
+    model, processor = load_source(args)
     report = probe_content(model, processor, n=args.n, seed=args.seed, isolate=args.isolate)
     report["model"] = args.checkpoint or args.model
     emit(report, markdown(report), args.out, "probe_content", args.json)

@@ -15,3 +15,13 @@ def emit(report: dict, md: str, out: str | None, stem: str, as_json: bool) -> No
         (folder / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
         (folder / f"{stem}.md").write_text(md + "\n")
     print(json.dumps(report, indent=2) if as_json else md)
+
+
+def load_source(args):
+    """(model, processor) of a probe command's ``--checkpoint`` (rounded to fp16 as exported) or ``--model``."""
+    from specula.zoo.evaluate import load_checkpoint, load_model
+
+    if args.checkpoint:
+        model, processor, _ = load_checkpoint(args.checkpoint)
+        return model, processor
+    return load_model(args.model)
