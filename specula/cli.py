@@ -319,10 +319,10 @@ def _add_train(sub) -> None:
                         "(default: 0 = off; zoo/set_referents.py set_odd_targets)")
     t.add_argument("--chart-referents", type=float, default=0.0,
                    help="weight of an attention loss for chart questions about one part of the chart (a bar's or "
-                        "point's value; the tallest bar, the peak, the largest slice): head 0 of layer 0 on the "
-                        "question's colour or ordinal and head 0 of layer 1 on that part's patches (the number "
-                        "printed above it for a value), the lookup hops of scene questions "
-                        "(default: 0 = off; zoo/chart_referents.py)")
+                        "point's value; the tallest bar, the peak, the largest slice): the scene lookup's hops "
+                        "(head 0 of layer 0 on a bar's colour word, head 0 of layer 1 on the part's patches) and, "
+                        "for a value, head 3 of layer 3 on the number printed above the part; needs an LM of 4+ "
+                        "layers and heads (default: 0 = off; zoo/chart_referents.py)")
     t.add_argument("--set-count", type=float, default=0.0,
                    help="weight of an attention loss for 'how many images show a ...?' answers: head 3 of layer 0 "
                         "reads each image's objects onto the token after it, and at the answer head 2 of layer 1 "
