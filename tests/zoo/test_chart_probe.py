@@ -6,18 +6,14 @@ import pytest
 import torch
 
 from specula.cli import main
-from specula.targets.processor import load_processor
 from specula.zoo.chart_probe import PARTS, head_masses, target_masses
 from specula.zoo.chart_referents import NUMBER_HEAD, NUMBER_LAYER
-from specula.zoo.paths import TOKENIZER_DIR
 from specula.zoo.target_config import TargetArch, build_model
 
 
 @pytest.fixture(scope="module")
-def tiny_deep():
+def tiny_deep(processor):
     torch.manual_seed(0)
-    torch.set_num_threads(1)
-    processor = load_processor(TOKENIZER_DIR)
     return build_model(TargetArch.from_name("tiny_deep"), processor.tokenizer).eval(), processor
 
 
