@@ -17,7 +17,7 @@ import sys
 # world/suites.py MIXES, named here so that --help does not import the world (a test keeps the two equal)
 MIX_NAMES = ["base", "dialogue", "lookup", "scenes", "describe", "confusable", "scenes_confusable", "confusable_scan",
              "scan_captions", "colour_captions", "scan_suites", "scan_multi", "scan_multi_odd",
-             "scan_suites_count", "scan_suites_sets", "scan_placed", "scan_placed_multi"]
+             "scan_suites_count", "scan_suites_sets", "scan_suites_charts", "scan_placed", "scan_placed_multi"]
 
 
 def _threads(args) -> None:
@@ -242,7 +242,8 @@ def _add_train(sub) -> None:
                         "with an odd one out, about one sample in eight), scan_suites_count (scan_suites plus "
                         "dialogues about sets built for counting, their counts drawn evenly from zero to the set's "
                         "size, about one sample in ten), scan_suites_sets (scan_suites_count plus dialogues about sets "
-                        "with an odd one out, about one sample in twelve), scan_placed (scan_suites with half the prompts "
+                        "with an odd one out, about one sample in twelve), scan_suites_charts (scan_suites_count with "
+                        "twice the chart dialogues, about one sample in eight), scan_placed (scan_suites with half the prompts "
                         "asked with text or the question before the image, or after a system turn) or "
                         "scan_placed_multi (scan_multi placed the same way)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
@@ -323,6 +324,12 @@ def _add_train(sub) -> None:
                         "(head 0 of layer 0 on a bar's colour word, head 0 of layer 1 on the part's patches) and, "
                         "for a value, head 3 of layer 3 on the number printed above the part; needs an LM of 4+ "
                         "layers and heads (default: 0 = off; zoo/chart_referents.py)")
+    t.add_argument("--chart-words", action="store_true",
+                   help="the word codes of a chart's parts also name what each part shows (a bar: its value and, on "
+                        "the tallest, 'tallest'; a line point: its ordinal, its value and, on the peak, 'highest'), so "
+                        "that the vision stage and the projector fit put that on the part's own visual tokens; raise "
+                        "--vision-images on a resumed run to retrain the tower with them (default: off; "
+                        "zoo/chart_words.py)")
     t.add_argument("--set-count", type=float, default=0.0,
                    help="weight of an attention loss for 'how many images show a ...?' answers: head 3 of layer 0 "
                         "reads each image's objects onto the token after it, and at the answer head 2 of layer 1 "

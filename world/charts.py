@@ -12,6 +12,8 @@ from specula.world.vocab import COLOURS, NUMBER_WORDS, ORDINALS
 CHART_COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")
 BG = (236, 236, 232)
 LINE_XS = tuple(18 + i * (IMAGE_SIZE - 36) / 4 for i in range(5))  # a line chart's five points, left to right (px)
+LINE_BASE, LINE_TOP = IMAGE_SIZE - 14, 22  # a line chart's rows (px) of the values 0 and 9
+LINE_UNIT = (LINE_BASE - LINE_TOP) / 9  # pixels per unit of value
 
 
 def _bar(rng: random.Random):
@@ -42,10 +44,8 @@ def _line(rng: random.Random):
         values = [rng.randint(1, 9) for _ in range(k)]
     col = pick(rng, CHART_COLOURS)
     c = Canvas.new(BG, rng, noise=3.0)
-    base, top = IMAGE_SIZE - 14, 22
-    unit = (base - top) / 9
-    pts = [(x, base - v * unit) for x, v in zip(LINE_XS, values)]
-    c.line([(8, base), (IMAGE_SIZE - 6, base)], (40, 40, 40), width=2)
+    pts = [(x, LINE_BASE - v * LINE_UNIT) for x, v in zip(LINE_XS, values)]
+    c.line([(8, LINE_BASE), (IMAGE_SIZE - 6, LINE_BASE)], (40, 40, 40), width=2)
     c.line(pts, COLOURS[col], width=4)
     for (x, y), v in zip(pts, values):
         c.shape("circle", x, y, 5, COLOURS[col], (col, "point"))

@@ -222,6 +222,11 @@ SCAN_SUITES_COUNT_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_SUITES_M
 SCAN_SUITES_SETS_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_SUITES_COUNT_MIX + (
     ("multi_odd_dialogue", multi.make_odd_dialogue, "qa", 3.0),)
 
+# The counting mix plus as many chart dialogues again (charts about one sample in eight), for an LM learning to read
+# charts from parts whose codes name what they show (--chart-words; zoo/TRAINING.md, "Chart reading words (stop 57)").
+SCAN_SUITES_CHARTS_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_SUITES_COUNT_MIX + (
+    ("chart_dialogue_more", charts.make_dialogue, "qa", 2.0),)
+
 # The suites mix with half of its samples asked the way API users ask: a line of text or the question before the
 # image, or a system turn first (world/placed.py), for an LM that reads an image only at the start of the prompt
 # (zoo/TRAINING.md, "Image sets: the LM reads the first image of a set").
@@ -238,7 +243,7 @@ MIXES = {"base": TRAIN_MIX, "dialogue": DIALOGUE_MIX, "lookup": LOOKUP_MIX, "sce
          "confusable_scan": CONFUSABLE_SCAN_MIX, "scan_captions": SCAN_CAPTIONS_MIX,
          "colour_captions": COLOUR_CAPTIONS_MIX, "scan_suites": SCAN_SUITES_MIX,
          "scan_multi": SCAN_MULTI_MIX, "scan_multi_odd": SCAN_MULTI_ODD_MIX, "scan_suites_count": SCAN_SUITES_COUNT_MIX,
-         "scan_suites_sets": SCAN_SUITES_SETS_MIX,
+         "scan_suites_sets": SCAN_SUITES_SETS_MIX, "scan_suites_charts": SCAN_SUITES_CHARTS_MIX,
          "scan_placed": SCAN_PLACED_MIX, "scan_placed_multi": SCAN_PLACED_MULTI_MIX}
 
 

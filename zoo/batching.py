@@ -52,8 +52,9 @@ class Encoder:
                  caption_referents: bool = False, twins: bool = False, sets: bool = False,
                  set_referents: bool = False, set_index: bool = False, set_marks: bool = False,
                  set_hops: str = "deep", set_isolation: bool = False, set_odd: bool = False,
-                 set_count: bool = False, chart_referents: bool = False):
+                 set_count: bool = False, chart_referents: bool = False, chart_words: bool = False):
         self.processor = processor
+        self.chart_words = chart_words  # chart parts' codes and word targets also name what they show (zoo/chart_words.py)
         self.chart_referents = chart_referents  # each chart sample also carries its lookup turns' targets (zoo/chart_referents.py)
         self.set_isolation = set_isolation  # ... and its later images' isolation spans (zoo/set_isolation.py)
         self.set_referents = set_referents  # each image-set sample also carries its addressing targets (zoo/set_referents.py)
@@ -95,11 +96,16 @@ class Encoder:
         labels = assistant_labels(ids, self.assistant_id, self.eos_id)
         targets = classes = codes = None
         if s.images:
+            words = s.patch_words
+            if self.chart_words:
+                from specula.zoo.chart_words import chart_reading_words
+
+                words = tuple(chart_reading_words(s.kind, w, im) for w, im in zip(s.patch_words, s.images))
             if self.codes is not None:
-                codes = self.codes.images(s.patch_words)  # [n_img, T, H]
+                codes = self.codes.images(words)  # [n_img, T, H]
             classes = patch_classes(s.patch_words)
-            t = torch.full((len(s.images), len(s.patch_words[0]), self.max_words), -1, dtype=torch.long)
-            for i, per_patch in enumerate(s.patch_words):
+            t = torch.full((len(s.images), len(words[0]), self.max_words), -1, dtype=torch.long)
+            for i, per_patch in enumerate(words):
                 for j, words in enumerate(per_patch):
                     for k, w in enumerate(words[: self.max_words]):
                         t[i, j, k] = self.word_id(w)

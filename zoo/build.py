@@ -88,7 +88,7 @@ def train_config_from_args(args):
                        set_marks=args.set_marks, number_images=args.number_images,
                        set_hops=args.set_hops, set_readout=args.set_readout,
                        set_isolation=args.set_isolation, set_odd=args.set_odd,
-                       chart_referents=args.chart_referents,
+                       chart_referents=args.chart_referents, chart_words=args.chart_words,
                        set_count=args.set_count, set_count_readout=args.set_count_readout,
                        set_count_number_readout=args.set_count_number_readout,
                        set_count_key_fit=args.set_count_key_fit,

@@ -122,6 +122,7 @@ class TrainConfig:
     set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
     set_count_number_readout: float = 0.0  # weight of the count head's readout as the number (set_readout.py)
     chart_referents: float = 0.0  # weight of the lookup hops of chart questions (zoo/chart_referents.py); 0 = off
+    chart_words: bool = False  # chart parts' word codes also name what they show (zoo/chart_words.py): vision stage, fit
     set_count_key_fit: int = 0  # before the joint stage, once: the count head's keys fitted on this many dialogues
     # (zoo/set_count_fit.py); 0 = off
     set_count_query_steps: int = 0  # ... then this many Adam steps on the head's query alone (set_count_fit.py)
@@ -731,7 +732,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                   twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
                   set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
                   set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0,
-                  set_odd=cfg.set_odd > 0, chart_referents=cfg.chart_referents > 0,
+                  set_odd=cfg.set_odd > 0, chart_referents=cfg.chart_referents > 0, chart_words=cfg.chart_words,
                   set_count=cfg.uses_count_targets)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)

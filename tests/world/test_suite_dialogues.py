@@ -268,6 +268,8 @@ def test_count_dialogues_lead_with_a_count_drawn_evenly_and_read_off_the_images(
     assert mix[:-1] == MIXES["scan_suites"] and mix[-1][:2] == ("multi_count_dialogue", multi.make_count_dialogue)
     sets = MIXES["scan_suites_sets"]  # ... and the odd-one-out dialogues beside them (stop 56)
     assert sets[:-1] == mix and sets[-1][:2] == ("multi_odd_dialogue", multi.make_odd_dialogue)
+    more = MIXES["scan_suites_charts"]  # ... or twice the chart dialogues (stop 57)
+    assert more[:-1] == mix and more[-1][:2] == ("chart_dialogue_more", charts.make_dialogue)
 
 
 def test_image_set_dialogues_are_drawn_as_before_the_count_dialogues_shared_their_turns():
