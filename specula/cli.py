@@ -665,10 +665,14 @@ def _add_zoo(sub) -> None:
                           description="Held-out chart questions, the answer fed in: at bar-value answers every "
                                       "head's attention mass on the asked bar, on the number printed above it, on "
                                       "the other image tokens and on text; and for every --chart-referents target "
-                                      "(zoo/chart_referents.py) the mass its head puts there (see zoo/chart_probe.py)")
+                                      "(zoo/chart_referents.py) the mass its head puts there; and whether the visual "
+                                      "tokens of 2 x n charts carry the --chart-words reading words (a bar's value, "
+                                      "the tallest bar, a point's ordinal and value, the peak), read as the nearest "
+                                      "word code of the recipe's codes (see zoo/chart_probe.py, zoo/chart_word_probe.py)")
     _probe_source(pch)
     pch.add_argument("--n", type=int, default=30,
-                     help="bar-value questions, and chart dialogues for the targets (default: 30)")
+                     help="bar-value questions, chart dialogues for the targets, and half the charts read for the "
+                          "words (default: 30)")
     _probe_output(pch, "probe_charts")
 
     def run_probe_charts(args):

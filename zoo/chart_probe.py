@@ -8,7 +8,8 @@ Two readings of held-out chart questions, the answer fed in (teacher-forced), at
   stop-55 target no layer-1 head gives it more than 0.002, head 3 of layer 3 gives it 0.16);
 - ``targets``: for every chart referent target (zoo/chart_referents.py, all question kinds of the training
   dialogues), the mass its head puts on its positions, mean and minimum per (chart kind, hop), and the mean
-  -log of it that ``--chart-referents`` trains (floored at 1e-30, where its gradient is gone).
+  -log of it that ``--chart-referents`` trains (floored at 1e-30, where its gradient is gone);
+- ``words``: whether the visual tokens carry the ``--chart-words`` reading words (zoo/chart_word_probe.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from specula.world import charts
 from specula.zoo.batching import Encoder
 from specula.zoo.chart_referents import NUMBER_HEAD, NUMBER_LAYER, bar_patches
+from specula.zoo.chart_word_probe import word_readout
 from specula.zoo.referents import eager_attention
 
 PARTS = ("asked bar", "its number", "other image", "text")
@@ -95,6 +97,10 @@ def target_masses(model, processor, n: int = 40, seed: int = 0) -> dict:
     return {"dialogues": n, "hops": out}
 
 
+def _fraction(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def markdown(report: dict) -> str:
     h = report["heads"]
     lines = [f"Bar-value answers ({h['n']}): each head's attention mass", "",
@@ -105,6 +111,9 @@ def markdown(report: dict) -> str:
     lines += ["", f"Chart referent targets ({t['dialogues']} dialogues): mass on the target", "",
               "| hop | n | mean | min | mean -log |", "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {k} | {v['n']} | {v['mean']:.4f} | {v['min']:.2e} | {v['neg_log']:.2f} |" for k, v in t["hops"].items()]
+    lines += ["", "Chart reading words read from the visual tokens (nearest word code; zoo/chart_word_probe.py)", "",
+              "| reading | n | accuracy |", "| --- | ---: | ---: |"]
+    lines += [f"| {k} | {v['n']} | {_fraction(v['accuracy'])} |" for k, v in report["words"].items()]
     return "\n".join(lines)
 
 
@@ -116,6 +125,7 @@ def probe_charts_cli(args) -> int:
     model, processor = load_source(args)
     report = {"model": args.checkpoint or args.model,
               "heads": head_masses(model, processor, n=args.n, seed=args.seed),
-              "targets": target_masses(model, processor, n=args.n, seed=args.seed)}
+              "targets": target_masses(model, processor, n=args.n, seed=args.seed),
+              "words": word_readout(model, processor, n=2 * args.n, seed=args.seed)}
     emit(report, markdown(report), args.out, "probe_charts", args.json)
     return 0
