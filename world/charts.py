@@ -79,6 +79,25 @@ PIE_LARGEST = ("Which colour has the largest slice?", "Which slice of the pie is
 PIE_COUNT = ("How many slices does the pie have?", "How many slices are there?")
 
 
+QUESTION_TYPES = {"bar": ("value", "count", "compare", "tallest"), "line": ("trend", "value", "highest"),
+                  "pie": ("largest", "count")}
+
+
+def question_type(kind: str, question: str) -> str:
+    """The question type of a chart question (a key of QUESTION_TYPES[kind]) read back from its wording; ``kind`` is
+    "bar", "line" or "pie"."""
+    for qtype, phrasings in {"bar": (("value", BAR_VALUE), ("count", BAR_COUNT), ("tallest", BAR_TALLEST)),
+                             "line": (("trend", LINE_TREND), ("highest", LINE_PEAK)),
+                             "pie": (("largest", PIE_LARGEST), ("count", PIE_COUNT))}[kind]:
+        if any(question.startswith(p.split("{")[0]) for p in phrasings):
+            return qtype
+    if kind == "bar" and question.startswith("Is the "):
+        return "compare"
+    if kind == "line" and question.startswith("What is the value of the "):
+        return "value"
+    raise ValueError(f"not a {kind} chart question: {question!r}")
+
+
 def _tallest(colours: list[str], values: list[int]) -> str | None:
     return colours[values.index(max(values))] if values.count(max(values)) == 1 else None
 

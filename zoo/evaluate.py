@@ -136,6 +136,16 @@ def tower_readout(model, processor, codes, n: int = 40, seed: int = 0) -> dict[s
     return {k: sum(v) / max(1, len(v)) for k, v in hits.items()}
 
 
+def _chart_question(s):
+    """The chart sample with its question type in its kind: ``chart/bar`` -> ``chart/bar value``."""
+    import dataclasses
+
+    from specula.world.charts import question_type
+
+    chart = s.kind.split("/", 1)[1]
+    return dataclasses.replace(s, kind=f"{s.kind} {question_type(chart, s.prompt.replace('<image>', ''))}")
+
+
 def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, seed: int = 0,
              forms: tuple[str, ...] = VARIANTS) -> dict:
     """Every suite asked for on its first ``n`` held-out samples, each beside its blank-image control; the VQA
@@ -164,6 +174,8 @@ def evaluate(model, processor, n: int = 100, suites: list[str] | None = None, se
             if any("/" in s.kind for s in samples):
                 r["by_type"] = by_question_type(samples, hits, blank_hits)
                 r["answers_by_type"] = answers_by_type(samples, answers)  # a format never learnt vs a prior
+            if name == "chart":  # bars, lines and pies each by question type ("bar value", "line trend", ...)
+                r["by_question"] = by_question_type([_chart_question(s) for s in samples], hits, blank_hits)
             if name == "multi_image":  # does the LM read every image of a set, or only the first?
                 r["which_by_place"] = which_image_by_place(samples, answers)
             if name == "vqa":  # the same questions asked with the image off the start of the prompt (world/placed.py)
@@ -222,8 +234,9 @@ def eval_cli(args) -> int:
     else:
         for name, v in r["suites"].items():
             print(f"{name:12s} " + "  ".join(f"{k}={x:.3f}" if isinstance(x, float) else f"{k}={x}"
-                                             for k, x in v.items() if k not in ("by_type", "which_by_place")))
-            for qtype, t in v.get("by_type", {}).items():
+                                             for k, x in v.items() if k not in ("by_type", "by_question",
+                                                                                 "which_by_place")))
+            for qtype, t in {**v.get("by_type", {}), **v.get("by_question", {})}.items():
                 print(f"  {qtype:18s} n={t['n']:<4d} exact={t['exact']:.3f}  blank_image={t['exact_blank_image']:.3f}")
             for place, t in v.get("which_by_place", {}).items():
                 print(f"  which, {place + ' image':13s}n={t['n']:<4d} exact={t['exact']:.3f}  "

@@ -281,3 +281,29 @@ def test_image_set_dialogues_are_drawn_as_before_the_count_dialogues_shared_thei
                   multi.make_odd_dialogue(random.Random(f"odd-digest/{i}"), "multi_image", "qa")):
             h.update(f"{s.prompt}|{s.response}|{s.followups}|{s.patch_words}\n".encode())
     assert h.hexdigest()[:16] == "daef3eb36c66dea4"
+
+
+def test_chart_question_types_are_read_back_from_every_phrasing():
+    from specula.world.charts import QUESTION_TYPES, question_type
+
+    seen = set()
+    for i in range(400):
+        s = charts.make(random.Random(f"chart-qtype/{i}"), "chart", "qa")
+        kind = s.kind.split("/")[1]
+        qtype = question_type(kind, s.prompt.replace("<image>", ""))
+        seen.add((kind, qtype))
+        if kind == "bar" and qtype == "value" or kind == "line" and qtype == "value":
+            assert s.answer.isdigit()
+        if qtype in ("count",):
+            assert s.answer in NUMBER_WORDS
+        if qtype == "compare":
+            assert s.answer in ("yes", "no")
+        if qtype == "highest":
+            assert s.answer in ORDINALS
+    assert seen == {(k, q) for k, qs in QUESTION_TYPES.items() for q in qs}
+    for i in range(40):  # the dialogues' follow-ups use the same phrasings, some with an answer-format suffix
+        d = charts.make_dialogue(random.Random(f"chart-qtype/d/{i}"), "chart", "qa")
+        for q, _ in d.followups:
+            assert question_type(d.kind.split("/")[1], q) in QUESTION_TYPES[d.kind.split("/")[1]]
+    with pytest.raises(ValueError, match="not a pie chart question"):
+        question_type("pie", "What is the value of the red bar?")

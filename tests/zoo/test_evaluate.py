@@ -68,6 +68,9 @@ def test_evaluate_reports_gate_keys_and_types():
     types = r["suites"]["vqa"]["by_type"]
     assert sum(t["n"] for t in types.values()) == 6
     assert "by_type" in r["suites"]["chart"]  # chart kinds are "chart/<question>" too
+    by_question = r["suites"]["chart"]["by_question"]  # ... and each chart kind by its question type
+    assert sum(t["n"] for t in by_question.values()) == 6
+    assert all(q.split()[0] in ("bar", "line", "pie") and len(q.split()) == 2 for q in by_question)
     places = r["suites"]["multi_image"]["which_by_place"]  # image sets: "which" questions by the asked image
     which = sum(s.kind == "multi/which" for s in (generate("multi_image", "eval", EVAL_OFFSET + i) for i in range(6)))
     assert sum(t["n"] for t in places.values()) == which
