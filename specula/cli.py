@@ -322,7 +322,8 @@ def _add_train(sub) -> None:
                    help="weight of an attention loss for chart questions about one part of the chart (a bar's or "
                         "point's value; the tallest bar, the peak, the largest slice): the scene lookup's hops "
                         "(head 0 of layer 0 on a bar's colour word, head 0 of layer 1 on the part's patches) and, "
-                        "for a value, head 3 of layer 3 on the number printed above the part; needs an LM of 4+ "
+                        "for a value, head 3 of layer 3 on the number printed above the part (with --chart-words: "
+                        "no number hop, the part's own tokens carry its value); needs an LM of 4+ "
                         "layers and heads (default: 0 = off; zoo/chart_referents.py)")
     t.add_argument("--chart-words", action="store_true",
                    help="the word codes of a chart's parts also name what each part shows (a bar: its value and, on "

@@ -21,6 +21,11 @@ gives the number 0.16 (``specula zoo probe-charts``, 30 answers; stop 56). A fir
 for the number itself: its loss stayed near -log 0.001 and the charts fell (0.39 -> 0.31 on 150).
 
 Questions that compare two parts (taller, trend) or count them have no single referent and get none.
+
+With the chart reading words (``--chart-words``, zoo/chart_words.py) a part's own tokens carry its value, ordinal
+and superlative, so a value question is the scene lookup alone: ``reading=True`` drops the number hop and finds a
+line point by the marker patch its reading words name (found from the drawing, also where the marker covers under a
+quarter of every patch).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from specula.world.charts import CHART_COLOURS, LINE_XS
 from specula.world.sample import GRID, PATCH, Sample
 from specula.world.vocab import ORDINALS
+from specula.zoo.chart_words import chart_reading_words
 from specula.zoo.referents import ReferentTarget, answer_spans
 
 NUMBER_LAYER, NUMBER_HEAD = 3, 3  # the head that reads a part's printed number (it already gives it 0.16)
@@ -74,27 +80,37 @@ def point_patches(patch_words: Sequence[tuple[str, ...]], i: int, label: bool) -
     return marker + number
 
 
+def _reading_point(patch_words: Sequence[tuple[str, ...]], ordinal: str) -> list[int]:
+    """The marker patch that the reading words (zoo/chart_words.py) name with ``ordinal``."""
+    return [t for t, w in enumerate(patch_words) if w[1:3] == ("point", ordinal)]
+
+
 def _turn_target(q: str, a: str, kind: str, patch_words: Sequence[tuple[str, ...]],
-                 words_in: Callable[[str], tuple[int, ...]]) -> list[tuple[list[int], tuple[int, ...], bool]]:
+                 words_in: Callable[[str], tuple[int, ...]], reading: bool = False
+                 ) -> list[tuple[list[int], tuple[int, ...], bool]]:
     """The hops of one question about a chart: (patches, referent word positions, is the number hop) each; [] when
-    it has no single referent."""
+    it has no single referent. ``reading``: ``patch_words`` are the reading words; no number hop."""
     ql, answer = q.lower(), a.strip(" .").lower()
     if kind == "bar":
         m = _BAR_VALUE.search(ql)
         if m and m.group(3) in CHART_COLOURS:
             colour = m.group(3)
-            return [(bar_patches(patch_words, colour, label=False), words_in(colour), False),
-                    (bar_patches(patch_words, colour, label=True), (), True)]
+            lookup = (bar_patches(patch_words, colour, label=False), words_in(colour), False)
+            return [lookup] if reading else [lookup, (bar_patches(patch_words, colour, label=True), (), True)]
         if "tallest" in ql and answer in CHART_COLOURS:
             return [(bar_patches(patch_words, answer, label=False), (), False)]
     elif kind == "line":
         m = _POINT_VALUE.search(ql)
+        if m and m.group(1) in ORDINALS[:len(LINE_XS)] and reading:
+            return [(_reading_point(patch_words, m.group(1)), (), False)]
         if m and m.group(1) in ORDINALS[:len(LINE_XS)]:
             i = ORDINALS.index(m.group(1))
             marker = point_patches(patch_words, i, label=False)
             number = [t for t in point_patches(patch_words, i, label=True) if t not in marker]
             return [(marker, (), False), (number, (), True)]  # no word hop: see the module's docstring
         if any(w in ql for w in _SUPERLATIVE) and answer in ORDINALS[:len(LINE_XS)]:
+            if reading:
+                return [(_reading_point(patch_words, answer), (), False)]
             return [(point_patches(patch_words, ORDINALS.index(answer), label=False), (), False)]
     elif kind == "pie" and any(w in ql for w in _SUPERLATIVE) and answer in CHART_COLOURS:
         return [([t for t, w in enumerate(patch_words) if w[:2] == (answer, "slice")], (), False)]
@@ -102,12 +118,12 @@ def _turn_target(q: str, a: str, kind: str, patch_words: Sequence[tuple[str, ...
 
 
 def chart_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
-                           word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+                           word_id: Callable[[str], int], reading: bool = False) -> tuple[ReferentTarget, ...]:
     """The lookup turns of a one-chart sample (``chart/<kind>`` questions and ``chart_dialogue/<kind>`` dialogues),
     in order, as group ``"chart"`` targets; () for anything else or when the image tokens do not match the image.
 
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns); ``word_id(w)`` a word's single token
-    id or -1.
+    id or -1. ``reading``: the targets of a run with the chart reading words (the module's docstring).
     """
     family, _, kind = s.kind.partition("/")
     if family not in ("chart", "chart_dialogue") or len(s.images) != 1 or not s.patch_words:
@@ -116,6 +132,7 @@ def chart_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Ten
     if len(image_pos) != len(s.patch_words[0]):
         return ()
     ids = input_ids.tolist()
+    patch_words = chart_reading_words(s.kind, s.patch_words[0], s.images[0]) if reading else s.patch_words[0]
     starts, ends = answer_spans(labels)
     turns = [(s.prompt.replace("<image>", ""), s.response)] + list(s.followups)
     out = []
@@ -126,7 +143,7 @@ def chart_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Ten
             wid = word_id(word)
             return tuple(j for j in range(lo, hi) if ids[j] == wid) if wid >= 0 else ()
 
-        for patches, words, number in _turn_target(q, a, kind, s.patch_words[0], words_in):
+        for patches, words, number in _turn_target(q, a, kind, patch_words, words_in, reading):
             if not patches:  # a marker or number under a quarter of any patch
                 continue
             hop = dict(patch_layer=NUMBER_LAYER, head=NUMBER_HEAD) if number else {}

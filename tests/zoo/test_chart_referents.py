@@ -126,6 +126,28 @@ def test_superlatives_look_at_the_answers_part_without_a_word_hop(processor, enc
         assert found == 2, kind
 
 
+def test_with_reading_words_a_value_is_the_lookup_alone_onto_the_part_that_names_it(processor):
+    from specula.zoo.chart_words import chart_reading_words
+
+    enc = Encoder(processor, chart_referents=True, chart_words=True)
+    kinds = set()
+    for kind in ("chart_dialogue/bar", "chart_dialogue/line"):
+        for seed in range(6):
+            s = _chart(kind, seed, dialogue=True)
+            e = enc.encode(s)
+            reading = chart_reading_words(s.kind, s.patch_words[0], s.images[0])
+            image_pos = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
+            assert _targets(e) and not _number_hops(e)  # no hop onto the printed number
+            for t in _targets(e):
+                answer = _answer_after(processor, e, t)
+                words = {reading[image_pos.index(p)] for p in t.patches}
+                assert all(answer in w for w in words), (answer, words)  # the part's own words carry the answer
+                if kind.endswith("line"):  # one marker patch, also where the marker covers under a quarter of it
+                    assert len(t.patches) == 1 and next(iter(words))[1] == "point"
+                kinds.add((kind, answer.isdigit()))
+    assert kinds == {(k, d) for k in ("chart_dialogue/bar", "chart_dialogue/line") for d in (True, False)}
+
+
 def test_comparisons_counts_trends_and_other_samples_get_no_chart_targets(processor, enc):
     none = 0
     for seed in range(40):
