@@ -325,10 +325,12 @@ def _add_train(sub) -> None:
                         "for a value, head 3 of layer 3 on the number printed above the part (with --chart-words: "
                         "no number hop, the part's own tokens carry its value); needs an LM of 4+ "
                         "layers and heads (default: 0 = off; zoo/chart_referents.py)")
-    t.add_argument("--chart-words", action="store_true",
-                   help="the word codes of a chart's parts also name what each part shows (a bar: its value and, on "
-                        "the tallest, 'tallest'; a line point: its ordinal, its value and, on the peak, 'highest'), so "
-                        "that the vision stage and the projector fit put that on the part's own visual tokens; raise "
+    t.add_argument("--chart-words", nargs="?", const="parts", default="", choices=("parts", "whole"),
+                   help="the word codes of a chart's parts also name what each part shows, so that the vision stage "
+                        "and the projector fit put that on the part's own visual tokens: 'parts' (the flag alone) a "
+                        "bar's value and, on the tallest, 'tallest', a line point's ordinal, value and, on the peak, "
+                        "'highest'; 'whole' also the number of bars or slices on each, 'largest' on the largest "
+                        "slice, and on the last point whether the line ends 'higher' or 'lower'; raise "
                         "--vision-images on a resumed run to retrain the tower with them (default: off; "
                         "zoo/chart_words.py)")
     t.add_argument("--set-count", type=float, default=0.0,

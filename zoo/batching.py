@@ -52,9 +52,9 @@ class Encoder:
                  caption_referents: bool = False, twins: bool = False, sets: bool = False,
                  set_referents: bool = False, set_index: bool = False, set_marks: bool = False,
                  set_hops: str = "deep", set_isolation: bool = False, set_odd: bool = False,
-                 set_count: bool = False, chart_referents: bool = False, chart_words: bool = False):
+                 set_count: bool = False, chart_referents: bool = False, chart_words: str = ""):
         self.processor = processor
-        self.chart_words = chart_words  # chart parts' codes and word targets also name what they show (zoo/chart_words.py)
+        self.chart_words = chart_words  # "" or a level: chart parts' codes and word targets name what they show (zoo/chart_words.py)
         self.chart_referents = chart_referents  # each chart sample also carries its lookup turns' targets (zoo/chart_referents.py)
         self.set_isolation = set_isolation  # ... and its later images' isolation spans (zoo/set_isolation.py)
         self.set_referents = set_referents  # each image-set sample also carries its addressing targets (zoo/set_referents.py)
@@ -100,7 +100,8 @@ class Encoder:
             if self.chart_words:
                 from specula.zoo.chart_words import chart_reading_words
 
-                words = tuple(chart_reading_words(s.kind, w, im) for w, im in zip(s.patch_words, s.images))
+                words = tuple(chart_reading_words(s.kind, w, im, self.chart_words)
+                              for w, im in zip(s.patch_words, s.images))
             if self.codes is not None:
                 codes = self.codes.images(words)  # [n_img, T, H]
             classes = patch_classes(s.patch_words)
@@ -119,7 +120,7 @@ class Encoder:
             from specula.zoo.chart_referents import chart_referent_targets
 
             refs = tuple(refs) + chart_referent_targets(s, ids, labels, self.image_id, self.word_id,
-                                                        reading=self.chart_words)
+                                                        reading=bool(self.chart_words))
         if self.set_referents or self.set_index or self.set_marks:
             from specula.zoo.set_referents import SET_HOPS, set_index_targets, set_mark_targets, set_referent_targets
 

@@ -10,13 +10,16 @@ answer (its colour or shape code).
 ``chart_reading_words`` turns chart questions into that form. It adds to each part's patch words what the part
 shows, so that the vision stage (which regresses the tower onto word codes) teaches the tower to carry it there:
 
-- a bar's patches: its value (the number printed above it) and, on the tallest bar, ``"tallest"``;
-- a line point's marker patches: its ordinal (``"third"``), its value and, on the peak, ``"highest"``.
+- ``parts`` (what one part shows): a bar's patches its value (the number printed above it) and, on the tallest bar,
+  ``"tallest"``; a line point's marker patch its ordinal (``"third"``), its value and, on the peak, ``"highest"``;
+- ``whole`` (``parts`` plus what the chart as a whole shows, on its parts): every bar's and every slice's patches
+  the number of bars or slices (``"four"``), the largest slice's ``"largest"``, and the last point's marker whether
+  the line ends ``"higher"`` or ``"lower"`` than it starts.
 
-Everything is derived from the patch words themselves (a bar's number is the digit whose patches lie in the bar's
-columns, a point's the one above its marker), so it needs no change to the world's samples; a part whose number
-covers no patch gets no value, and a chart with a part of unknown value gets no superlative. Pies are left as they
-are: their largest slice is already read (0.61 against 0.06 blank, stop 56).
+A bar's value is the digit whose patches lie in the bar's columns; a line point is found from the drawing (the
+line's colour at the point's column: markers often cover under a quarter of every patch); counts and the largest
+slice come from the pixels of each chart colour. So the world's samples do not change. A bar whose number covers no
+patch gets no value, and a chart with a bar of unknown value gets no ``"tallest"``.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ import numpy as np
 
 from specula.world.charts import CHART_COLOURS, LINE_BASE, LINE_UNIT, LINE_XS
 from specula.world.sample import GRID, PATCH
-from specula.world.vocab import COLOURS, ORDINALS
+from specula.world.vocab import COLOURS, NUMBER_WORDS, ORDINALS
 
 PatchWords = tuple[tuple[str, ...], ...]
+LEVELS = ("parts", "whole")
+MIN_PIXELS = 40  # a chart colour drawn on fewer pixels is not counted as a part (antialiasing never reaches it)
 
 
 def _digit(words: tuple[str, ...]) -> str | None:
@@ -100,11 +105,45 @@ def _line_words(patch_words: Sequence[tuple[str, ...]], image) -> dict[int, tupl
     return extra
 
 
-def chart_reading_words(kind: str, patch_words: Sequence[tuple[str, ...]], image) -> PatchWords:
-    """One chart image's patch words with its parts' reading words; ``kind`` is a sample's kind (``chart/bar``,
-    ``chart_dialogue/line``, ``chart_caption/pie``, ...), ``image`` its PIL image. Other kinds come back unchanged."""
+def _colour_pixels(image) -> dict[str, int]:
+    """Pixels of each chart colour drawn (exactly: the background's noise is on the background alone)."""
+    a = np.asarray(image.convert("RGB"), dtype=np.int16)  # [H, W, 3]
+    return {c: int((np.abs(a - np.array(COLOURS[c])).sum(-1) < 12).sum()) for c in CHART_COLOURS}
+
+
+def _whole_words(chart: str, words: list[tuple[str, ...]], image) -> None:
+    """Append the chart-wide words of ``whole`` to ``words`` (the ``parts`` words, one tuple per patch) in place."""
+    pixels = _colour_pixels(image)
+    drawn = [c for c, n in pixels.items() if n >= MIN_PIXELS]
+    if chart in ("bar", "pie"):
+        part = "bar" if chart == "bar" else "slice"
+        count = NUMBER_WORDS[len(drawn)]
+        largest = max(drawn, key=pixels.get) if chart == "pie" and drawn else None
+        for t, w in enumerate(words):
+            if len(w) >= 2 and w[1] == part:
+                words[t] = w + (count,) + (("largest",) if w[0] == largest else ())
+    elif chart == "line":
+        found = _line_points(image)
+        if found is None:
+            return
+        first, last = found[1][0], found[1][-1]  # marker rows: a smaller row is higher
+        if abs(first - last) >= LINE_UNIT / 2:
+            for t, w in enumerate(words):
+                if w[1:3] == ("point", ORDINALS[len(LINE_XS) - 1]):
+                    words[t] = w + ("higher" if last < first else "lower",)
+
+
+def chart_reading_words(kind: str, patch_words: Sequence[tuple[str, ...]], image, level: str = "parts") -> PatchWords:
+    """One chart image's patch words with its parts' reading words at ``level`` (LEVELS); ``kind`` is a sample's kind
+    (``chart/bar``, ``chart_dialogue/line``, ``chart_caption/pie``, ...), ``image`` its PIL image. Other kinds come
+    back unchanged."""
+    if level not in LEVELS:
+        raise ValueError(f"chart words level must be one of {LEVELS}, got {level!r}")
     family, _, chart = kind.partition("/")
     if family not in ("chart", "chart_dialogue", "chart_caption"):
         return tuple(patch_words)
     new = _bar_words(patch_words) if chart == "bar" else _line_words(patch_words, image) if chart == "line" else {}
-    return tuple(new.get(t, tuple(w)) for t, w in enumerate(patch_words))
+    words = [new.get(t, tuple(w)) for t, w in enumerate(patch_words)]
+    if level == "whole":
+        _whole_words(chart, words, image)
+    return tuple(words)

@@ -122,7 +122,8 @@ class TrainConfig:
     set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
     set_count_number_readout: float = 0.0  # weight of the count head's readout as the number (set_readout.py)
     chart_referents: float = 0.0  # weight of the lookup hops of chart questions (zoo/chart_referents.py); 0 = off
-    chart_words: bool = False  # chart parts' word codes also name what they show (zoo/chart_words.py): vision stage, fit
+    chart_words: str = ""  # chart parts' word codes also name what they show: "parts" or "whole" (zoo/chart_words.py
+    # LEVELS), for the vision stage and the projector fit; "" = off
     set_count_key_fit: int = 0  # before the joint stage, once: the count head's keys fitted on this many dialogues
     # (zoo/set_count_fit.py); 0 = off
     set_count_query_steps: int = 0  # ... then this many Adam steps on the head's query alone (set_count_fit.py)
@@ -169,6 +170,8 @@ class TrainConfig:
             raise ValueError("set_readout, set_isolation, set_odd and set_count must be >= 0 (0 = off)")
         if self.chart_referents < 0:
             raise ValueError("chart_referents must be >= 0 (0 = off)")
+        if self.chart_words not in ("", "parts", "whole"):
+            raise ValueError(f"chart_words must be '', 'parts' or 'whole', got {self.chart_words!r}")
         if self.set_count_readout < 0:
             raise ValueError("set_count_readout must be >= 0 (0 = off)")
         if self.set_count_number_readout < 0:

@@ -129,7 +129,7 @@ def test_superlatives_look_at_the_answers_part_without_a_word_hop(processor, enc
 def test_with_reading_words_a_value_is_the_lookup_alone_onto_the_part_that_names_it(processor):
     from specula.zoo.chart_words import chart_reading_words
 
-    enc = Encoder(processor, chart_referents=True, chart_words=True)
+    enc = Encoder(processor, chart_referents=True, chart_words="parts")
     kinds = set()
     for kind in ("chart_dialogue/bar", "chart_dialogue/line"):
         for seed in range(6):

@@ -66,7 +66,7 @@ def test_the_encoder_codes_carry_the_words_only_with_the_flag(processor):
     codes = WordCodes(64, 0)
     s = _captions("bar", 1)[0]
     plain = Encoder(processor, codes=codes).encode(s)
-    read = Encoder(processor, codes=codes, chart_words=True).encode(s)
+    read = Encoder(processor, codes=codes, chart_words="parts").encode(s)
     words = chart_reading_words(s.kind, s.patch_words[0], s.images[0])
     for t, (before, after) in enumerate(zip(s.patch_words[0], words)):
         assert torch.allclose(plain.patch_codes[0, t], codes.patch(before))
@@ -79,9 +79,38 @@ def test_the_encoder_codes_carry_the_words_only_with_the_flag(processor):
     assert torch.equal(read.patch_classes, plain.patch_classes)  # the dense heads keep the world's classes
 
 
+def test_whole_charts_add_counts_the_largest_slice_and_the_trend():
+    from specula.world.vocab import NUMBER_WORDS
+
+    for kind in ("bar", "pie", "line"):
+        for s in _captions(kind, 8):
+            parts = chart_reading_words(s.kind, s.patch_words[0], s.images[0])
+            whole = chart_reading_words(s.kind, s.patch_words[0], s.images[0], "whole")
+            added = {w[len(p):] for p, w in zip(parts, whole) if p != w}
+            assert all(w[:len(p)] == p for p, w in zip(parts, whole))  # "whole" only appends
+            if kind == "bar":
+                k = len(re.findall(r"\w+ at \d", s.response))
+                assert added == {(NUMBER_WORDS[k],)}  # on every bar
+                assert all(w[-1] == NUMBER_WORDS[k] for w in whole if w[1:2] == ("bar",))
+            elif kind == "pie":
+                m = re.search(r"with (\w+) slices; the (\w+) slice", s.response)
+                assert added == {(m.group(1),), (m.group(1), "largest")}
+                assert {w[0] for w in whole if "largest" in w} == {m.group(2)}
+            else:
+                values = [int(v) for v in re.findall(r"\d", s.response.split(":")[1])]
+                trend = () if values[-1] == values[0] else ("higher" if values[-1] > values[0] else "lower",)
+                assert added == ({trend} if trend else set())
+                assert all(w[2] == "fifth" for p, w in zip(parts, whole) if p != w)
+    with pytest.raises(ValueError, match="chart words level"):
+        chart_reading_words("chart/bar", (), None, "all")
+
+
 def test_cli_flag(tmp_path):
-    assert train_config_from_args(build_parser().parse_args(["train", "target", "--chart-words"])).chart_words
-    assert not train_config_from_args(build_parser().parse_args(["train", "target"])).chart_words
+    parse = lambda *a: train_config_from_args(build_parser().parse_args(["train", "target", *a]))  # noqa: E731
+    assert parse("--chart-words").chart_words == "parts" and parse("--chart-words", "whole").chart_words == "whole"
+    assert parse().chart_words == ""
+    with pytest.raises(ValueError, match="chart_words must be"):
+        TrainConfig(chart_words="all")
 
 
 @pytest.mark.slow
@@ -93,7 +122,7 @@ def test_a_resumed_run_extends_its_vision_stage_with_the_words_and_refits(tmp_pa
     quiet = lambda m: None  # noqa: E731
     ckpt = train(TrainConfig(**base), processor, log=quiet)
     logs = []
-    ckpt = train(TrainConfig(**{**base, "vision_images": 24, "chart_words": True, "total_samples": 16}), processor,
+    ckpt = train(TrainConfig(**{**base, "vision_images": 24, "chart_words": "whole", "total_samples": 16}), processor,
                  log=logs.append)
     state = json.loads((ckpt / "state.json").read_text())
     assert state["vision_images_done"] == 24 and state["samples"] >= 16
