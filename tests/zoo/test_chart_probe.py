@@ -50,7 +50,8 @@ def test_the_command_writes_json_and_markdown(tiny_deep, tmp_path):
     assert report["model"] == str(tmp_path / "m") and report["heads"]["n"] == 2 and report["targets"]["hops"]
     md = (tmp_path / "out" / "probe_charts.md").read_text()
     assert "| layer | head | asked bar | its number | other image | text |" in md and "mean -log" in md
-    assert set(report["words"]) == {"bar_value", "point_value", "point_ordinal", "tallest", "highest"}
+    assert set(report["words"]) == {"bar_value", "point_value", "point_ordinal", "tallest", "highest", "largest",
+                                    "bar_count", "slice_count", "trend"}
     assert "| reading | n | accuracy |" in md
     with pytest.raises(SystemExit, match="--n must be at least 1"):
         main(["zoo", "probe-charts", "--model", str(tmp_path / "m"), "--n", "0"])
@@ -72,8 +73,7 @@ def test_word_readout_reads_exact_codes_perfectly_and_a_random_tower_near_chance
     exact = []
     for i in range(30):  # the probe's own draws, in its order: a tower that outputs their exact codes
         s = charts.make(random.Random(f"probe-chart-words/0/{i}"), "chart", "qa")
-        if not s.kind.endswith("pie"):
-            exact.append(codes.images((chart_reading_words(s.kind, s.patch_words[0], s.images[0]),)))
+        exact.append(codes.images((chart_reading_words(s.kind, s.patch_words[0], s.images[0], "whole"),)))
     monkeypatch.setattr(chart_word_probe, "tower_features", lambda m, pixels: (None, exact.pop(0)))
     read = chart_word_probe.word_readout(model, processor, n=30)
     assert not exact and all(v["n"] > 0 and v["accuracy"] == 1.0 for v in read.values()), read
