@@ -120,7 +120,7 @@ class Encoder:
             from specula.zoo.chart_referents import chart_referent_targets
 
             refs = tuple(refs) + chart_referent_targets(s, ids, labels, self.image_id, self.word_id,
-                                                        reading=bool(self.chart_words))
+                                                        reading=self.chart_words)
         if self.set_referents or self.set_index or self.set_marks:
             from specula.zoo.set_referents import SET_HOPS, set_index_targets, set_mark_targets, set_referent_targets
 

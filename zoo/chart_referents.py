@@ -20,12 +20,15 @@ mass on a bar's number at a value answer, while head 0 of layer 1 gives the aske
 gives the number 0.16 (``specula zoo probe-charts``, 30 answers; stop 56). A first version asked the layer-1 lookup head
 for the number itself: its loss stayed near -log 0.001 and the charts fell (0.39 -> 0.31 on 150).
 
-Questions that compare two parts (taller, trend) or count them have no single referent and get none.
+Questions that compare two parts (taller, trend) or count them have no single referent and get none (but see
+``whole`` below).
 
 With the chart reading words (``--chart-words``, zoo/chart_words.py) a part's own tokens carry its value, ordinal
-and superlative, so a value question is the scene lookup alone: ``reading=True`` drops the number hop and finds a
-line point by the marker patch its reading words name (found from the drawing, also where the marker covers under a
-quarter of every patch).
+and superlative, so a value question is the scene lookup alone: ``reading`` (the level of the words) drops the
+number hop and finds a line point by the marker patch its reading words name (found from the drawing, also where the
+marker covers under a quarter of every patch). At the ``whole`` level every bar and slice also names how many there
+are and the last point the line's trend, so those questions get a lookup too: onto every bar or slice, or onto the
+last point.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specula.world.charts import CHART_COLOURS, LINE_XS
+from specula.world.charts import CHART_COLOURS, LINE_XS, question_type
 from specula.world.sample import GRID, PATCH, Sample
 from specula.world.vocab import ORDINALS
 from specula.zoo.chart_words import chart_reading_words
@@ -85,12 +88,24 @@ def _reading_point(patch_words: Sequence[tuple[str, ...]], ordinal: str) -> list
     return [t for t, w in enumerate(patch_words) if w[1:3] == ("point", ordinal)]
 
 
+def _whole_target(q: str, answer: str, kind: str, patch_words: Sequence[tuple[str, ...]]) -> list[int]:
+    """The parts whose ``whole`` reading words carry the answer of a count or trend question; [] for other questions."""
+    qtype = question_type(kind, q)
+    if qtype == "count":
+        return [t for t, w in enumerate(patch_words) if w[1:2] in (("bar",), ("slice",)) and answer in w[2:]]
+    if qtype == "trend":
+        return [t for t, w in enumerate(patch_words) if w[1:2] == ("point",) and w[-1] == answer]
+    return []
+
+
 def _turn_target(q: str, a: str, kind: str, patch_words: Sequence[tuple[str, ...]],
-                 words_in: Callable[[str], tuple[int, ...]], reading: bool = False
+                 words_in: Callable[[str], tuple[int, ...]], reading: str = ""
                  ) -> list[tuple[list[int], tuple[int, ...], bool]]:
     """The hops of one question about a chart: (patches, referent word positions, is the number hop) each; [] when
-    it has no single referent. ``reading``: ``patch_words`` are the reading words; no number hop."""
+    it has no single referent. ``reading``: ``patch_words`` are the reading words of that level; no number hop."""
     ql, answer = q.lower(), a.strip(" .").lower()
+    if reading == "whole" and (whole := _whole_target(q, answer, kind, patch_words)):
+        return [(whole, (), False)]
     if kind == "bar":
         m = _BAR_VALUE.search(ql)
         if m and m.group(3) in CHART_COLOURS:
@@ -118,12 +133,12 @@ def _turn_target(q: str, a: str, kind: str, patch_words: Sequence[tuple[str, ...
 
 
 def chart_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
-                           word_id: Callable[[str], int], reading: bool = False) -> tuple[ReferentTarget, ...]:
+                           word_id: Callable[[str], int], reading: str = "") -> tuple[ReferentTarget, ...]:
     """The lookup turns of a one-chart sample (``chart/<kind>`` questions and ``chart_dialogue/<kind>`` dialogues),
     in order, as group ``"chart"`` targets; () for anything else or when the image tokens do not match the image.
 
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns); ``word_id(w)`` a word's single token
-    id or -1. ``reading``: the targets of a run with the chart reading words (the module's docstring).
+    id or -1. ``reading``: the targets of a run with the chart reading words of that level (the module's docstring).
     """
     family, _, kind = s.kind.partition("/")
     if family not in ("chart", "chart_dialogue") or len(s.images) != 1 or not s.patch_words:
@@ -132,7 +147,7 @@ def chart_referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Ten
     if len(image_pos) != len(s.patch_words[0]):
         return ()
     ids = input_ids.tolist()
-    patch_words = chart_reading_words(s.kind, s.patch_words[0], s.images[0]) if reading else s.patch_words[0]
+    patch_words = chart_reading_words(s.kind, s.patch_words[0], s.images[0], reading) if reading else s.patch_words[0]
     starts, ends = answer_spans(labels)
     turns = [(s.prompt.replace("<image>", ""), s.response)] + list(s.followups)
     out = []

@@ -148,6 +148,31 @@ def test_with_reading_words_a_value_is_the_lookup_alone_onto_the_part_that_names
     assert kinds == {(k, d) for k in ("chart_dialogue/bar", "chart_dialogue/line") for d in (True, False)}
 
 
+def test_with_whole_chart_words_counts_and_trends_look_at_the_parts_that_name_them(processor):
+    from specula.zoo.chart_words import chart_reading_words
+
+    enc = Encoder(processor, chart_referents=True, chart_words="whole")
+    seen = set()
+    for kind in ("chart_dialogue/bar", "chart_dialogue/pie", "chart_dialogue/line"):
+        for seed in range(8):
+            s = _chart(kind, seed, dialogue=True)
+            e = enc.encode(s)
+            reading = chart_reading_words(s.kind, s.patch_words[0], s.images[0], "whole")
+            image_pos = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
+            for t in _targets(e):
+                answer = _answer_after(processor, e, t)
+                words = [reading[image_pos.index(p)] for p in t.patches]
+                assert all(answer in w for w in words), (answer, words)
+                if answer in ("higher", "lower"):
+                    assert len(words) == 1 and words[0][2] == "fifth"  # the trend: the last point
+                    seen.add("trend")
+                elif answer in ("two", "three", "four", "five"):  # a count: every bar or slice
+                    part = "bar" if kind.endswith("bar") else "slice"
+                    assert len(t.patches) == sum(w[1:2] == (part,) for w in reading)
+                    seen.add(f"{part} count")
+    assert seen == {"trend", "bar count", "slice count"}
+
+
 def test_comparisons_counts_trends_and_other_samples_get_no_chart_targets(processor, enc):
     none = 0
     for seed in range(40):
