@@ -96,17 +96,17 @@ class Encoder:
         labels = assistant_labels(ids, self.assistant_id, self.eos_id)
         targets = classes = codes = None
         if s.images:
-            words = s.patch_words
+            patch_words = s.patch_words  # per image, per patch: the words its code and word targets name
             if self.chart_words:
                 from specula.zoo.chart_words import chart_reading_words
 
-                words = tuple(chart_reading_words(s.kind, w, im, self.chart_words)
-                              for w, im in zip(s.patch_words, s.images))
+                patch_words = tuple(chart_reading_words(s.kind, w, im, self.chart_words)
+                                    for w, im in zip(s.patch_words, s.images))
             if self.codes is not None:
-                codes = self.codes.images(words)  # [n_img, T, H]
+                codes = self.codes.images(patch_words)  # [n_img, T, H]
             classes = patch_classes(s.patch_words)
-            t = torch.full((len(s.images), len(words[0]), self.max_words), -1, dtype=torch.long)
-            for i, per_patch in enumerate(words):
+            t = torch.full((len(s.images), len(patch_words[0]), self.max_words), -1, dtype=torch.long)
+            for i, per_patch in enumerate(patch_words):
                 for j, words in enumerate(per_patch):
                     for k, w in enumerate(words[: self.max_words]):
                         t[i, j, k] = self.word_id(w)
