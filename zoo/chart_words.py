@@ -73,12 +73,17 @@ def _bar_words(patch_words: Sequence[tuple[str, ...]]) -> dict[int, tuple[str, .
     return extra
 
 
-def _line_points(image) -> tuple[str, list[float]] | None:
-    """(the line's colour, each point's centre row in pixels) read from the drawing: at a point's column the marker
-    and the line are the only pixels of the line's colour (the background's noise never reaches a chart colour), so
-    their middle row is the marker's centre. None when a point cannot be found."""
+def _colour_masks(image) -> dict[str, np.ndarray]:
+    """Where each chart colour is drawn  # [H, W] bool each; exact up to rounding: the background's noise is on the
+    background alone and never reaches a chart colour."""
     a = np.asarray(image.convert("RGB"), dtype=np.int16)  # [H, W, 3]
-    near = {c: (np.abs(a - np.array(COLOURS[c])).sum(-1) < 12) for c in CHART_COLOURS}  # [H, W] bool each
+    return {c: (np.abs(a - np.array(COLOURS[c])).sum(-1) < 12) for c in CHART_COLOURS}
+
+
+def _line_points(near: dict[str, np.ndarray]) -> tuple[str, list[float]] | None:
+    """(the line's colour, each point's centre row in pixels) read from the colour masks: at a point's column the
+    marker and the line are the only pixels of the line's colour, so their middle row is the marker's centre. None
+    when a point cannot be found."""
     colour = max(near, key=lambda c: int(near[c].sum()))
     rows = []
     for x in LINE_XS:
@@ -89,8 +94,8 @@ def _line_points(image) -> tuple[str, list[float]] | None:
     return colour, rows
 
 
-def _line_words(patch_words: Sequence[tuple[str, ...]], image) -> dict[int, tuple[str, ...]]:
-    found = _line_points(image)
+def _line_words(found: tuple[str, list[float]] | None) -> dict[int, tuple[str, ...]]:
+    """The marker patches' words from ``_line_points``' reading."""
     if found is None:
         return {}
     colour, rows = found
@@ -105,15 +110,11 @@ def _line_words(patch_words: Sequence[tuple[str, ...]], image) -> dict[int, tupl
     return extra
 
 
-def _colour_pixels(image) -> dict[str, int]:
-    """Pixels of each chart colour drawn (exactly: the background's noise is on the background alone)."""
-    a = np.asarray(image.convert("RGB"), dtype=np.int16)  # [H, W, 3]
-    return {c: int((np.abs(a - np.array(COLOURS[c])).sum(-1) < 12).sum()) for c in CHART_COLOURS}
-
-
-def _whole_words(chart: str, words: list[tuple[str, ...]], image) -> None:
-    """Append the chart-wide words of ``whole`` to ``words`` (the ``parts`` words, one tuple per patch) in place."""
-    pixels = _colour_pixels(image)
+def _whole_words(chart: str, words: list[tuple[str, ...]], near: dict[str, np.ndarray],
+                 found: tuple[str, list[float]] | None) -> None:
+    """Append the chart-wide words of ``whole`` to ``words`` (the ``parts`` words, one tuple per patch) in place;
+    ``near``: the colour masks, ``found``: a line chart's ``_line_points``."""
+    pixels = {c: int(m.sum()) for c, m in near.items()}
     drawn = [c for c, n in pixels.items() if n >= MIN_PIXELS]
     if chart in ("bar", "pie"):
         part = "bar" if chart == "bar" else "slice"
@@ -123,7 +124,6 @@ def _whole_words(chart: str, words: list[tuple[str, ...]], image) -> None:
             if len(w) >= 2 and w[1] == part:
                 words[t] = w + (count,) + (("largest",) if w[0] == largest else ())
     elif chart == "line":
-        found = _line_points(image)
         if found is None:
             return
         first, last = found[1][0], found[1][-1]  # marker rows: a smaller row is higher
@@ -142,8 +142,10 @@ def chart_reading_words(kind: str, patch_words: Sequence[tuple[str, ...]], image
     family, _, chart = kind.partition("/")
     if family not in ("chart", "chart_dialogue", "chart_caption"):
         return tuple(patch_words)
-    new = _bar_words(patch_words) if chart == "bar" else _line_words(patch_words, image) if chart == "line" else {}
+    near = _colour_masks(image) if chart == "line" or level == "whole" else {}
+    found = _line_points(near) if chart == "line" else None
+    new = _bar_words(patch_words) if chart == "bar" else _line_words(found)
     words = [new.get(t, tuple(w)) for t, w in enumerate(patch_words)]
     if level == "whole":
-        _whole_words(chart, words, image)
+        _whole_words(chart, words, near, found)
     return tuple(words)

@@ -114,13 +114,23 @@ def test_cli_flag(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_extends_its_vision_stage_with_the_words_and_refits(tmp_path, processor):
+def test_a_resumed_run_extends_its_vision_stage_with_the_words_and_refits(tmp_path, processor, monkeypatch):
     base = dict(run_dir=str(tmp_path / "run"), arch="tiny", pool=8, token_budget=2048, warmup_samples=4, eval_n=2,
                 eval_every_s=1e9, ckpt_every_s=1e9, threads=1, code_lm_samples=8, code_lm_layers=1,
                 code_token_budget=2048, vision_images=8, projector_fit_images=8, freeze_vision=True, vis_weight=0.0,
                 mix="scan_suites_charts", total_samples=8)
     quiet = lambda m: None  # noqa: E731
     ckpt = train(TrainConfig(**base), processor, log=quiet)
+    from specula.zoo import chart_words
+
+    levels = []
+    read = chart_words.chart_reading_words
+
+    def spy(kind, words, image, level="parts"):
+        levels.append(level)
+        return read(kind, words, image, level)
+
+    monkeypatch.setattr(chart_words, "chart_reading_words", spy)
     logs = []
     ckpt = train(TrainConfig(**{**base, "vision_images": 24, "chart_words": "whole", "total_samples": 16}), processor,
                  log=logs.append)
@@ -129,3 +139,4 @@ def test_a_resumed_run_extends_its_vision_stage_with_the_words_and_refits(tmp_pa
     assert any(re.match(r"vision stage: \d+ images", m) for m in logs), logs
     assert any(m.startswith("projector fit:") for m in logs), logs  # refitted after the extension
     assert state["projector_fit"]["at_samples"] >= 8
+    assert levels and set(levels) == {"whole"}  # the run's encoder read the charts at the configured level
