@@ -41,6 +41,7 @@ from specula.world.suites import MIXES, generate
 from specula.world.tokenizer import BOS, USER
 from specula.zoo.batching import Encoder, batch_to, collate, token_budget_batches
 from specula.zoo.cell_weights import object_cell_weights, opener_ids, stop_ids
+from specula.zoo.chart_readout import READ_LAYER, chart_readout_loss
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
@@ -122,6 +123,7 @@ class TrainConfig:
     set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
     set_count_number_readout: float = 0.0  # weight of the count head's readout as the number (set_readout.py)
     chart_referents: float = 0.0  # weight of the lookup hops of chart questions (zoo/chart_referents.py); 0 = off
+    chart_readout: float = 0.0  # weight of the chart lookup head's own readout of the answer (zoo/chart_readout.py)
     chart_words: str = ""  # chart parts' word codes also name what they show: "parts" or "whole" (zoo/chart_words.py
     # LEVELS), for the vision stage and the projector fit; "" = off
     set_count_key_fit: int = 0  # before the joint stage, once: the count head's keys fitted on this many dialogues
@@ -170,6 +172,10 @@ class TrainConfig:
             raise ValueError("set_readout, set_isolation, set_odd and set_count must be >= 0 (0 = off)")
         if self.chart_referents < 0:
             raise ValueError("chart_referents must be >= 0 (0 = off)")
+        if self.chart_readout < 0:
+            raise ValueError("chart_readout must be >= 0 (0 = off)")
+        if self.chart_readout > 0 and self.chart_referents <= 0:
+            raise ValueError("chart_readout reads the head that --chart-referents trains: it needs chart_referents > 0")
         if self.chart_words not in ("", "parts", "whole"):
             raise ValueError(f"chart_words must be '', 'parts' or 'whole', got {self.chart_words!r}")
         if self.set_count_readout < 0:
@@ -273,12 +279,16 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         hop_layers.add(SUMMARY_LAYER)
     if numbers:
         hop_layers.add(COUNT_LAYER)
+    charts = cfg.chart_readout > 0 and bool(batch.referents)
+    if charts:
+        hop_layers.add(READ_LAYER)
     with eager_attention(lm, refs), head_inputs(lm, hop_layers) as got:
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
                  output_hidden_states=consistency or sets or (twins and cfg.twin_states > 0))
     term = set_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, readout_ids) if readout else None
     summary_term = summary_readout_loss(lm, model.lm_head, got, batch.referents) if summaries else None
     number_term = count_readout_loss(lm, model.lm_head, got, batch.referents) if numbers else None
+    chart_term = chart_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels) if charts else None
     hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
@@ -295,6 +305,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         losses["set_count_readout"] = summary_term
     if number_term is not None:
         losses["set_count_number_readout"] = number_term
+    if chart_term is not None:
+        losses["chart_readout"] = chart_term
     if consistency:
         if opening is None:
             raise ValueError("image_consistency needs the opening token ids (<s><|user|>)")
@@ -854,6 +866,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                 + cfg.set_isolation * losses.get("set_isolation", 0.0) + cfg.set_odd * losses.get("set_odd", 0.0) \
                 + cfg.set_count * losses.get("set_count", 0.0) \
                 + cfg.chart_referents * losses.get("chart_referent", 0.0) \
+                + cfg.chart_readout * losses.get("chart_readout", 0.0) \
                 + cfg.set_count_readout * losses.get("set_count_readout", 0.0) \
                 + cfg.set_count_number_readout * losses.get("set_count_number_readout", 0.0)
             opt.zero_grad(set_to_none=True)

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from loss_kit import head_readout_by_hand, image_embeds
+
 from specula.targets.processor import load_processor
 from specula.world import multi
 from specula.world.vocab import COLOUR_NAMES, SHAPES
@@ -19,7 +21,6 @@ from specula.zoo.set_readout import (count_readout_loss, head_inputs, readout_to
 from specula.zoo.set_referents import SET_HOPS
 from specula.zoo.target_config import TargetArch, build_model
 from specula.zoo.train_target import TrainConfig, forward_losses
-from specula.zoo.vision_heads import tower_features
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +37,6 @@ def setup():
     return model, enc, batch
 
 
-def _embeds(model, batch):
-    embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
-    img = tower_features(model, batch.pixel_values)[1].reshape(-1, embeds.shape[-1])  # [N_img * T, H]
-    mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
-    return embeds.masked_scatter(mask, img.to(embeds.dtype))
-
-
 def test_the_readout_ids_are_the_colour_and_shape_words(setup):
     _, enc, _ = setup
     ids = readout_token_ids(enc.word_id)
@@ -50,13 +44,13 @@ def test_the_readout_ids_are_the_colour_and_shape_words(setup):
     assert words == set(COLOUR_NAMES) | set(SHAPES)
 
 
-def test_the_term_is_the_hop_heads_direct_logits_computed_by_hand(setup):
+def test_the_term_is_the_hop_heads_direct_logits_computedhead_readout_by_hand(setup):
     model, enc, batch = setup
     lm = model.model.language_model
     hops = SET_HOPS["deep"]
     keep = readout_token_ids(enc.word_id)
     with torch.no_grad(), eager_attention(lm), head_inputs(lm, [hops.patch_layer]) as got:
-        out = lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
+        out = lm(inputs_embeds=image_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
                  output_hidden_states=True)
         term = set_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, keep)
     assert term is not None and float(term) > 0
@@ -66,25 +60,11 @@ def test_the_term_is_the_hop_heads_direct_logits_computed_by_hand(setup):
         for t in row:
             if t.group != "set" or int(batch.labels[b, t.query + 1]) not in set(keep.tolist()):
                 continue
-            logits = _by_hand(model, out, t.patch_layer, t.head, b, t.query)
+            logits = head_readout_by_hand(model, out, t.patch_layer, t.head, b, t.query)
             terms.append(F.cross_entropy(logits[None], batch.labels[b, t.query + 1][None]))
             kept += 1
     assert kept >= 8  # which answers and the caption lines' colour / shape words
     assert torch.allclose(term, torch.stack(terms).mean(), rtol=1e-4, atol=1e-5)
-
-
-def _by_hand(model, out, layer_i: int, head: int, b: int, q: int) -> torch.Tensor:
-    """A head's output at (b, q) from its attention weights and values, through its o_proj columns, the final
-    norm's gain and the LM head: # [V]."""
-    lm = model.model.language_model
-    layer, cfg = lm.layers[layer_i], lm.config
-    d = cfg.hidden_size // cfg.num_attention_heads
-    kv = head // (cfg.num_attention_heads // cfg.num_key_value_heads)
-    values = layer.self_attn.v_proj(layer.input_layernorm(out.hidden_states[layer_i]))  # [B, L, kv_heads * d]
-    mixed = out.attentions[layer_i][b, head, q] @ values[b, :, kv * d:(kv + 1) * d]  # [d]
-    contrib = mixed @ layer.self_attn.o_proj.weight[:, head * d:(head + 1) * d].T  # [H]
-    x = contrib / contrib.pow(2).mean().add(lm.norm.variance_epsilon).sqrt() * lm.norm.weight
-    return model.lm_head(x)
 
 
 def _count_batch(enc, seed: str):
@@ -100,14 +80,14 @@ def test_the_summary_readout_asks_each_summary_head_for_its_images_shapes(setup)
     samples, batch = _count_batch(enc, "set-readout/summary")
     lm = model.model.language_model
     with torch.no_grad(), eager_attention(lm), head_inputs(lm, [SUMMARY_LAYER]) as got:
-        out = lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
+        out = lm(inputs_embeds=image_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
                  output_hidden_states=True)
         term = summary_readout_loss(lm, model.lm_head, got, batch.referents)
     terms = []
     for b, row in enumerate(batch.referents):
         for t in row:
             if t.group == "set_count" and t.says and not t.spread:
-                logp = _by_hand(model, out, t.patch_layer, t.head, b, t.query).log_softmax(-1)
+                logp = head_readout_by_hand(model, out, t.patch_layer, t.head, b, t.query).log_softmax(-1)
                 terms.append(-logp[list(t.says)].mean())
     assert len(terms) >= 6 and any(len(t.says) == 2 for row in batch.referents for t in row)
     assert torch.allclose(term, torch.stack(terms).mean(), rtol=1e-4, atol=1e-5)
@@ -119,7 +99,7 @@ def test_the_number_readout_asks_each_count_head_for_its_answer(setup):
     _, batch = _count_batch(enc, "set-readout/number")
     lm = model.model.language_model
     with torch.no_grad(), eager_attention(lm), head_inputs(lm, [COUNT_LAYER]) as got:
-        out = lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
+        out = lm(inputs_embeds=image_embeds(model, batch), attention_mask=batch.attention_mask, output_attentions=True,
                  output_hidden_states=True)
         term = count_readout_loss(lm, model.lm_head, got, batch.referents)
         # the summaries' readout reads layer 0: with only layer 1 captured it finds nothing to read
@@ -129,16 +109,16 @@ def test_the_number_readout_asks_each_count_head_for_its_answer(setup):
         for t in row:
             if t.group == "set_count" and t.spread:
                 assert len(t.says) == 1 and int(batch.labels[b, t.query + 1]) == t.says[0]  # the answer's number
-                logp = _by_hand(model, out, t.patch_layer, t.head, b, t.query).log_softmax(-1)
+                logp = head_readout_by_hand(model, out, t.patch_layer, t.head, b, t.query).log_softmax(-1)
                 terms.append(-logp[t.says[0]])
     assert len(terms) >= 3
     assert torch.allclose(term, torch.stack(terms).mean(), rtol=1e-4, atol=1e-5)
     # both readouts on, both layers captured: each term reads its own targets only
     with torch.no_grad(), eager_attention(lm), head_inputs(lm, [SUMMARY_LAYER]) as alone:
-        lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask)
+        lm(inputs_embeds=image_embeds(model, batch), attention_mask=batch.attention_mask)
         summaries_alone = summary_readout_loss(lm, model.lm_head, alone, batch.referents)
     with torch.no_grad(), eager_attention(lm), head_inputs(lm, [SUMMARY_LAYER, COUNT_LAYER]) as both:
-        lm(inputs_embeds=_embeds(model, batch), attention_mask=batch.attention_mask)
+        lm(inputs_embeds=image_embeds(model, batch), attention_mask=batch.attention_mask)
         assert torch.allclose(summary_readout_loss(lm, model.lm_head, both, batch.referents), summaries_alone)
         assert torch.allclose(count_readout_loss(lm, model.lm_head, both, batch.referents), term)
 

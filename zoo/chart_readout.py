@@ -1,0 +1,54 @@
+"""Chart readout: make the head that finds a chart's part also say what the part shows.
+
+With the chart reading words (``--chart-words``, zoo/chart_words.py) a bar's visual tokens carry its value, read back
+at 1.00 by ``specula zoo probe-charts``, and ``--chart-referents`` trains head 0 of layer 1 to put its mass on the asked
+bar (its loss falls to ~0.05, -log of the mass). The answers did not follow: after 9,200 joint samples the bar-value
+answers were near-constant digits ("9" 35 times, "1" 22 of 81; zoo/TRAINING.md, "Chart reading words (stop 57)"),
+while "tallest", a colour word, was read at 0.93. Stop 45 saw the same split for image sets, where ``--set-readout``
+(zoo/set_readout.py) made the head that points at the right image also say its colour.
+
+``--chart-readout W`` does that for charts. At every ``"chart"`` target of ``zoo/chart_referents.py`` whose hop is the
+part lookup (not the number hop of a run without the words), the lookup head's own output is read out alone
+(``set_readout.head_logits``: its slice of ``o_proj``, scaled to unit RMS, through the final norm's gain and the LM
+head, neither of which gets gradient) and its cross-entropy against the answer's first token is the loss: the digit of
+a value, the colour of the tallest bar or largest slice, the ordinal of the peak and, at the ``whole`` level, the
+count word and ``higher``/``lower``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from specula.zoo.referents import PATCH_LAYER, ReferentTarget
+from specula.zoo.set_readout import head_logits
+
+READ_LAYER = PATCH_LAYER  # the chart lookup's patch hop (chart_referents: head 0 of layer 1) is the head read out
+
+
+def chart_readout_loss(lm, lm_head, got: dict, targets: Sequence[Sequence[ReferentTarget]],
+                       labels: torch.Tensor) -> torch.Tensor | None:
+    """Mean cross-entropy of each ``"chart"`` lookup target's head read out alone against the answer token its
+    position predicts; None when the batch has none.
+
+    got: ``set_readout.head_inputs``' captures (layer ``READ_LAYER`` among them); labels # [B, L] (-100 outside the
+    answers, the answer's first token at ``query + 1``).
+    """
+    rows: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (layer, head) -> [(b, query, token)]
+    for b, row in enumerate(targets):
+        for t in row:
+            if t.group != "chart" or t.patch_layer != READ_LAYER or t.query + 1 >= labels.shape[1]:
+                continue
+            tok = int(labels[b, t.query + 1])
+            if tok >= 0 and t.patch_layer in got:
+                rows.setdefault((t.patch_layer, t.head), []).append((b, t.query, tok))
+    if not rows:
+        return None
+    losses = []
+    for (layer, head), picks in rows.items():
+        logits = head_logits(lm, lm_head, got, layer, head, [p[0] for p in picks], [p[1] for p in picks])  # [N, V]
+        tok = torch.tensor([p[2] for p in picks], device=logits.device)  # [N]
+        losses.append(F.cross_entropy(logits, tok, reduction="none"))
+    return torch.cat(losses).mean()
