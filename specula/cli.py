@@ -326,10 +326,10 @@ def _add_train(sub) -> None:
                         "no number hop, the part's own tokens carry its value); needs an LM of 4+ "
                         "layers and heads (default: 0 = off; zoo/chart_referents.py)")
     t.add_argument("--chart-readout", type=float, default=0.0,
-                   help="weight of a readout loss on --chart-referents' lookup: at a chart answer, head 0 of layer 1 "
-                        "(the head that finds the asked part), read out alone through the final norm and LM head, "
-                        "must say the answer's first token (a value's digit, the tallest bar's colour, a count); "
-                        "needs --chart-referents (default: 0 = off; zoo/chart_readout.py)")
+                   help="weight of a readout loss on --chart-referents' lookup: at the answer of a value question "
+                        "(a bar's or point's value), head 0 of layer 1 (the head that finds the asked part), read out "
+                        "alone through the final norm and LM head, must say the value; needs --chart-referents, and "
+                        "--chart-words for the value to be on the part (default: 0 = off; zoo/chart_readout.py)")
     t.add_argument("--chart-words", nargs="?", const="parts", default="", choices=("parts", "whole"),
                    help="the word codes of a chart's parts also name what each part shows, so that the vision stage "
                         "and the projector fit put that on the part's own visual tokens: 'parts' (the flag alone) a "

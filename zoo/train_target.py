@@ -41,7 +41,7 @@ from specula.world.suites import MIXES, generate
 from specula.world.tokenizer import BOS, USER
 from specula.zoo.batching import Encoder, batch_to, collate, token_budget_batches
 from specula.zoo.cell_weights import object_cell_weights, opener_ids, stop_ids
-from specula.zoo.chart_readout import READ_LAYER, chart_readout_loss
+from specula.zoo.chart_readout import READ_LAYER, chart_readout_loss, value_token_ids
 from specula.zoo.code_stages import code_lm_stage, code_vision_loss
 from specula.zoo.projector_fit import fit_projector
 from specula.zoo.quality import caption_attribute_recall, chance_level, short_answer_accuracy
@@ -252,9 +252,11 @@ def patch_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Tensor | None = None,
-                   readout_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                   readout_ids: torch.Tensor | None = None,
+                   value_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The stage's losses on one batch; ``opening``: the token ids that open a dialogue's user turn (``<s><|user|>``),
-    needed by ``image_consistency``; ``readout_ids``: the tokens ``set_readout`` reads out (``readout_token_ids``)."""
+    needed by ``image_consistency``; ``readout_ids``: the tokens ``set_readout`` reads out (``readout_token_ids``);
+    ``value_ids``: the answers ``chart_readout`` reads (``chart_readout.value_token_ids``)."""
     lm = model.model.language_model
     embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
     img = feats = None
@@ -280,6 +282,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     if numbers:
         hop_layers.add(COUNT_LAYER)
     charts = cfg.chart_readout > 0 and bool(batch.referents)
+    if charts and value_ids is None:
+        raise ValueError("chart_readout needs value_ids (zoo/chart_readout.py value_token_ids)")
     if charts:
         hop_layers.add(READ_LAYER)
     with eager_attention(lm, refs), head_inputs(lm, hop_layers) as got:
@@ -288,7 +292,8 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     term = set_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, readout_ids) if readout else None
     summary_term = summary_readout_loss(lm, model.lm_head, got, batch.referents) if summaries else None
     number_term = count_readout_loss(lm, model.lm_head, got, batch.referents) if numbers else None
-    chart_term = chart_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels) if charts else None
+    chart_term = chart_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, value_ids) \
+        if charts else None
     hidden = out.last_hidden_state  # [B, L, H]
     # next-token loss on the assistant turn only
     tgt = batch.labels[:, 1:]  # [B, L-1]
@@ -750,6 +755,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
                   set_odd=cfg.set_odd > 0, chart_referents=cfg.chart_referents > 0, chart_words=cfg.chart_words,
                   set_count=cfg.uses_count_targets)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
+    value_ids = value_token_ids(enc.word_id) if cfg.chart_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
     if cfg.lm_from and not (ckpt / "state.json").exists():
         _lm_from(model, Path(cfg.lm_from), cfg, state, log)
@@ -854,7 +860,7 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]
-            losses = forward_losses(model, batch, cfg, heads, opening, readout_ids)
+            losses = forward_losses(model, batch, cfg, heads, opening, readout_ids, value_ids)
             loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
                 + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0) \
                 + cfg.referent_attention * losses.get("referent", 0.0) \
