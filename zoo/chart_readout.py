@@ -26,10 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from specula.zoo.referents import PATCH_LAYER, ReferentTarget
-from specula.zoo.set_readout import head_logits
+from specula.zoo.set_readout import picked_readout_loss
 
 READ_LAYER = PATCH_LAYER  # the chart lookup's patch hop (chart_referents: head 0 of layer 1) is the head read out
 VALUES = tuple(str(v) for v in range(1, 10))  # a bar's, point's or slice's value (world/charts.py draws 1..9)
@@ -58,11 +57,4 @@ def chart_readout_loss(lm, lm_head, got: dict, targets: Sequence[Sequence[Refere
             tok = int(labels[b, t.query + 1])
             if tok in keep and t.patch_layer in got:
                 rows.setdefault((t.patch_layer, t.head), []).append((b, t.query, tok))
-    if not rows:
-        return None
-    losses = []
-    for (layer, head), picks in rows.items():
-        logits = head_logits(lm, lm_head, got, layer, head, [p[0] for p in picks], [p[1] for p in picks])  # [N, V]
-        tok = torch.tensor([p[2] for p in picks], device=logits.device)  # [N]
-        losses.append(F.cross_entropy(logits, tok, reduction="none"))
-    return torch.cat(losses).mean()
+    return picked_readout_loss(lm, lm_head, got, rows)

@@ -69,12 +69,19 @@ def set_readout_loss(lm, lm_head, got: dict, targets: Sequence[Sequence[Referent
             tok = int(labels[b, t.query + 1])
             if tok in keep and t.patch_layer in got:
                 rows.setdefault((t.patch_layer, t.head), []).append((b, t.query, tok))
+    return picked_readout_loss(lm, lm_head, got, rows)
+
+
+def picked_readout_loss(lm, lm_head, got: dict,
+                        rows: dict[tuple[int, int], list[tuple[int, int, int]]]) -> torch.Tensor | None:
+    """Mean cross-entropy of heads read out alone (``head_logits``) against the tokens picked for them;
+    rows: (layer, head) -> [(batch row, query position, token id)]; None when there are none."""
     if not rows:
         return None
     losses = []
     for (layer, head), picks in rows.items():
         logits = head_logits(lm, lm_head, got, layer, head, [p[0] for p in picks], [p[1] for p in picks])  # [N, V]
-        tok = torch.tensor([p[2] for p in picks], device=logits.device)
+        tok = torch.tensor([p[2] for p in picks], device=logits.device)  # [N]
         losses.append(F.cross_entropy(logits, tok, reduction="none"))
     return torch.cat(losses).mean()
 
