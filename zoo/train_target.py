@@ -282,9 +282,9 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     if numbers:
         hop_layers.add(COUNT_LAYER)
     charts = cfg.chart_readout > 0 and bool(batch.referents)
-    if charts and value_ids is None:
-        raise ValueError("chart_readout needs value_ids (zoo/chart_readout.py value_token_ids)")
     if charts:
+        if value_ids is None:
+            raise ValueError("chart_readout needs value_ids (zoo/chart_readout.py value_token_ids)")
         hop_layers.add(READ_LAYER)
     with eager_attention(lm, refs), head_inputs(lm, hop_layers) as got:
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
