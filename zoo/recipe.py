@@ -29,6 +29,15 @@ The target, in these run directories:
    odd hops a layer lower, a code path since removed, and 2,016 samples of consistency on two layers) and made the
    count fit twice (first without the query steps); its threads changed between runs, so the recipe walks its route
    rather than reproducing its bits.
+6. counting and charts (the lanes of stops 55-58, zoo/TRAINING.md): ``finish`` goes on with the count read out as
+   a number on the counting mix, on a 100,000-sample schedule, to 80,448 (lane ``bcount``); from that checkpoint
+   (rounded to fp16) ``count`` runs the odd-one-out mix to 87,504 and the counting mix to 93,696. Then the tower
+   learns the chart words (zoo/chart_words.py) in four legs of the vision stage, each followed by the projector's
+   refit: ``parts`` to 200,000 images at 3e-4 and 260,000 at 5e-4 (2,400 LM samples between), ``whole`` to 290,000
+   and 305,000; the LM trains on the charts mix with the chart lookups (zoo/chart_referents.py) to 105,984 (lane
+   ``cw``). ``readout`` goes on from there (rounded to fp16) with the lookup head's readout of value answers
+   (zoo/chart_readout.py), at weight 1 and then 5 on a 150,000-sample schedule. The lane's first readout (every
+   lookup answer, 106,368-111,168) was a code path since removed, so the recipe reads values from the start.
 ``SHIPPED_UNTIL`` names the last stage of the shipped target.
 """
 
@@ -56,10 +65,16 @@ _SETS = dict(number_images=True, set_referents=10.0, set_marks=1.0, set_hops="re
              set_count_readout=3.0)
 _READER = {**_DIRECT, **_SETS, "lr": 6e-4, "total_samples": 80_000, "mix": "scan_multi_odd", "token_budget": 1024}
 _COUNT_FIT = dict(set_count_key_fit=200, set_count_query_steps=200)
+# the counting and chart stages (6.): the finishing flags with the count read out as a number, on the 100,000-sample
+# schedule of lane bcount; then the chart words (zoo/chart_words.py), the chart lookups and their readout
+_COUNTING = {**_READER, "set_count_number_readout": 3.0, "total_samples": 100_000, "mix": "scan_suites_count"}
+_CHARTS = {**_COUNTING, "total_samples": 120_000, "mix": "scan_suites_charts", "chart_referents": 3.0,
+           "chart_words": "whole", "vision_images": 305_000, "vision_lr": 5e-4}
 # the set terms that train or read a hop on a layer / head (zoo/train_target.py _check_hops_fit): a 2-layer tiny LM
 # has none of those, so a tiny build runs these stages without them
 HOP_TERMS = ("set_referents", "set_marks", "set_readout", "set_odd", "set_count", "set_count_readout",
-             "set_count_number_readout", "set_count_key_fit", "set_count_query_steps")
+             "set_count_number_readout", "set_count_key_fit", "set_count_query_steps", "chart_referents",
+             "chart_readout")
 
 # what a tiny test build changes besides the counts: small pools and batches, no mid-run checks, and no gate on
 # the projector fit (a tower trained on a few dozen images does not separate objects from background)
@@ -107,6 +122,22 @@ TARGET_STAGES = (
                                             "stop_at": 63_456}),
     TargetStage("finish", "finish", {**_READER, "set_count_number_readout": 3.0, "mix": "scan_suites",
                                      "stop_at": 73_296}, needs={"init_from": "reader"}),
+    TargetStage("count", "finish", {**_COUNTING, "stop_at": 80_448}),  # lane bcount: finish-a's run goes on
+    TargetStage("sets", "count", {**_COUNTING, "mix": "scan_suites_sets", "stop_at": 87_504},
+                needs={"init_from": "finish"}),
+    TargetStage("count-2", "count", {**_COUNTING, "stop_at": 93_696}),
+    # the tower learns the chart words in four legs, each refitting the projector after it (zoo/TRAINING.md, stop 57)
+    TargetStage("chart-parts", "count", {**_CHARTS, "chart_words": "parts", "vision_images": 200_000,
+                                         "vision_lr": 3e-4, "stop_at": 93_696}),
+    TargetStage("chart-parts-2", "count", {**_CHARTS, "chart_words": "parts", "vision_images": 260_000,
+                                           "stop_at": 96_768}),
+    TargetStage("chart-whole", "count", {**_CHARTS, "vision_images": 290_000, "stop_at": 96_768}),
+    TargetStage("chart-whole-2", "count", {**_CHARTS, "stop_at": 105_984}),  # lane cw
+    TargetStage("chart-readout", "readout", {**_CHARTS, "chart_readout": 1.0, "stop_at": 112_320},
+                needs={"init_from": "count"}),
+    TargetStage("chart-readout-150k", "readout", {**_CHARTS, "chart_readout": 1.0, "total_samples": 150_000,
+                                                  "stop_at": 118_752}),
+    TargetStage("chart-readout-5", "readout", {**_CHARTS, "chart_readout": 5.0, "total_samples": 150_000}),
 )
 # The shipped target is the export of this stage's run; stages after it would be a candidate under way
 # (zoo/candidates, zoo/promote.py, zoo/TRAINING.md): ``specula zoo build --until <stage>`` builds those too, and

@@ -174,7 +174,8 @@ def test_zoo_build_until_the_last_stage_builds_the_direct_route(tmp_path):
     """`--until` the recipe's last stage (tiny arch and scale, no drafters): the caption stage starts from the joint
     stage's checkpoint rounded to fp16, the refit stage copies it into its own run with a cell-code projector, the
     suite stages go on there, the second cycle restarts from that run in its own, the image-set stages from that one
-    (numbered images, the set terms without their hops at this size), the finishing stage from theirs, and the last
+    (numbered images, the set terms without their hops at this size), the finishing stage from theirs and on into
+    counting, the counting run from that with the tower's chart-word legs, the readout run from that, and the last
     run is what the build exports."""
     from specula.cli import main
     from specula.zoo.recipe import TARGET_STAGES, scaled
@@ -197,11 +198,18 @@ def test_zoo_build_until_the_last_stage_builds_the_direct_route(tmp_path):
     assert reader["warm_restart_at"] == cycle2["samples"] and reader["samples"] >= scaled(63_456, 0.0005)
     assert reader["config"]["number_images"] and reader["config"]["mix"] == "scan_multi_odd"
     assert reader["config"]["set_consistency"] == 30.0 and reader["config"]["set_count"] == 0  # no hops at tiny size
-    finish = json.loads((runs / "finish" / "ckpt" / "state.json").read_text())  # and the finishing stage after it
-    assert finish["warm_restart_at"] == reader["samples"] and finish["samples"] >= scaled(73_296, 0.0005)
-    assert finish["config"]["mix"] == "scan_suites"
+    finish = json.loads((runs / "finish" / "ckpt" / "state.json").read_text())  # the finishing stage, then counting
+    assert finish["warm_restart_at"] == reader["samples"] and finish["samples"] >= scaled(80_448, 0.0005)
+    count = json.loads((runs / "count" / "ckpt" / "state.json").read_text())  # the counting and chart-word stages
+    assert count["warm_restart_at"] == finish["samples"] and count["samples"] >= scaled(105_984, 0.0005)
+    assert count["vision_images_done"] == scaled(305_000, 0.0005)  # the tower's four chart-word legs
+    assert count["projector_fit"]["at_samples"] == count["vision_stage_at"] >= scaled(93_696, 0.0005)
+    readout = json.loads((runs / "readout" / "ckpt" / "state.json").read_text())
+    assert readout["warm_restart_at"] == count["samples"] and readout["samples"] >= scaled(150_000, 0.0005)
+    assert readout["config"]["chart_words"] == "whole" and readout["config"]["mix"] == "scan_suites_charts"
+    assert readout["config"]["chart_readout"] == 0  # a hop term: off at tiny size
     info = json.loads((zoo / "target" / "specula.json").read_text())
-    assert info["trained_samples"] == finish["samples"] and not verify(zoo)
+    assert info["trained_samples"] == readout["samples"] and not verify(zoo)
     assert json.loads((zoo / "target" / "processor_config.json").read_text())["number_images"]
 
 
