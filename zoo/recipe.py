@@ -36,7 +36,7 @@ The target, in these run directories:
    refit: ``parts`` to 200,000 images at 3e-4 and 260,000 at 5e-4 (2,400 LM samples between), ``whole`` to 290,000
    and 305,000; the LM trains on the charts mix with the chart lookups (zoo/chart_referents.py) to 105,984 (lane
    ``cw``). ``readout`` goes on from there (rounded to fp16) with the lookup head's readout of value answers
-   (zoo/chart_readout.py), at weight 1 and then 5 on a 150,000-sample schedule. The lane's first readout (every
+   (zoo/chart_readout.py), at weight 1 and then 5 on a 150,000-sample schedule, cut at 145,056. The lane's first readout (every
    lookup answer, 106,368-111,168) was a code path since removed, so the recipe reads values from the start.
 ``SHIPPED_UNTIL`` names the last stage of the shipped target.
 """
@@ -137,7 +137,8 @@ TARGET_STAGES = (
                 needs={"init_from": "count"}),
     TargetStage("chart-readout-150k", "readout", {**_CHARTS, "chart_readout": 1.0, "total_samples": 150_000,
                                                   "stop_at": 118_752}),
-    TargetStage("chart-readout-5", "readout", {**_CHARTS, "chart_readout": 5.0, "total_samples": 150_000}),
+    TargetStage("chart-readout-5", "readout", {**_CHARTS, "chart_readout": 5.0, "total_samples": 150_000,
+                                               "stop_at": 145_056}),  # cut where the candidate was taken
 )
 # The shipped target is the export of this stage's run; stages after it would be a candidate under way
 # (zoo/candidates, zoo/promote.py, zoo/TRAINING.md): ``specula zoo build --until <stage>`` builds those too, and
