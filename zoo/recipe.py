@@ -36,8 +36,9 @@ The target, in these run directories:
    refit: ``parts`` to 200,000 images at 3e-4 and 260,000 at 5e-4 (2,400 LM samples between), ``whole`` to 290,000
    and 305,000; the LM trains on the charts mix with the chart lookups (zoo/chart_referents.py) to 105,984 (lane
    ``cw``). ``readout`` goes on from there (rounded to fp16) with the lookup head's readout of value answers
-   (zoo/chart_readout.py), at weight 1 and then 5 on a 150,000-sample schedule, cut at 145,056. The lane's first readout (every
-   lookup answer, 106,368-111,168) was a code path since removed, so the recipe reads values from the start.
+   (zoo/chart_readout.py), at weight 1 and then 5 on a 150,000-sample schedule, cut at 145,056. The lane's first
+   readout (every lookup answer, 106,368-111,168) was a code path since removed, so the recipe reads values from the
+   start.
 ``SHIPPED_UNTIL`` names the last stage of the shipped target.
 """
 
@@ -70,8 +71,8 @@ _COUNT_FIT = dict(set_count_key_fit=200, set_count_query_steps=200)
 _COUNTING = {**_READER, "set_count_number_readout": 3.0, "total_samples": 100_000, "mix": "scan_suites_count"}
 _CHARTS = {**_COUNTING, "total_samples": 120_000, "mix": "scan_suites_charts", "chart_referents": 3.0,
            "chart_words": "whole", "vision_images": 305_000, "vision_lr": 5e-4}
-# the set terms that train or read a hop on a layer / head (zoo/train_target.py _check_hops_fit): a 2-layer tiny LM
-# has none of those, so a tiny build runs these stages without them
+# the set and chart terms that train or read a hop on a layer / head (zoo/train_target.py _check_hops_fit): a 2-layer
+# tiny LM lacks some of those layers, so a tiny build runs these stages without them
 HOP_TERMS = ("set_referents", "set_marks", "set_readout", "set_odd", "set_count", "set_count_readout",
              "set_count_number_readout", "set_count_key_fit", "set_count_query_steps", "chart_referents",
              "chart_readout")
