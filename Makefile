@@ -26,7 +26,7 @@ serve: $(STAMP)
 	$(BIN)/specula serve $(if $(CONFIG),--config "$(CONFIG)",)
 
 test: $(STAMP)
-	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q --timeout=900 tests
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q --timeout=900 tests research/tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -3,7 +3,7 @@
 #   bash .ci/device_check.sh [OUT_DIR]
 # 1. tests/runtime/test_cuda.py: greedy speculative decoding on the GPU equals plain decoding (ngram, random chain
 #    and tree drafters, drafts made on the CPU), sampled output reproducible per seed, verification of drafts from
-#    another device; and the target trainer's joint stage on CUDA (tests/zoo/test_train_target.py), its checkpoint
+#    another device; and the target trainer's joint stage on CUDA (tests/training/test_train_target.py), its checkpoint
 #    resumed on the CPU;
 # 2. bench spec on cuda with the candidate zoo (zoo/candidates, when there is one) or else the shipped one: its
 #    target with ngram, eagle, flash and msd (tau, speedup vs plain, exactness), JSON +
@@ -16,7 +16,7 @@ OUT=${1:-$R/reports/cuda}
 mkdir -p "$OUT"
 . "$R/.ci/specula_cmd.sh"
 (cd /tmp && python3 -m pytest -q -p no:cacheprovider -o addopts="" "$R/tests/runtime/test_cuda.py" \
-  "$R/tests/zoo/test_train_target.py::test_joint_stage_trains_on_cuda_and_checkpoints_on_the_cpu")
+  "$R/tests/training/test_train_target.py::test_joint_stage_trains_on_cuda_and_checkpoints_on_the_cpu")
 cd "$R"
 Z=zoo/candidates; [ -d $Z/target ] || Z=zoo/weights
 DR=()

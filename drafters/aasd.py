@@ -42,9 +42,9 @@ from specula.drafters import stopping
 from specula.drafters.aasd_head import AasdHead, context_kv
 from specula.drafters.eagle import _int
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 from specula.drafters.seeding import request_generator
-from specula.runtime.sampling import sample  # pure torch, no Ray/gRPC
+from specula.runtime.core.sampling import sample  # pure torch, no Ray/gRPC
 from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
 
 

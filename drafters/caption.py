@@ -13,7 +13,7 @@ decode for all images of the call) and their time is booked as "caption" in the 
 from __future__ import annotations
 
 from specula.drafters.ensemble import EnsembleDrafter
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 
 
 @register("caption")

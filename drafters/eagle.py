@@ -14,7 +14,7 @@ Drafting (one head forward per level; the last level is never fed):
   * Greedy rows (T = 0): children are the top-k tokens; after the last level all nodes are reranked by cumulative
     confidence and the best ``total_tokens`` are kept (EAGLE-2). A child never outranks its parent (ties go to the
     lower index), so the kept set is a tree; it is emitted parents-first (level order).
-  * Sampled rows (T > 0): the verifier (``runtime/tree_rejection.py``, "without_replacement") needs each child's
+  * Sampled rows (T > 0): the verifier (``runtime/core/tree_rejection.py``, "without_replacement") needs each child's
     token to have law q(parent) given its earlier siblings and everything the tree's shape reveals, so a node's
     existence must never depend on its own token (EAGLE-2's rerank would prune low-confidence siblings: biased).
     The rule: a sibling group's existence and size are fixed *before* its tokens are drawn, from tokens drawn
@@ -76,9 +76,9 @@ from specula.drafters import stopping
 from specula.drafters.eagle_head import EagleHead
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, spine
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 from specula.drafters.seeding import request_generator
-from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
+from specula.runtime.core.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
 from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
 
 

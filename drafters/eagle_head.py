@@ -7,7 +7,7 @@ Notation (EAGLE, MSD eq. 4-5): ``h_i`` is the target's final-norm hidden state a
     h^_{i+1} = layer(f_0 .. f_i)                 # one causal decoder layer, its own KV cache
     q(x_{i+2}) = softmax(lm_head(h^_{i+1}) / T)
 
-Trained on the target's hidden states (``drafters/train_eagle.py``): SmoothL1(h^_{i+1}, h_{i+1}) + w * CE. At draft
+Trained on the target's hidden states (``training/drafters/eagle.py``): SmoothL1(h^_{i+1}, h_{i+1}) + w * CE. At draft
 time a committed position uses the target's true h_i; a draft position uses the head's own prediction h^.
 
 The target's embedding and lm_head are *not* part of the head: they are frozen and shared by reference with the
@@ -241,7 +241,7 @@ def load_eagle(path: str | Path, target=None, *, device: str | torch.device | No
 def _load_head(cls: type[EagleHead], path, target, *, device, dtype, copy_shared) -> EagleHead:
     from safetensors.torch import load_file
 
-    from specula.zoo.paths import resolve, resolve_ref
+    from specula.zoo.store import resolve, resolve_ref
 
     d = resolve(path)
     if not (d / cls.WEIGHTS).exists() or not (d / cls.CONFIG).exists():
@@ -272,7 +272,7 @@ def embedding_from_checkpoint(target: str | Path, cfg: EagleConfig) -> tuple[nn.
     """Only the target's input embedding and lm_head, read from its safetensors (tied heads share one tensor)."""
     from safetensors import safe_open
 
-    from specula.zoo.paths import resolve
+    from specula.zoo.store import resolve
 
     d = resolve(target)
     found: dict[str, torch.Tensor] = {}

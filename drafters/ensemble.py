@@ -3,7 +3,7 @@ same request as rows of one batched forward, and the draft token sampled from th
 
     q(x) = sum_m w_m q_m(x) / sum_m w_m          q_m = softmax(logits_m / T), image token masked    (Algorithm 1)
 
-That q is the law the draft was really drawn from, so it is what goes to the verifier (``runtime/mixture.py``):
+That q is the law the draft was really drawn from, so it is what goes to the verifier (``runtime/core/mixture.py``):
 the output stays exactly the target's. Greedy rows draft the argmax of the mixture at temperature 1 (the paper's
 greedy ensemble); their q is one-hot. Trees work too: a node's children are drawn from its mixture without
 replacement, in draw order (the sibling law ``verify_tree`` assumes).
@@ -52,10 +52,10 @@ from specula.drafters.ensemble_weights import adapted_weights, check_adapt, comm
 from specula.drafters.massv_model import CONFIG_FILE, MassvModel
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 from specula.drafters.text_lm import TextLMDrafter, _Row
-from specula.runtime.mixture import mix_distributions  # pure torch, no Ray/gRPC
-from specula.runtime.sampling import sample_without_replacement
+from specula.runtime.core.mixture import mix_distributions  # pure torch, no Ray/gRPC
+from specula.runtime.core.sampling import sample_without_replacement
 from specula.targets.kv import attention_mask
 
 ALL_MEMBERS = ("multimodal", "text", "caption", "pooled")
@@ -510,7 +510,7 @@ def _image_key(features: torch.Tensor) -> bytes:
 def _load(path, dtype, attn_implementation) -> nn.Module:
     """A MassvModel from a massv directory, else a plain LlamaForCausalLM (text-only members)."""
     from specula.drafters.text_lm import _load as load_lm
-    from specula.zoo.paths import resolve
+    from specula.zoo.store import resolve
 
     d = resolve(path)
     if (d / CONFIG_FILE).exists():

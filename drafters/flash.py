@@ -35,8 +35,8 @@ from specula.drafters import stopping
 from specula.drafters.eagle import EagleDrafter, _int, _Row
 from specula.drafters.flash_head import FlashHead, draft_inputs, layout
 from specula.drafters.protocol import DraftContext
-from specula.drafters.registry import register
-from specula.runtime.sampling import sample  # pure torch, no Ray/gRPC
+from specula.drafters.registration import register
+from specula.runtime.core.sampling import sample  # pure torch, no Ray/gRPC
 
 
 @register("flash")

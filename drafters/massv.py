@@ -1,5 +1,5 @@
 """``massv``: the MASSV drafter (Ganesan et al. 2025): a small LM that reads the target's own vision features
-through its own projector (``drafters/massv_model.py``), trained in two phases by ``drafters/train_massv.py``
+through its own projector (``drafters/massv_model.py``), trained in two phases by ``training/drafters/massv.py``
 (projector pretraining on captions with the LM frozen, then self-distilled visual instruction tuning on the
 target's own answers; ``--no-sdvit`` is the ablation).
 
@@ -15,7 +15,7 @@ or {"visual"} for a model trained on the target's projected features.
 from __future__ import annotations
 
 from specula.drafters.ensemble import EnsembleDrafter
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 
 
 @register("massv")

@@ -8,14 +8,14 @@ The head (``drafters/msd_head.py``) reads, at each prompt position i,
 and predicts h_{i+1}; the target's lm_head turns a prediction into q. Everything after the prompt (the verdicts'
 committed tokens, the draft nodes) is text, so drafting is ``eagle``'s (``drafters/eagle.py``): chain, EAGLE-2
 dynamic trees for greedy rows, the lossless sampled tree (sibling groups fixed before their tokens are drawn, drawn
-without replacement, never pruned; ``runtime/tree_rejection.py``) for sampled rows, the same batched cache.
+without replacement, never pruned; ``runtime/core/tree_rejection.py``) for sampled rows, the same batched cache.
 
 ``spec.needs`` = {"hidden", "visual"}: the engine passes the prompt's projected visual embeddings in
 ``DraftContext.visual`` [N_img, T_img, H], images in prompt order, tokens in row-major order (how the target
 scatters them over the image tokens). With ``decoupled=False`` (the ablation, or a head trained without it) the
 drafter is ``eagle`` with the MSD recipe's weights and does not ask for "visual".
 
-Training: ``drafters/train_msd.py`` (stage 1 text-only, stage 2 the progressive text -> multimodal mix).
+Training: ``training/drafters/msd.py`` (stage 1 text-only, stage 2 the progressive text -> multimodal mix).
 
     drafter = create({"kind": "msd", "path": "msd", "structure": "tree", "top_k": 4, "depth": 5,
                       "total_tokens": 24}, target=target)
@@ -31,7 +31,7 @@ import torch
 from specula.drafters.eagle import EagleDrafter
 from specula.drafters.msd_head import MsdHead
 from specula.drafters.protocol import DraftContext
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 
 
 @register("msd")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 
 
 def lookup(tokens: list[int], gamma: int, min_n: int, max_n: int, banned: int | None = None) -> list[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from specula.drafters.ensemble import EnsembleDrafter
 from specula.drafters.ensemble_members import DEFAULT_GRID
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 
 
 @register("pooled")

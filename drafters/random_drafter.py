@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import torch
 
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 from specula.drafters.seeding import request_generator
-from specula.runtime.sampling import sample, sample_without_replacement  # pure torch, no Ray/gRPC
+from specula.runtime.core.sampling import sample, sample_without_replacement  # pure torch, no Ray/gRPC
 
 
 @register("random")

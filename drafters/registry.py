@@ -1,21 +1,12 @@
-"""Drafters by config ``kind``: ``@register("ngram")`` on a class, ``create({"kind": "ngram", ...})`` to build one."""
+"""Drafters by config ``kind``: ``@register("ngram")`` on a class (``registration.py``), ``create({"kind": "ngram",
+...})`` to build one; the lookups here load the built-in drafters first."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any
 
-_REGISTRY: dict[str, Callable[..., Any]] = {}
-
-
-def register(kind: str):
-    def deco(cls):
-        if kind in _REGISTRY:
-            raise ValueError(f"drafter kind {kind!r} registered twice")
-        _REGISTRY[kind] = cls
-        return cls
-
-    return deco
+from specula.drafters.registration import REGISTERED as _REGISTRY, register  # noqa: F401  (re-exported)
 
 
 def kinds() -> list[str]:

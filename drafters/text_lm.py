@@ -1,7 +1,7 @@
 """``text_lm``: a small LM over the target's tokenizer drafts from the prompt with the images removed.
 
 The text-only drafter of IbED / MASSV and the model HF assisted generation uses: a stock ``LlamaForCausalLM``
-(``zoo/text_lm_config.py``; the shipped one is distilled from the target by ``drafters/train_text_lm.py``) that sees
+(``training/drafters/text_lm_config.py``; the shipped one is distilled from the target by ``training/drafters/text_lm.py``) that sees
 the request's prompt with every image token dropped, then the committed tokens.
 
 Drafting. ``structure="chain"``: ``gamma`` tokens, each drawn from q = softmax(logits / T) given the ones before
@@ -56,9 +56,9 @@ from transformers import DynamicCache
 from specula.drafters import lean_llama, stopping
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
-from specula.drafters.registry import register
+from specula.drafters.registration import register
 from specula.drafters.seeding import request_generator
-from specula.runtime.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
+from specula.runtime.core.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
 from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
 
 
@@ -789,7 +789,7 @@ def _compact(tokens, parents, q, cols, ok):
 def _load(path, dtype, attn_implementation):
     from transformers import AutoConfig, LlamaForCausalLM
 
-    from specula.zoo.paths import resolve
+    from specula.zoo.store import resolve
 
     d = resolve(path)
     if AutoConfig.from_pretrained(d, local_files_only=True).model_type != "llama":

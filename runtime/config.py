@@ -284,14 +284,14 @@ class DrafterConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        from specula.drafters.multi import check_name
+        from specula.drafters.multi_drafter import check_name
 
         return None if v is None else check_name(v)
 
     @field_validator("alternatives")
     @classmethod
     def _alternative_names(cls, v: dict) -> dict:
-        from specula.drafters.multi import check_name
+        from specula.drafters.multi_drafter import check_name
 
         for name in v:
             check_name(name)

@@ -43,7 +43,7 @@ def _add_generate(sub) -> None:
 
     def run(args):
         _threads(args)
-        from specula.runtime.plain_generate import main as gen_main
+        from specula.runtime.engine.generate import main as gen_main
 
         return gen_main(args)
 
@@ -93,7 +93,7 @@ def _add_bench(sub) -> None:
 
     def run(args):
         _threads(args)
-        from specula.runtime.bench_target import main as bench_main
+        from specula.runtime.bench.target import main as bench_main
 
         return bench_main(args)
 
@@ -117,7 +117,7 @@ def _add_bench(sub) -> None:
 
     def run_spec(args):
         _threads(args)
-        from specula.runtime.bench_spec import main as spec_main
+        from specula.runtime.bench.spec import main as spec_main
 
         return spec_main(args)
 
@@ -129,13 +129,13 @@ def _add_bench(sub) -> None:
                                      "concurrency, HF generate / assisted, target costs, wire bytes per codec and "
                                      "the distributed overlap where available, then one line per seed paper's claim. "
                                      "A section that cannot run records why.")
-    from specula.runtime.report.args import add_arguments as report_arguments
+    from specula.runtime.bench.report.args import add_arguments as report_arguments
 
     report_arguments(rp)
 
     def run_report(args):
         _threads(args)
-        from specula.runtime.bench_report import main as report_main
+        from specula.runtime.bench.report.run import main as report_main
 
         return report_main(args)
 
@@ -145,12 +145,12 @@ def _add_bench(sub) -> None:
                          description="Drafter server and verifier in separate processes (one torch thread each, "
                                      "loopback gRPC); every configuration round robin on the same prompts; JSON + "
                                      "markdown with tau, speedups, overlap efficiency, time split and wire bytes.")
-    from specula.runtime.bench_distributed import add_arguments as distributed_arguments
+    from specula.runtime.bench.distributed import add_arguments as distributed_arguments
 
     distributed_arguments(dp)
 
     def run_distributed(args):
-        from specula.runtime.bench_distributed import main as distributed_main
+        from specula.runtime.bench.distributed import main as distributed_main
 
         return distributed_main(args)
 
@@ -161,12 +161,12 @@ def _add_bench(sub) -> None:
                          description="Greedy SpecEngine runs in which the drafter ranks its guess and its likeliest "
                                      "rejection outcomes before every verdict; JSON + markdown with the share of "
                                      "blocks covered by the top 1 .. m outcomes.")
-    from specula.runtime.bench_outcomes import add_arguments as outcomes_arguments
+    from specula.runtime.bench.outcomes import add_arguments as outcomes_arguments
 
     outcomes_arguments(op)
 
     def run_outcomes(args):
-        from specula.runtime.bench_outcomes import main as outcomes_main
+        from specula.runtime.bench.outcomes import main as outcomes_main
 
         return outcomes_main(args)
 
@@ -253,7 +253,7 @@ def _add_train(sub) -> None:
     t.add_argument("--object-cell-weight", type=float, default=1.0,
                    help="loss weight on the word that opens a scan listing's object cell ('top, a ...': the 'a'), "
                         "against the 'no object' verdicts that make up two cells in three (default: 1 = off; "
-                        "zoo/cell_weights.py)")
+                        "training/target/cell_weights.py)")
     t.add_argument("--stop-at", type=int, default=0,
                    help="stop with a checkpoint once the run reaches this many samples, keeping the learning-rate "
                         "schedule of --samples (a later run with a higher --stop-at or none goes on from there; "
@@ -265,22 +265,22 @@ def _add_train(sub) -> None:
     t.add_argument("--image-consistency", type=float, default=0.0,
                    help="weight of a loss that pulls the hidden states, in every layer, of each row's first image "
                         "when it does not open its prompt (text or a system turn in front) towards the same "
-                        "model's states for that image alone at the start (default: 0 = off; zoo/train_target.py "
+                        "model's states for that image alone at the start (default: 0 = off; training/target/train.py "
                         "image_consistency_loss)")
     t.add_argument("--twin-states", type=float, default=0.0,
                    help="weight of a loss that pulls a moved prompt's states (a lead line, a system turn or the "
                         "question in front of the image; --mix scan_placed), every layer, over the tokens it ends "
                         "with in common with its image-first twin, towards the twin's states (no gradient through "
-                        "the twin; default: 0 = off; zoo/train_target.py twin_losses)")
+                        "the twin; default: 0 = off; training/target/train.py twin_losses)")
     t.add_argument("--twin-answer", type=float, default=0.0,
                    help="weight of KL(twin || moved) of the next-token distributions at a moved prompt's answer "
                         "tokens, the twin being the same sample with its image first (default: 0 = off; "
-                        "zoo/train_target.py twin_losses)")
+                        "training/target/train.py twin_losses)")
     t.add_argument("--set-consistency", type=float, default=0.0,
                    help="weight of a loss that pulls the hidden states, in every layer, of each image of an image "
                         "set that does not open its prompt (the second and later images, or a first one after "
                         "'Image 1: ') towards the same model's states for that image alone at the start; clips are "
-                        "left out (default: 0 = off; zoo/train_target.py set_consistency_loss)")
+                        "left out (default: 0 = off; training/target/train.py set_consistency_loss)")
     t.add_argument("--set-consistency-layers", type=int, default=0,
                    help="pull only the outputs of the first N decoder layers with --set-consistency, so the layers "
                         "above stay free to add each image's number (--set-marks) (default: 0 = every layer)")
@@ -288,48 +288,48 @@ def _add_train(sub) -> None:
                    help="weight of an attention loss that teaches which image of a set is meant: for each 'which "
                         "image' question and each 'Image n has ...' caption line, head 0 of layer 2 attends to the "
                         "ordinal (or the line's number) and head 0 of layer 4 to that image's object patches "
-                        "(default: 0 = off; zoo/set_referents.py)")
+                        "(default: 0 = off; training/target/set_referents.py)")
     t.add_argument("--set-index", type=float, default=0.0,
                    help="weight of an attention loss that gives a set's image tokens their image's number: at each "
                         "object patch of image n, head 1 of layer 1 spreads its mass evenly over the first token and "
-                        "the first token of images 1..n (default: 0 = off; zoo/set_referents.py set_index_targets)")
+                        "the first token of images 1..n (default: 0 = off; training/target/set_referents.py set_index_targets)")
     t.add_argument("--set-marks", type=float, default=0.0,
                    help="weight of an attention loss that gives a set's image tokens their image's number from the "
                         "prompt: at each object patch of image n, head 2 of layer 1 (layer 0 with --set-hops shallow "
                         "or reader) attends to the number of the 'Image n:' marker before it (use with "
-                        "--number-images; default: 0 = off; zoo/set_referents.py set_mark_targets)")
+                        "--number-images; default: 0 = off; training/target/set_referents.py set_mark_targets)")
     t.add_argument("--set-hops", choices=("deep", "shallow", "reader"), default="deep",
                    help="where the --set-referents / --set-marks hops sit: deep (ordinal at layer 2, the named "
                         "image's patches at layer 4, marks at layer 1) or shallow (layers 0 and 1, head 0: the heads "
                         "the scene lookups read colours with; marks at layer 0 head 2) or reader (as shallow with the "
                         "ordinal on head 4 of layer 0, apart from the scene word hop) (default: deep; "
-                        "zoo/set_referents.py)")
+                        "training/target/set_referents.py)")
     t.add_argument("--set-readout", type=float, default=0.0,
                    help="weight of a loss that makes the head of the named image's patch hop say what it sees: at "
                         "each 'which image' answer and each colour or shape word of an 'Image n has ...' caption "
                         "line, that head's output alone, read through the final norm and LM head, must predict the "
-                        "word (builds the --set-referents targets; default: 0 = off; zoo/set_readout.py)")
+                        "word (builds the --set-referents targets; default: 0 = off; training/target/set_readout.py)")
     t.add_argument("--set-isolation", type=float, default=0.0,
                    help="weight of an attention loss that keeps each later image of a set from reading the images "
                         "before it: at its object patches, every layer's and head's mass on the earlier images' "
-                        "tokens is penalised (default: 0 = off; zoo/set_isolation.py)")
+                        "tokens is penalised (default: 0 = off; training/target/set_isolation.py)")
     t.add_argument("--set-odd", type=float, default=0.0,
                    help="weight of an attention loss for 'which image is different / the odd one out?' answers: "
                         "head 3 of layer 1 spread over every image's objects (the set's common look) and head 0 of "
                         "layer 2 on the odd image's object patches, whose image number (--set-marks) is the answer "
-                        "(default: 0 = off; zoo/set_referents.py set_odd_targets)")
+                        "(default: 0 = off; training/target/set_referents.py set_odd_targets)")
     t.add_argument("--chart-referents", type=float, default=0.0,
                    help="weight of an attention loss for chart questions about one part of the chart (a bar's or "
                         "point's value; the tallest bar, the peak, the largest slice): the scene lookup's hops "
                         "(head 0 of layer 0 on a bar's colour word, head 0 of layer 1 on the part's patches) and, "
                         "for a value, head 3 of layer 3 on the number printed above the part (with --chart-words: "
                         "no number hop, the part's own tokens carry its value); needs an LM of 4+ "
-                        "layers and heads (default: 0 = off; zoo/chart_referents.py)")
+                        "layers and heads (default: 0 = off; training/target/chart_referents.py)")
     t.add_argument("--chart-readout", type=float, default=0.0,
                    help="weight of a readout loss on --chart-referents' lookup: at the answer of a value question "
                         "(a bar's or point's value), head 0 of layer 1 (the head that finds the asked part), read out "
                         "alone through the final norm and LM head, must say the value; needs --chart-referents, and "
-                        "--chart-words for the value to be on the part (default: 0 = off; zoo/chart_readout.py)")
+                        "--chart-words for the value to be on the part (default: 0 = off; training/target/chart_readout.py)")
     t.add_argument("--chart-words", nargs="?", const="parts", default="", choices=("parts", "whole"),
                    help="the word codes of a chart's parts also name what each part shows, so that the vision stage "
                         "and the projector fit put that on the part's own visual tokens: 'parts' (the flag alone) a "
@@ -337,33 +337,33 @@ def _add_train(sub) -> None:
                         "'highest'; 'whole' also the number of bars or slices on each, 'largest' on the largest "
                         "slice, and on the last point whether the line ends 'higher' or 'lower'; raise "
                         "--vision-images on a resumed run to retrain the tower with them (default: off; "
-                        "zoo/chart_words.py)")
+                        "training/target/chart_words.py)")
     t.add_argument("--set-count", type=float, default=0.0,
                    help="weight of an attention loss for 'how many images show a ...?' answers: head 3 of layer 0 "
                         "reads each image's objects onto the token after it, and at the answer head 2 of layer 1 "
                         "spreads over the first token and those tokens of the images showing the shape, so 1/(m+1) "
                         "stays on the first token; a set without its 'Image n:' markers gets none (--number-images adds "
-                        "them) (default: 0 = off; zoo/set_count.py)")
+                        "them) (default: 0 = off; training/target/set_count.py)")
     t.add_argument("--set-count-readout", type=float, default=0.0,
                    help="weight of a readout loss on --set-count's summary hops: at the token after each image the "
                         "summary head's own output, read through the LM head, should say the shapes that image shows "
                         "(so the count hop can match them against the asked shape word) (default: 0 = off; "
-                        "zoo/set_readout.py summary_readout_loss)")
+                        "training/target/set_readout.py summary_readout_loss)")
     t.add_argument("--set-count-number-readout", type=float, default=0.0,
                    help="weight of a readout loss on --set-count's count hop: at each counting answer the count "
                         "head's own output, read through the LM head, should say the number (builds the count "
-                        "targets; default: 0 = off; zoo/set_readout.py count_readout_loss)")
+                        "targets; default: 0 = off; training/target/set_readout.py count_readout_loss)")
     t.add_argument("--set-count-key-fit", type=int, default=0, metavar="N",
                    help="before the joint stage, once per run: fit what each image of N counting dialogues shows "
                         "from the count layer's input at its summary token, write the fit into the count head's "
                         "keys (the slowest rotary pairs) and zero the head's query there, so the count hop's "
                         "query can learn the match instead of sitting at the saddle of an untrained query and key "
                         "(needs --set-count or --set-count-readout and --number-images; default: 0 = off; "
-                        "zoo/set_count_fit.py)")
+                        "training/target/set_count_fit.py)")
     t.add_argument("--set-count-query-steps", type=int, default=0, metavar="N",
                    help="with --set-count-key-fit: then N Adam steps on the count head's query alone against the "
                         "count hop's targets on the same dialogues (rotary positions and causal softmax exact), so "
-                        "the joint stage starts with the match in place (default: 0 = off; zoo/set_count_fit.py)")
+                        "the joint stage starts with the match in place (default: 0 = off; training/target/set_count_fit.py)")
     t.add_argument("--number-images", action="store_true",
                    help="train on prompts whose image sets are numbered ('Image 1: <image> Image 2: <image> ...', "
                         "added where missing); the exported processor numbers them the same way for every caller "
@@ -373,7 +373,7 @@ def _add_train(sub) -> None:
                         "fit a lease or a session (rerunning goes on; default: 0 = no limit)")
     t.add_argument("--object-phrase-weight", type=float, default=1.0,
                    help="loss weight on the rest of an object cell's phrase ('top, a large purple cross;': 'large "
-                        "purple cross'), the object read by its place (default: 1 = off; zoo/cell_weights.py)")
+                        "purple cross'), the object read by its place (default: 1 = off; training/target/cell_weights.py)")
     t.add_argument("--user-loss", type=float, default=0.0,
                    help="weight of an auxiliary next-token loss on the user turns' words (default: 0 = off): each "
                         "question names objects of the scene, so predicting it needs the image")
@@ -381,7 +381,7 @@ def _add_train(sub) -> None:
                    help="weight of the dense patch-word loss on the LM's last hidden state at the image positions "
                         "(default: 0.25; 0 = off)")
     t.add_argument("--code-lm-samples", type=int, default=0,
-                   help="word-code recipe (zoo/word_codes.py): samples of a first stage in which the LM alone learns "
+                   help="word-code recipe (training/target/word_codes.py): samples of a first stage in which the LM alone learns "
                         "the world with fixed word codes in place of the image tokens; the vision stage then regresses "
                         "tower + projector onto the codes (default: 0 = off). Raising it on a resumed run extends the "
                         "stage, until the joint stage has begun")
@@ -397,7 +397,7 @@ def _add_train(sub) -> None:
                    help="end the code LM stage at this many samples, on --code-lm-samples' schedule, unfinished: a "
                         "later run of the same directory (e.g. with more --code-lm-layers) goes on (default: 0 = off)")
     t.add_argument("--referent-attention", type=float, default=0.0,
-                   help="weight of the referent-attention loss (zoo/referents.py): for each lookup question, head 0 "
+                   help="weight of the referent-attention loss (training/target/referents.py): for each lookup question, head 0 "
                         "of layer 0 attends to the question's referent words and head 0 of layer 1 to the "
                         "referent's image tokens (default: 0 = off)")
     t.add_argument("--caption-referents", action="store_true",
@@ -414,7 +414,7 @@ def _add_train(sub) -> None:
                         "--vision-from this pairs a code LM with a tower trained elsewhere")
 
     def run(args):
-        from specula.zoo.build import train_target_cli
+        from specula.training.build import train_target_cli
 
         return train_target_cli(args)
 
@@ -426,7 +426,7 @@ def _add_train(sub) -> None:
                                     "prompts without their images. Both stages resume from --run-dir.")
     _distill_args(x, "text_lm", data=30_000, samples=240_000)
     x.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="drafter size (tiny: for tests)")
-    x.set_defaults(func=lambda a: __import__("specula.drafters.train_text_lm", fromlist=["x"]).train_text_lm_cli(a))
+    x.set_defaults(func=lambda a: __import__("specula.training.drafters.text_lm", fromlist=["x"]).train_text_lm_cli(a))
 
     e = tsub.add_parser("eagle", help="train the EAGLE head on the target's hidden states (resumable)",
                         description="Stage 1 caches the target's greedy answers on world training prompts; stage 2 "
@@ -434,7 +434,7 @@ def _add_train(sub) -> None:
                                     "next hidden state + cross-entropy through the frozen lm_head.")
     _init_from_arg(e, "eagle")
     _distill_args(e, "eagle", data=10_000, samples=60_000)
-    e.set_defaults(func=lambda a: __import__("specula.drafters.train_eagle", fromlist=["x"]).train_eagle_cli(a))
+    e.set_defaults(func=lambda a: __import__("specula.training.drafters.eagle", fromlist=["x"]).train_eagle_cli(a))
 
     m = tsub.add_parser("msd", help="train the MSD head: decoupled visual tokens, text-only stage then a progressive "
                                     "text -> multimodal mix (resumable)",
@@ -454,7 +454,7 @@ def _add_train(sub) -> None:
     m.add_argument("--no-decouple", action="store_true",
                    help="ablation: visual positions read fc(concat(e, h)) as in eagle instead of the raw embeddings")
     m.add_argument("--data-dir", default=None, help="where the target answers are cached (default: <run-dir>/data)")
-    m.set_defaults(func=lambda a: __import__("specula.drafters.train_msd", fromlist=["x"]).train_msd_cli(a))
+    m.set_defaults(func=lambda a: __import__("specula.training.drafters.msd", fromlist=["x"]).train_msd_cli(a))
 
     mv = tsub.add_parser("massv", help="train the MASSV drafter: a small LM + its own projector over the target's "
                                        "vision features; projector pretraining, then SDViT (resumable)",
@@ -477,7 +477,7 @@ def _add_train(sub) -> None:
     mv.add_argument("--text-every", type=int, default=0,
                     help="every n-th phase-2 sample is the target's answer to a text-only conversation (data_samples "
                          "/ n of them), so the LM keeps plain text (default: 0 = none)")
-    mv.set_defaults(func=lambda a: __import__("specula.drafters.train_massv", fromlist=["x"]).train_massv_cli(a))
+    mv.set_defaults(func=lambda a: __import__("specula.training.drafters.massv", fromlist=["x"]).train_massv_cli(a))
 
     f = tsub.add_parser("flash", help="train the FLASH head: latent visual compression + a k-token semi-autoregressive "
                                       "head (resumable)",
@@ -491,7 +491,7 @@ def _add_train(sub) -> None:
     f.add_argument("--visual-tokens", type=int, default=64, help="m: latent tokens per image (default: 64)")
     f.add_argument("--data-dir", default=None, help="where the target answers are cached (default: <run-dir>/data; "
                                                     "runs/eagle/data shares eagle's)")
-    f.set_defaults(func=lambda a: __import__("specula.drafters.train_flash", fromlist=["x"]).train_flash_cli(a))
+    f.set_defaults(func=lambda a: __import__("specula.training.drafters.flash", fromlist=["x"]).train_flash_cli(a))
 
     a_ = tsub.add_parser("aasd", help="train the AASD draft layer over the target's last-layer KV cache with "
                                       "Target-Draft Attention (resumable)",
@@ -506,14 +506,14 @@ def _add_train(sub) -> None:
     a_.add_argument("--train-depth", type=int, default=5, help="chain depths trained per position (default: 5)")
     a_.add_argument("--data-dir", default=None, help="where the target answers are cached (default: <run-dir>/data; "
                                                      "runs/eagle/data shares eagle's)")
-    a_.set_defaults(func=lambda a: __import__("specula.drafters.train_aasd", fromlist=["x"]).train_aasd_cli(a))
+    a_.set_defaults(func=lambda a: __import__("specula.training.drafters.aasd", fromlist=["x"]).train_aasd_cli(a))
 
 
 def _init_from_arg(p, kind: str) -> None:
     p.add_argument("--init-from", default=None,
                    help=f"warm start: an exported {kind} head (a zoo name or directory) of the same config to start "
                         "from instead of a fresh one, e.g. the shipped one when the target was fine-tuned further; "
-                        "ignored when --run-dir already has a checkpoint (default: fresh; drafters/warm_start.py)")
+                        "ignored when --run-dir already has a checkpoint (default: fresh; training/drafters/warm_start.py)")
 
 
 def _distill_args(p, kind: str, data: int, samples: int) -> None:
@@ -536,9 +536,9 @@ def _add_zoo(sub) -> None:
     p = sub.add_parser("zoo", help="the shipped embedded model family")
     zsub = p.add_subparsers(dest="zoo_cmd", required=True)
     ls = zsub.add_parser("list", help="show what is shipped (files, sizes, sha256 check)")
-    ls.set_defaults(func=lambda a: __import__("specula.zoo.manifest", fromlist=["x"]).list_cli(a))
+    ls.set_defaults(func=lambda a: __import__("specula.zoo.store", fromlist=["x"]).list_cli(a))
     b = zsub.add_parser("build", help="regenerate the zoo from seeds: tokenizer, the target's stages, every drafter",
-                        description="Runs the recipe of zoo/recipe.py: the tokenizer; the target's stages (code LM, "
+                        description="Runs the recipe of training/recipe.py: the tokenizer; the target's stages (code LM, "
                                     "tower, merge, joint stage, the direct route's caption and suite stages, the image-set "
                                     "stages); its "
                                     "export; then "
@@ -562,19 +562,19 @@ def _add_zoo(sub) -> None:
     b.add_argument("--warm-from", default=None, metavar="ZOO",
                    help="warm-start each drafter whose trainer can (eagle, msd and its ablations, flash, aasd) from "
                         "its export in this zoo, e.g. zoo/weights when the new target was fine-tuned from the shipped "
-                        "one; the others train fresh (default: all fresh; drafters/warm_start.py)")
+                        "one; the others train fresh (default: all fresh; training/drafters/warm_start.py)")
     b.add_argument("--warm-share", type=float, default=1 / 3,
                    help="with --warm-from: the share of the recipe's --samples a warm-started drafter trains "
-                        "(default: 1/3; promote needs at least a quarter: zoo/promote.py MIN_WARM_SHARE)")
+                        "(default: 1/3; promote needs at least a quarter: training/promote.py MIN_WARM_SHARE)")
     b.add_argument("--drafter", action="append", default=None, metavar="NAME",
                    help="only this recipe drafter (repeatable; recipe order kept): with --drafters-only, two builds "
                         "over one zoo with disjoint --drafter sets and their own --run-dir train side by side "
                         "(a drafter that starts from another, massv from text_lm, needs that one exported first)")
     b.add_argument("--until", default=None, metavar="STAGE",
                    help="the last target stage to build and export (default: the shipped target's, "
-                        "zoo/recipe.py SHIPPED_UNTIL; later stages make the candidate under way)")
+                        "training/recipe.py SHIPPED_UNTIL; later stages make the candidate under way)")
     b.add_argument("--dry-run", action="store_true", help="print each step's configuration / command and exit")
-    b.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).build_cli(a))
+    b.set_defaults(func=lambda a: __import__("specula.training.build", fromlist=["x"]).build_cli(a))
     pr = zsub.add_parser("promote", help="ship the candidate zoo: its target and every drafter retrained for it",
                          description="Moves the candidate zoo (zoo/candidates: a retrained target and the recipe's "
                                      "drafters retrained on it, built with `specula zoo build --drafters-only "
@@ -584,7 +584,7 @@ def _add_zoo(sub) -> None:
     pr.add_argument("--candidates", default=None, help="the candidate zoo (default: zoo/candidates)")
     pr.add_argument("--zoo-dir", default=None, help="the zoo to promote into (default: the shipped zoo/weights)")
     pr.add_argument("--check", action="store_true", help="only say what is missing (exit 1 while anything is)")
-    pr.set_defaults(func=lambda a: __import__("specula.zoo.promote", fromlist=["x"]).promote_cli(a))
+    pr.set_defaults(func=lambda a: __import__("specula.training.promote", fromlist=["x"]).promote_cli(a))
     e = zsub.add_parser("eval", help="quality gates of the shipped target (image vs blank image, captions, suites)")
     e.add_argument("--model", default="target", help="an exported model directory or zoo name (default: target)")
     e.add_argument("--checkpoint", default=None,
@@ -607,7 +607,7 @@ def _add_zoo(sub) -> None:
 
     def run_eval(args):
         _threads(args)
-        from specula.zoo.evaluate import eval_cli
+        from specula.training.target.evaluate import eval_cli
 
         return eval_cli(args)
 
@@ -615,7 +615,7 @@ def _add_zoo(sub) -> None:
     pr = zsub.add_parser("probe", help="where grounding fails: real vs oracle visual tokens vs the scene in words",
                          description="VQA accuracy per question type with the target's own visual tokens and with "
                                      "oracle ones (each object patch replaced by its words' embeddings), and the "
-                                     "same questions about a scene described in words (see zoo/probe.py)")
+                                     "same questions about a scene described in words (see research/probe.py)")
     pr.add_argument("--model", default="target")
     pr.add_argument("--n", type=int, default=100, help="questions (default: 100)")
     pr.add_argument("--json", action="store_true", help="print JSON")
@@ -623,7 +623,7 @@ def _add_zoo(sub) -> None:
 
     def run_probe(args):
         _threads(args)
-        from specula.zoo.probe import probe_cli
+        from research.probe import probe_cli
 
         return probe_cli(args)
 
@@ -633,7 +633,7 @@ def _add_zoo(sub) -> None:
                                      "shape), the answer fed in: per question type the first answer token's argmax "
                                      "over the type's candidate words, with the images and with gray ones, and the "
                                      "attention mass of every supervised set hop (reader, ordinal, mean and odd "
-                                     "hops, summary and count hops) on its target and off it (see zoo/set_probe.py)")
+                                     "hops, summary and count hops) on its target and off it (see research/set_probe.py)")
     _probe_source(ps)
     ps.add_argument("--set-hops", default=None, choices=("deep", "shallow", "reader"),
                     help="the layers and heads of the set hops (default: the checkpoint's own, else reader)")
@@ -642,7 +642,7 @@ def _add_zoo(sub) -> None:
 
     def run_probe_sets(args):
         _threads(args)
-        from specula.zoo.set_probe import probe_sets_cli
+        from research.set_probe import probe_sets_cli
 
         return probe_sets_cli(args)
 
@@ -652,7 +652,7 @@ def _add_zoo(sub) -> None:
                                      "half the sets' object patches reads each patch's colour and shape from every "
                                      "decoder layer's input and is scored on the other half; for the set's first "
                                      "image, its later images, and every image in a prompt of its own (see "
-                                     "zoo/content_probe.py). A later image that reads far below itself alone has "
+                                     "research/content_probe.py). A later image that reads far below itself alone has "
                                      "been blended into the others.")
     _probe_source(pc)
     pc.add_argument("--n", type=int, default=60, help="image sets read (half to fit, half to score; default 60)")
@@ -664,7 +664,7 @@ def _add_zoo(sub) -> None:
 
     def run_probe_content(args):
         _threads(args)
-        from specula.zoo.content_probe import probe_content_cli
+        from research.content_probe import probe_content_cli
 
         return probe_content_cli(args)
 
@@ -673,10 +673,10 @@ def _add_zoo(sub) -> None:
                           description="Held-out chart questions, the answer fed in: at bar-value answers every "
                                       "head's attention mass on the asked bar, on the number printed above it, on "
                                       "the other image tokens and on text; and for every --chart-referents target "
-                                      "(zoo/chart_referents.py) the mass its head puts there; and whether the visual "
+                                      "(training/target/chart_referents.py) the mass its head puts there; and whether the visual "
                                       "tokens of 2 x n charts carry the --chart-words reading words (a bar's value, "
                                       "the tallest bar, a point's ordinal and value, the peak), read as the nearest "
-                                      "word code of the recipe's codes (see zoo/chart_probe.py, zoo/chart_word_probe.py)")
+                                      "word code of the recipe's codes (see research/chart_probe.py, research/chart_word_probe.py)")
     _probe_source(pch)
     pch.add_argument("--n", type=int, default=30,
                      help="bar-value questions, chart dialogues for the targets, and half the charts read for the "
@@ -685,7 +685,7 @@ def _add_zoo(sub) -> None:
 
     def run_probe_charts(args):
         _threads(args)
-        from specula.zoo.chart_probe import probe_charts_cli
+        from research.chart_probe import probe_charts_cli
 
         return probe_charts_cli(args)
 
@@ -695,37 +695,37 @@ def _add_zoo(sub) -> None:
                                      "training checkpoint as its difference from an exported model (int8 per row, "
                                      "tensors that did not move left out, the run's state.json kept); `restore` "
                                      "rebuilds a checkpoint directory to go on from with `specula train target "
-                                     "--init-from DIR` or to read with `zoo eval --checkpoint DIR` (see zoo/lanes.py)")
+                                     "--init-from DIR` or to read with `zoo eval --checkpoint DIR` (see research/lanes.py)")
     lsub = ln.add_subparsers(dest="action", required=True)
     lsave = lsub.add_parser("save", help="snapshot a training checkpoint against an exported model")
     lsave.add_argument("--ckpt", required=True, help="the training checkpoint (runs/X/ckpt)")
     lsave.add_argument("--base", default="zoo/weights/target",
                        help="the exported model the lane started from (default: zoo/weights/target)")
-    lsave.add_argument("--out", required=True, help="the snapshot directory, e.g. zoo/lanes/<lane>")
+    lsave.add_argument("--out", required=True, help="the snapshot directory, e.g. research/lanes/<lane>")
     lsave.add_argument("--note", default=None, help="free text kept in lane.json, e.g. the lane's command")
     lrest = lsub.add_parser("restore", help="rebuild a snapshot's checkpoint directory")
-    lrest.add_argument("--snapshot", required=True, help="the snapshot directory (zoo/lanes/<lane>)")
+    lrest.add_argument("--snapshot", required=True, help="the snapshot directory (research/lanes/<lane>)")
     lrest.add_argument("--out", required=True, help="a new directory for the checkpoint, e.g. runs/<lane>-init")
     lrest.add_argument("--base", default=None, help="the base model (default: the one recorded; its sha256 must match)")
-    ln.set_defaults(func=lambda a: __import__("specula.zoo.lanes", fromlist=["x"]).lane_cli(a))
+    ln.set_defaults(func=lambda a: __import__("research.lanes", fromlist=["x"]).lane_cli(a))
     sp = zsub.add_parser("splice", help="a checkpoint with one run's LM and other weights' vision tower + projector",
                          description="Copies the training checkpoint --ckpt to --out (state, optimizers, vision "
                                      "heads) with every vision tower and projector tensor taken from --vision-from "
                                      "(an exported model such as zoo/weights/target, or another checkpoint). Resume "
                                      "it with `specula train target --run-dir <parent of --out>`; --freeze-vision "
-                                     "keeps the new vision side fixed. See zoo/splice.py.")
+                                     "keeps the new vision side fixed. See training/target/splice.py.")
     sp.add_argument("--ckpt", required=True, help="the training checkpoint whose LM is kept (runs/X/ckpt)")
     sp.add_argument("--vision-from", required=True,
                     help="exported model directory or training checkpoint to take the tower and projector from")
     sp.add_argument("--out", required=True, help="new checkpoint directory to write (must not exist), e.g. "
                                                  "runs/Y/ckpt")
-    sp.set_defaults(func=lambda a: __import__("specula.zoo.splice", fromlist=["x"]).splice_cli(a))
+    sp.set_defaults(func=lambda a: __import__("specula.training.target.splice", fromlist=["x"]).splice_cli(a))
     rf = zsub.add_parser("refit-projector", help="a checkpoint with its projector fitted again, with a code per cell",
                          description="Copies the training checkpoint --ckpt to --out with its projector fitted again "
                                      "in closed form onto the run's word codes plus --cell-codes times a code of its "
                                      "own for each of the nine layout cells (object patches only). The other tokens "
                                      "stay as they were; resume with `specula train target --run-dir <parent of "
-                                     "--out> --freeze-vision`. See zoo/refit.py.")
+                                     "--out> --freeze-vision`. See training/target/refit.py.")
     rf.add_argument("--ckpt", required=True, help="the training checkpoint to copy (runs/X/ckpt)")
     rf.add_argument("--out", required=True, help="new checkpoint directory to write (must not exist)")
     rf.add_argument("--cell-codes", type=float, default=1.0,
@@ -735,28 +735,28 @@ def _add_zoo(sub) -> None:
     rf.add_argument("--no-gate", action="store_true",
                     help="do not gate background patches to exact zeros (the default gates them, as "
                          "--projector-fit-gate does in training)")
-    rf.set_defaults(func=lambda a: __import__("specula.zoo.refit", fromlist=["x"]).refit_cli(a))
+    rf.set_defaults(func=lambda a: __import__("specula.training.target.refit", fromlist=["x"]).refit_cli(a))
     x = zsub.add_parser("export", help="copy a training checkpoint into the shipped zoo (fp16) and update the manifest")
     x.add_argument("--ckpt", default="runs/target/ckpt", help="checkpoint directory (default: runs/target/ckpt)")
     x.add_argument("--out", default=None,
                    help="target directory to write instead of the shipped one (its parent gets the manifest), e.g. "
                         "runs/zoo-next/target to stage a candidate and train drafters on it with --target")
-    x.set_defaults(func=lambda a: __import__("specula.zoo.build", fromlist=["x"]).export_cli(a))
+    x.set_defaults(func=lambda a: __import__("specula.training.build", fromlist=["x"]).export_cli(a))
 
 
 def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="run the distributed runtime on Ray Serve (vision encoder, drafter, verifier, ingress)",
                        description="Start (or join) Ray, deploy the Serve application described by --config and block "
                                    "until interrupted.")
-    from specula.runtime.serve.cli import add_serve_arguments
+    from specula.runtime.serve.launch import add_serve_arguments
 
     add_serve_arguments(p)
-    p.set_defaults(func=lambda a: __import__("specula.runtime.serve.cli", fromlist=["x"]).serve_cli(a))
+    p.set_defaults(func=lambda a: __import__("specula.runtime.serve.launch", fromlist=["x"]).serve_cli(a))
 
 
 def _add_chat(sub) -> None:
     p = sub.add_parser("chat", help="ask a running server one question over its gRPC API",
-                       description="A small client of the public gRPC API (specula.runtime.client): prints the answer "
+                       description="A small client of the public gRPC API (specula.runtime.api_client): prints the answer "
                                    "as it is generated.")
     p.add_argument("question", help="what to ask; '<image>' marks where each image goes (default: images first)")
     p.add_argument("--image", action="append", default=[], help="image file (PNG/JPEG/WebP), repeatable")
@@ -771,7 +771,7 @@ def _add_chat(sub) -> None:
     p.add_argument("--tls", action="store_true", help="connect with TLS (system CA roots unless --ca-cert)")
     p.add_argument("--ca-cert", default=None, help="PEM file of the CA that signed the server's certificate")
     p.add_argument("--stats", action="store_true", help="print finish reason, tokens and tau to stderr at the end")
-    p.set_defaults(func=lambda a: __import__("specula.runtime.client", fromlist=["x"]).chat_cli(a))
+    p.set_defaults(func=lambda a: __import__("specula.runtime.api_client", fromlist=["x"]).chat_cli(a))
 
 
 def _probe_source(p) -> None:

@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from specula.runtime.bench_report import ReportConfig, run, write_report
-from specula.runtime.report import claims
-from specula.runtime.report.args import SECTION_NAMES
+from specula.runtime.bench.report.run import ReportConfig, run, write_report
+from specula.runtime.bench.report import claims
+from specula.runtime.bench.report.args import SECTION_NAMES
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,8 +33,8 @@ def model_dirs(tmp_path_factory):
     from transformers import LlamaForCausalLM
 
     from specula.targets.processor import load_processor
-    from specula.zoo.paths import TOKENIZER_DIR
-    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.store import TOKENIZER_DIR
+    from specula.targets.embedded_arch import TargetArch, build_model
 
     root = tmp_path_factory.mktemp("report_models")
     processor = load_processor(TOKENIZER_DIR)
@@ -246,7 +246,7 @@ def test_quick_keeps_one_variant_per_kind_after_the_main_table(model_dirs):
 
 def test_quick_flag_selects_the_quick_preset(model_dirs):
     from specula.cli import build_parser
-    from specula.runtime.bench_report import QUICK, config_from_args
+    from specula.runtime.bench.report.run import QUICK, config_from_args
 
     args = build_parser().parse_args(["bench", "report", "--quick", "--model", str(model_dirs / "target"),
                                       "--drafters", "ngram", '{"kind": "random", "peaked": 1.0}', "--n", "2"])
@@ -328,7 +328,7 @@ def tiny_checkout(tmp_path_factory):
 
 
 def test_reliability_suite_figures_and_outcomes(tiny_checkout, tmp_path):
-    from specula.runtime.report.reliability import run_suite
+    from specula.runtime.bench.report.reliability import run_suite
 
     sec = run_suite(tiny_checkout, ("tests/reliability/test_ok.py", "tests/gone.py"), tmp_path, timeout_s=300)
     assert sec["status"] == "ok" and sec["exit_code"] == 0, sec
@@ -355,7 +355,7 @@ def test_reliability_suite_figures_and_outcomes(tiny_checkout, tmp_path):
 
 
 def test_reliability_suite_timeout_kills_pytest_and_keeps_the_figures(tiny_checkout, tmp_path):
-    from specula.runtime.report.reliability import run_suite
+    from specula.runtime.bench.report.reliability import run_suite
 
     sec = run_suite(tiny_checkout, ("tests/hang",), tmp_path, timeout_s=15)
     assert sec["status"] == "failed" and sec["reason"].startswith("timed out after 15 s"), sec
@@ -367,7 +367,7 @@ def test_reliability_suite_timeout_kills_pytest_and_keeps_the_figures(tiny_check
 
 
 def test_reliability_section_in_the_report_json_and_markdown(model_dirs, tiny_checkout, tmp_path, monkeypatch):
-    from specula.runtime.report import reliability
+    from specula.runtime.bench.report import reliability
 
     monkeypatch.setattr(reliability, "repo_root", lambda: tiny_checkout)
     cfg = ReportConfig(model=str(model_dirs / "target"), drafters=({"kind": "ngram"},), reliability=True,
@@ -389,7 +389,7 @@ def test_reliability_section_in_the_report_json_and_markdown(model_dirs, tiny_ch
 
 def test_reliability_is_opt_in(report, model_dirs):
     from specula.cli import build_parser
-    from specula.runtime.bench_report import config_from_args
+    from specula.runtime.bench.report.run import config_from_args
 
     r, out = report
     assert "reliability" not in r["sections"] and not r["config"]["reliability"]
@@ -402,7 +402,7 @@ def test_reliability_is_opt_in(report, model_dirs):
 
 
 def test_parametrized_cases_own_the_figures_recorded_under_their_full_name():
-    from specula.runtime.report.reliability import _results
+    from specula.runtime.bench.report.reliability import _results
 
     cases = [{"test": "test_auth[a]"}, {"test": "test_auth[b]"}, {"test": "test_x[1]"}, {"test": "test_x[2]"}]
     figures = [{"test": "test_auth[a]", "line": "a refused"}, {"test": "test_auth[b]", "line": "b refused"},

@@ -6,8 +6,8 @@ from transformers import AutoTokenizer
 
 from specula.cli import main
 from specula.targets.processor import build_processor
-from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch, build_model
+from specula.zoo.store import TOKENIZER_DIR
+from specula.targets.embedded_arch import TargetArch, build_model
 
 
 def test_bench_target_writes_json_and_markdown(tmp_path):

@@ -203,7 +203,7 @@ def colour_listing(scene: Scene) -> str:
     left and a large star in the center; green, no object; ...". Each entry is a lookup by colour, the word every
     visual token carries loudest (and only one of per object), where the cell scan's lookup by place has to tell
     "bottom left" from "bottom" on tokens that carry "bottom" in both. It names every colour word whatever the image,
-    so the word recall cannot judge it: read it with ``zoo/quality.py`` ``object_recall`` (zoo/TRAINING.md, "What a
+    so the word recall cannot judge it: read it with ``training/target/quality.py`` ``object_recall`` (zoo/TRAINING.md, "What a
     cell's phrase gets wrong": it stayed behind the cell scan)."""
     def phrase(o: Obj) -> str:
         where = "in the center" if o.where == "center" else f"at the {o.where}"

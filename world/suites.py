@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from specula.world import charts, multi, placed, scene, signs, text_only
+from specula.world import charts, image_sets, placed, scene, signs, text_only
 from specula.world.sample import Sample
 
 Maker = Callable[[random.Random, str, str], Sample]
@@ -42,8 +42,8 @@ SUITES: dict[str, Suite] = {
     "reasoning": Suite("reasoning", scene.make, "reasoning", "ScienceQA / LLaVA-Bench"),
     "chart": Suite("chart", charts.make, "qa", "ChartQA"),
     "ocr": Suite("ocr", signs.make, "qa", "TextVQA / OCRBench"),
-    "multi_image": Suite("multi_image", multi.make_multi, "qa", "NLVR2 / Mantis"),
-    "video": Suite("video", multi.make_video, "qa", "MSVD / MVBench"),
+    "multi_image": Suite("multi_image", image_sets.make_multi, "qa", "NLVR2 / Mantis"),
+    "video": Suite("video", image_sets.make_video, "qa", "MSVD / MVBench"),
     "text": Suite("text", text_only.make, "text", "text-only conversations"),
 }
 
@@ -84,10 +84,10 @@ TRAIN_MIX: tuple[tuple[str, Maker, str, float], ...] = (
     ("chart_caption", charts.make, "caption", 0.3),
     ("ocr", signs.make, "qa", 1.0),
     ("ocr_caption", signs.make, "caption", 0.3),
-    ("multi_image", multi.make_multi, "qa", 0.6),
-    ("multi_caption", multi.make_multi, "caption", 0.2),
-    ("video", multi.make_video, "qa", 0.5),
-    ("video_caption", multi.make_video, "caption", 0.2),
+    ("multi_image", image_sets.make_multi, "qa", 0.6),
+    ("multi_caption", image_sets.make_multi, "caption", 0.2),
+    ("video", image_sets.make_video, "qa", 0.5),
+    ("video_caption", image_sets.make_video, "caption", 0.2),
     ("text", text_only.make, "text", 1.0),
 )
 
@@ -118,10 +118,10 @@ DIALOGUE_MIX: tuple[tuple[str, Maker, str, float], ...] = (
     ("chart_caption", charts.make, "caption", 0.2),
     ("ocr", signs.make, "qa", 0.8),
     ("ocr_caption", signs.make, "caption", 0.2),
-    ("multi_image", multi.make_multi, "qa", 0.5),
-    ("multi_caption", multi.make_multi, "caption", 0.1),
-    ("video", multi.make_video, "qa", 0.4),
-    ("video_caption", multi.make_video, "caption", 0.1),
+    ("multi_image", image_sets.make_multi, "qa", 0.5),
+    ("multi_caption", image_sets.make_multi, "caption", 0.1),
+    ("video", image_sets.make_video, "qa", 0.4),
+    ("video_caption", image_sets.make_video, "caption", 0.1),
     ("text", text_only.make, "text", 0.5),
     ("text_scene_dialogue", text_only.make_scene_dialogue, "text", 2.0),
 )
@@ -185,13 +185,13 @@ COLOUR_CAPTIONS_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
 # single questions at a few percent of the samples (zoo/TRAINING.md, "Charts, image sets and clips as dialogues").
 SCAN_SUITES_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_CAPTIONS_MIX + (
     ("chart_dialogue", charts.make_dialogue, "qa", 1.5),
-    ("multi_dialogue", multi.make_multi_dialogue, "qa", 1.5),
-    ("video_dialogue", multi.make_video_dialogue, "qa", 1.5),
+    ("multi_dialogue", image_sets.make_multi_dialogue, "qa", 1.5),
+    ("video_dialogue", image_sets.make_video_dialogue, "qa", 1.5),
 )
 
 
 def _multi_scan_caption(rng: random.Random, suite: str, task: str) -> Sample:
-    return multi.make_multi(rng, suite, "caption", scan=True)
+    return image_sets.make_multi(rng, suite, "caption", scan=True)
 
 
 # The suites mix with image sets at about a third of the samples, for an LM that reads one image well and several
@@ -207,20 +207,20 @@ SCAN_MULTI_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
 # out answers see one sample in fifteen of the image-sets mix (zoo/TRAINING.md, "Image sets: counting images, and the
 # odd one out against the set's look (stop 50)").
 SCAN_MULTI_ODD_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_MULTI_MIX + (
-    ("multi_odd_dialogue", multi.make_odd_dialogue, "qa", 6.0),)
+    ("multi_odd_dialogue", image_sets.make_odd_dialogue, "qa", 6.0),)
 
 # The suites mix plus dialogues about sets built for counting (about one sample in ten), for an LM whose count hop
 # tells the matching images apart but whose counting answers stay "one", the answer of most counting questions in the
 # other mixes (zoo/TRAINING.md, "Counting on balanced sets (stop 55)").
 SCAN_SUITES_COUNT_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_SUITES_MIX + (
-    ("multi_count_dialogue", multi.make_count_dialogue, "qa", 3.0),)
+    ("multi_count_dialogue", image_sets.make_count_dialogue, "qa", 3.0),)
 
 # The counting mix plus the odd-one-out dialogues (about one sample in twelve), for an LM that counts the images of a
 # set but answers every odd-one-out question with one ordinal: the suites mix has no odd-one-out dialogues, and the
 # image-sets mix that had them also pulled the one-image gates down (zoo/TRAINING.md, "Counting and the odd one out
 # on the suites mix (stop 56)").
 SCAN_SUITES_SETS_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_SUITES_COUNT_MIX + (
-    ("multi_odd_dialogue", multi.make_odd_dialogue, "qa", 3.0),)
+    ("multi_odd_dialogue", image_sets.make_odd_dialogue, "qa", 3.0),)
 
 # The counting mix plus as many chart dialogues again (charts about one sample in eight), for an LM learning to read
 # charts from parts whose codes name what they show (--chart-words; zoo/TRAINING.md, "Chart reading words (stop 57)").

@@ -4,7 +4,7 @@
 Frames, codecs and limits are ``specula.runtime.wire``; the service is protos/specula_dataplane.proto.
 """
 
-from .client import DrafterUnavailable, RemoteDrafter, SessionStream
-from .server import DrafterServer, SessionError
+from .remote_drafter import DrafterUnavailable, RemoteDrafter, SessionStream
+from .drafter_server import DrafterServer, SessionError
 
 __all__ = ["DrafterServer", "DrafterUnavailable", "RemoteDrafter", "SessionError", "SessionStream"]

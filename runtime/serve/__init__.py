@@ -7,13 +7,13 @@ Public surface::
     LocalApp.from_config(cfg).generate({...})              # the same engines in one process, no Ray
 
 The engines (vision.py, verifier.py, ingress.py, ../dataplane/) never import Ray; deployments.py, builder.py and
-cli.py do, and are imported lazily here so that in-process users never pay for Ray.
+launch.py do, and are imported lazily here so that in-process users never pay for Ray.
 """
 
 from __future__ import annotations
 
 # everything is imported on first use: `specula --help` and the CLI parser must not pay for torch or Ray
-_LAZY = {"build_app": "builder", "app_builder": "builder", "serve_cli": "cli", "add_serve_arguments": "cli",
+_LAZY = {"build_app": "builder", "app_builder": "builder", "serve_cli": "launch", "add_serve_arguments": "launch",
          "GenerateBody": "ingress", "IngressEngine": "ingress", "RequestError": "ingress", "LocalApp": "local",
          "VerifierEngine": "verifier", "VerifierError": "verifier", "VisionEngine": "vision"}
 __all__ = sorted(_LAZY)

@@ -25,11 +25,11 @@ from starlette.responses import Response
 
 from specula.runtime.config import load_config
 from specula.runtime.dataplane import DrafterServer
-from specula.runtime.engine import GenerationRequest
+from specula.runtime.engine.loop import GenerationRequest
 from specula.runtime.serve.admission import Admission
 from specula.runtime.serve.http_api import HttpApi
 from specula.runtime.serve.ingress import IngressEngine
-from specula.runtime.serve.prom import GenerationMeter, ServeMetrics
+from specula.runtime.serve.prometheus import GenerationMeter, ServeMetrics
 from specula.runtime.serve.verifier import VerifierEngine, VerifierError
 from specula.runtime.serve.vision import VisionEngine
 
@@ -65,7 +65,7 @@ class DrafterEnsemble:
 
     def __init__(self, config: dict, engine_cls=DrafterServer) -> None:
         self.config = load_config(config)
-        from specula.runtime.serve.factory import set_threads
+        from specula.runtime.engine.factory import set_threads
 
         set_threads(self.config.deployments.drafter_ensemble)
         advertise = None

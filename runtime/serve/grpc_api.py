@@ -45,8 +45,8 @@ from dataclasses import dataclass, replace
 import grpc
 
 from specula.protos import load
-from specula.runtime.engine import GenerationRequest
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import GenerationRequest
+from specula.runtime.core.sampling import SamplingParams
 from specula.runtime.serve.admission import Admission, Overloaded
 from specula.runtime.serve.auth import authorized
 from specula.runtime.serve.ingress import RequestError

@@ -33,7 +33,7 @@ from specula.runtime.serve.admission import Admission, Overloaded
 from specula.runtime.serve.auth import authorized
 from specula.runtime.serve.errors import RequestError, error_body, error_record
 from specula.runtime.serve.openai_api import SSE_DONE, OpenAIApi, sse
-from specula.runtime.serve.prom import CONTENT_TYPE
+from specula.runtime.serve.prometheus import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 Run = Callable[..., AsyncIterator[dict]]

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from specula.runtime.engine import GenerationRequest
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import GenerationRequest
+from specula.runtime.core.sampling import SamplingParams
 from specula.runtime.serve.errors import RequestError, error_record
 from specula.runtime.serve.image_order import image_parts_first
 from specula.runtime.serve.images import IMAGE_FORMATS, ImageLoader
@@ -75,7 +75,7 @@ class IngressEngine:
 
     @classmethod
     def from_config(cls, config) -> IngressEngine:
-        from specula.runtime.serve.factory import load_processor_for, reads_images_first, set_threads
+        from specula.runtime.engine.factory import load_processor_for, reads_images_first, set_threads
 
         set_threads(config.deployments.ingress)
         on = config.drafter.gamma > 0

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from specula.runtime.dataplane import DrafterServer
-from specula.runtime.engine import GenerationRequest
+from specula.runtime.engine.loop import GenerationRequest
 from specula.runtime.serve.ingress import IngressEngine
 from specula.runtime.serve.openai_api import OpenAIApi
 from specula.runtime.serve.verifier import VerifierEngine

@@ -49,8 +49,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from specula.runtime.engine import GenerationRequest
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import GenerationRequest
+from specula.runtime.core.sampling import SamplingParams
 from specula.runtime.serve.errors import RequestError
 
 SSE_DONE = b"data: [DONE]\n\n"

@@ -13,7 +13,7 @@ steps (continuous batching), so a request's KV cache never leaves this engine::
 
 The last chunk also carries "dataplane": the request's time split seen from here (``verify_s``: target verify,
 sample and commit; ``draft_s`` / ``idle_s`` / ``transfer_s``: waiting for proposals, split by what the drafter
-reported, ``runtime/dataplane/client.py``), ``ahead_s`` (drafting that overlapped verification), the pre-drafted
+reported, ``runtime/dataplane/remote_drafter.py``), ``ahead_s`` (drafting that overlapped verification), the pre-drafted
 blocks used and dropped (``spec_used`` / ``spec_dropped``), wire bytes, the codec and the drafter that drafted;
 None without a session. Its "metrics" name that drafter too (``metrics["drafter"]``, "" when none drafted).
 
@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 
 from specula.runtime.dataplane import RemoteDrafter
-from specula.runtime.engine import GenerationRequest, SpecEngine, TokenEvent
+from specula.runtime.engine.loop import GenerationRequest, SpecEngine, TokenEvent
 from specula.targets.types import VisualFeatures
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class VerifierEngine:
 
     @classmethod
     def from_config(cls, config) -> VerifierEngine:
-        from specula.runtime.serve.factory import load_target_for, set_threads
+        from specula.runtime.engine.factory import load_target_for, set_threads
         from specula.runtime.wire import WireLimits
 
         settings, d = config.deployments.target_verifier, config.drafter

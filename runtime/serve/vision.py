@@ -34,7 +34,7 @@ class VisionEngine:
 
     @classmethod
     def from_config(cls, config) -> VisionEngine:
-        from specula.runtime.serve.factory import load_vision_target_for, set_threads
+        from specula.runtime.engine.factory import load_vision_target_for, set_threads
 
         settings = config.deployments.vision_encoder
         set_threads(settings)

@@ -14,12 +14,12 @@ import torch
 
 from specula.drafters import create
 from specula.drafters.eagle_head import EagleConfig, EagleHead
-from specula.runtime.engine import GenerationRequest, SpecEngine
-from specula.runtime.prompts import encode_prompt
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+from specula.runtime.engine.prompts import encode_prompt
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.world import generate
-from specula.zoo.target_config import TargetArch, build_model
+from specula.targets.embedded_arch import TargetArch, build_model
 
 SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning"]
 TREE = {"top_k": 3, "depth": 4, "total_tokens": 10}

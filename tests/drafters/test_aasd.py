@@ -22,12 +22,12 @@ from transformers import DynamicCache
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.aasd import AasdDrafter
 from specula.drafters.aasd_head import AasdConfig, AasdHead, context_kv, image_runs
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import PrefillRequest, load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 KV = 8  # compressed entries per image in these tests (the tiny target has 144 image tokens per image)
 

@@ -17,7 +17,7 @@ from specula.drafters.aasd_head import AasdConfig, AasdHead
 from specula.targets import load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 GAMMA = 3
 

@@ -16,13 +16,13 @@ from transformers import DynamicCache
 
 from specula.drafters import create
 from specula.drafters.aasd_head import AasdConfig, AasdHead, context_kv, load_aasd
-from specula.drafters.distill_data import load_answers, pixels
-from specula.drafters.train_aasd import (AasdTrainConfig, aasd_step, context_batch, export_aasd, target_kv,
+from specula.training.drafters.distill_data import load_answers, pixels
+from specula.training.drafters.aasd import (AasdTrainConfig, aasd_step, context_batch, export_aasd, target_kv,
                                          tda_hidden, train, train_aasd_cli)
-from specula.drafters.train_eagle import collate
+from specula.training.drafters.eagle import collate
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ from drafter_kit import (TREE, FeatureChecked, assert_equals_plain, assert_same_
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.eagle import EagleDrafter
 from specula.drafters.eagle_head import EagleConfig, EagleHead
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 
 @pytest.fixture(scope="module")

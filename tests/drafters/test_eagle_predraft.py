@@ -27,7 +27,7 @@ from specula.runtime.dataplane.overlap import Pipeline
 from specula.targets import load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 TIGHT = KVPolicy(min_waste=4, waste_ratio=0.0)
 GAMMA = 3

@@ -23,12 +23,12 @@ from specula.drafters.eagle import EagleDrafter
 from specula.drafters.msd import MsdDrafter
 from specula.drafters.protocol import supports_lookahead
 from specula.runtime.dataplane import DrafterServer, RemoteDrafter
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.core.sampling import SamplingParams
 from specula.runtime.serve.verifier import VerifierEngine
 from specula.targets import load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 TIGHT = KVPolicy(min_waste=4, waste_ratio=0.0)  # compact as soon as 4 columns are reclaimable
 NEVER = KVPolicy(min_waste=10**9)

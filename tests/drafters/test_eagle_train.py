@@ -13,14 +13,14 @@ from trainer_kit import (assert_drafts_like_plain, assert_export_loads, assert_l
                          save_lively_target, zoo_listing)
 
 from specula.drafters import create
-from specula.drafters.distill_data import cut_at_image_token, load_answers, make_answers, same_data
+from specula.training.drafters.distill_data import cut_at_image_token, load_answers, make_answers, same_data
 from specula.drafters.eagle_head import EagleConfig, EagleHead, load_eagle
-from specula.drafters.train_eagle import EagleTrainConfig, export_eagle, train, train_eagle_cli
-from specula.runtime.engine import GenerationRequest
-from specula.runtime.sampling import SamplingParams
+from specula.training.drafters.eagle import EagleTrainConfig, export_eagle, train, train_eagle_cli
+from specula.runtime.engine.loop import GenerationRequest
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 
 @pytest.fixture(scope="module")

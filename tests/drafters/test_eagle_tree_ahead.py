@@ -16,7 +16,7 @@ from specula.drafters.msd import MsdDrafter
 from specula.drafters.protocol import spine, supports_lookahead
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 TREE = dict(structure="tree", top_k=2, depth=4, total_tokens=10)
 

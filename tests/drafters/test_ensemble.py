@@ -25,13 +25,13 @@ from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.ensemble import EnsembleDrafter
 from specula.drafters.massv_model import MassvConfig, MassvModel, pool_features
 from specula.drafters.protocol import supports_lookahead, supports_predraft
-from specula.runtime.engine import SpecEngine
-from specula.runtime.mixture import mix_distributions
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.mixture import mix_distributions
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
 from specula.world.tokenizer import format_turns
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 KINDS = ["massv", "pooled", "caption", "ensemble"]
 

@@ -22,12 +22,12 @@ from specula.drafters import DraftContext, Drafter, create, kinds
 from specula.drafters.flash import FlashDrafter
 from specula.drafters.flash_head import FlashConfig, FlashHead, draft_inputs, layout
 from specula.drafters.protocol import supports_lookahead
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import PrefillRequest, load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 M = 8  # compressed tokens per image in these tests (the tiny target has 144 per image)
 

@@ -14,13 +14,13 @@ from trainer_kit import (answer_requests, assert_drafts_like_plain, assert_expor
                          assert_resumes_exactly, save_lively_target, zoo_listing)
 
 from specula.drafters import create
-from specula.drafters.distill_data import load_answers
+from specula.training.drafters.distill_data import load_answers
 from specula.drafters.flash_head import FlashConfig, FlashHead, load_flash
-from specula.drafters.train_flash import FlashTrainConfig, export_flash, flash_step, train, train_flash_cli
-from specula.runtime.bench_spec import make_drafter
+from specula.training.drafters.flash import FlashTrainConfig, export_flash, flash_step, train, train_flash_cli
+from specula.runtime.bench.spec import make_drafter
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from specula.drafters import DraftContext, Verdict, create, lean_llama
 from specula.targets.kv import growable_cache
-from specula.zoo.text_lm_config import TextLMArch, build_config
+from specula.training.drafters.text_lm_config import TextLMArch, build_config
 
 
 def _config(kv_heads: int = 4, attn: str = "sdpa", **kw) -> LlamaConfig:

@@ -16,15 +16,15 @@ from trainer_kit import save_lively_target
 
 from specula import cli
 from specula.drafters import create
-from specula.drafters import train_massv as tm
-from specula.drafters.distill_data import load_answers
-from specula.drafters.train_massv import MassvTrainConfig, export_massv, train
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.training.drafters import massv as tm
+from specula.training.drafters.distill_data import load_answers
+from specula.training.drafters.massv import MassvTrainConfig, export_massv, train
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
 from specula.world import generate
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,13 @@ from specula.drafters import DraftContext, Drafter, create, kinds
 from specula.drafters.eagle_head import EagleHead
 from specula.drafters.msd import MsdDrafter
 from specula.drafters.msd_head import MsdConfig, MsdHead
-from specula.drafters.train_eagle import Batch, target_features
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.training.drafters.eagle import Batch, target_features
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import PrefillRequest, load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 
 def as_msd(head: EagleHead, decoupled: bool = True) -> MsdHead:

@@ -14,14 +14,14 @@ from trainer_kit import (answer_requests, assert_drafts_like_plain, assert_expor
                          assert_resumes_exactly, save_lively_target, zoo_listing)
 
 from specula.drafters import create
-from specula.drafters import train_msd as tm
-from specula.drafters.distill_data import load_answers
+from specula.training.drafters import msd as tm
+from specula.training.drafters.distill_data import load_answers
 from specula.drafters.msd_head import MsdConfig, MsdHead, load_msd
-from specula.drafters.train_eagle import collate, target_features
-from specula.drafters.train_msd import MsdTrainConfig, Schedule, export_msd, train, train_msd_cli, vision_share
+from specula.training.drafters.eagle import collate, target_features
+from specula.training.drafters.msd import MsdTrainConfig, Schedule, export_msd, train, train_msd_cli, vision_share
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
+from specula.zoo.store import TOKENIZER_DIR, ZOO_DIR
 
 
 @pytest.fixture(scope="module")

@@ -21,15 +21,15 @@ from drafter_kit import assert_same_law, eos, lively_target, plain, requests
 from transformers import LlamaForCausalLM
 
 from specula.drafters import DraftContext, Drafter, Proposal, Verdict, create
-from specula.drafters.multi import MultiDrafter, merge_proposals
+from specula.drafters.multi_drafter import MultiDrafter, merge_proposals
 from specula.drafters.protocol import DrafterSpec, supports_lookahead
-from specula.runtime.engine import GenerationRequest, SpecEngine
-from specula.runtime.rejection import verify_chain
-from specula.runtime.sampling import SamplingParams, sample, sample_without_replacement
-from specula.runtime.tree_rejection import verify_tree
+from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+from specula.runtime.core.chain_rejection import verify_chain
+from specula.runtime.core.sampling import SamplingParams, sample, sample_without_replacement
+from specula.runtime.core.tree_rejection import verify_tree
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 # ----------------------------------------------------------------------------------------------- the merge
 

@@ -19,15 +19,15 @@ from transformers import LlamaForCausalLM
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.text_lm import TextLMDrafter
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.kv import KVPolicy
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch
-from specula.zoo.text_lm_config import TextLMArch, compute_ratio
-from specula.zoo.text_lm_config import build_model as build_text_lm
+from specula.zoo.store import TOKENIZER_DIR
+from specula.targets.embedded_arch import TargetArch
+from specula.training.drafters.text_lm_config import TextLMArch, compute_ratio
+from specula.training.drafters.text_lm_config import build_model as build_text_lm
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def drafter(kit, lm: str = "noisy", **opts) -> TextLMDrafter:
 def test_compute_is_under_a_sixth_of_the_target_lm():
     tok = load_processor(TOKENIZER_DIR).tokenizer
     ratio = compute_ratio(TextLMArch.from_name("embedded"), TargetArch.from_name("embedded"), len(tok))
-    assert ratio <= 1 / 6 and round(ratio, 3) == 0.162  # the figure in zoo/text_lm_config.py
+    assert ratio <= 1 / 6 and round(ratio, 3) == 0.162  # the figure in training/drafters/text_lm_config.py
     model = build_text_lm(TextLMArch.from_name("embedded"), tok)
     assert model.config.vocab_size == len(tok) == 985
     assert "text_lm" in kinds()

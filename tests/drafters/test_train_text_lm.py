@@ -13,18 +13,18 @@ from safetensors.torch import load_file
 from trainer_kit import assert_drafts_like_plain, save_lively_target
 
 from specula.drafters import create
-from specula.drafters.train_text_lm import (
+from specula.training.drafters.text_lm import (
     TextLMTrainConfig,
     export_text_lm,
     greedy_tau,
     target_fingerprint,
     train,
 )
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.manifest import verify
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import verify
+from specula.zoo.store import TOKENIZER_DIR
 
 
 @pytest.fixture(scope="module")

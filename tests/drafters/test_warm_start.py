@@ -1,4 +1,4 @@
-"""Warm starts (drafters/warm_start.py): ``specula train eagle --init-from`` begins from an exported head of the same
+"""Warm starts (training/drafters/warm_start.py): ``specula train eagle --init-from`` begins from an exported head of the same
 config, trains against the target it is given, records what stands behind it; a head of another kind or config is
 refused; ``specula zoo build --warm-from`` hands the option to the kinds that take it, with a share of the samples;
 promote counts the samples behind a warm start but wants a quarter of the recipe's on the new target."""
@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from trainer_kit import save_lively_target
 
 from specula.cli import build_parser
-from specula.drafters.train_eagle import EagleTrainConfig, export_eagle, train
-from specula.drafters.train_flash import FlashTrainConfig, train as train_flash
-from specula.zoo import recipe
-from specula.zoo.promote import MIN_WARM_SHARE, drafter_problem
+from specula.training.drafters.eagle import EagleTrainConfig, export_eagle, train
+from specula.training.drafters.flash import FlashTrainConfig, train as train_flash
+from specula.training import recipe
+from specula.training.promote import MIN_WARM_SHARE, drafter_problem
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ import torch
 from drafter_kit import lively_target
 from safetensors.torch import load_file
 
-from specula.drafters.distill_data import pixels
-from specula.drafters.train_eagle import evaluate
-from specula.runtime.engine import GenerationRequest, SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.training.drafters.distill_data import pixels
+from specula.training.drafters.eagle import evaluate
+from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TOKENIZER_DIR, ZOO_DIR
+from specula.zoo.store import TOKENIZER_DIR, ZOO_DIR
 
 
 def save_lively_target(tmp_path_factory, name: str) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from specula.runtime.report.reliability import FIGURES_ENV, record_figure  # noqa: F401 (the kit's API)
+from specula.runtime.bench.report.reliability import FIGURES_ENV, record_figure  # noqa: F401 (the kit's API)
 
 LONG = os.environ.get("SPECULA_LONG", "") not in ("", "0")
 

@@ -35,8 +35,8 @@ def build_weights(tmp_path_factory):
     from transformers import LlamaForCausalLM
 
     from specula.targets.processor import load_processor
-    from specula.zoo.paths import TOKENIZER_DIR
-    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.store import TOKENIZER_DIR
+    from specula.targets.embedded_arch import TargetArch, build_model
 
     root = tmp_path_factory.mktemp("reliability_weights")
     processor = load_processor(TOKENIZER_DIR)

@@ -23,7 +23,7 @@ import uuid
 import grpc
 import pytest
 
-from specula.runtime.client import SpeculaClient, request as grpc_request
+from specula.runtime.api_client import SpeculaClient, request as grpc_request
 from specula.runtime.serve import LocalApp
 
 from reliability_kit import record_figure, scale

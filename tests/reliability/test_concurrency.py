@@ -13,7 +13,7 @@ API (``grpc_api.py``, a real grpc.aio server) over the same engines. The doors:
 Requests of one kind share their verifier's batch; requests join and leave it as they come and finish. Greedy
 streams equal their solo runs exactly: verification is exact, and an argmax does not move with the ~1e-5 the
 batch changes in fp32 logits. Seeded sampled streams use only their own generators (the target's and the
-drafter's), whatever shares the batch (runtime/sampling.py), so they equal their solo runs too, except when a
+drafter's), whatever shares the batch (runtime/core/sampling.py), so they equal their solo runs too, except when a
 uniform lands within those ~1e-5 of a CDF boundary: the forward passes (target and drafter, over padded batches of
 another shape) are not bitwise batch-invariant on CPU, so that draw flips and the stream goes its own (equally
 lossless) way. Measured: 2 of 1,200 sampled streams in a 300 s soak (a case: text_lm, world sample 1, seed 3111,
@@ -33,7 +33,7 @@ import time
 
 import pytest
 
-from specula.runtime.client import SpeculaClient
+from specula.runtime.api_client import SpeculaClient
 from specula.runtime.serve import LocalApp
 
 from reliability_kit import record_figure, scale

@@ -42,12 +42,12 @@ import pytest
 from google.protobuf.message import DecodeError
 from PIL import Image
 
-from specula.runtime.engine import SpecEngine
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import LocalApp
 from specula.runtime.serve.admission import Admission
 from specula.runtime.serve.grpc_api import api
 from specula.runtime.serve.http_api import HttpApi
-from specula.runtime.serve.prom import ServeMetrics
+from specula.runtime.serve.prometheus import ServeMetrics
 from specula.targets import load_target
 
 from reliability_kit import record_figure, scale

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specula.runtime.bench_overhead import render, run
+from specula.runtime.bench.overhead import render, run
 
 
 def test_bench_overhead_smoke():

@@ -8,11 +8,11 @@ import pytest
 import torch
 from test_engine import _near_tie, kit, make_drafter, requests  # noqa: F401 (kit: the tiny model fixture)
 
-from specula.runtime.engine import GenerationRequest, SpecEngine
-from specula.runtime.prompts import encode_prompt
-from specula.runtime.rejection import verify_chain
-from specula.runtime.sampling import SamplingParams
-from specula.runtime.tree_rejection import verify_tree
+from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+from specula.runtime.engine.prompts import encode_prompt
+from specula.runtime.core.chain_rejection import verify_chain
+from specula.runtime.core.sampling import SamplingParams
+from specula.runtime.core.tree_rejection import verify_tree
 from specula.targets import load_target
 from specula.world import generate
 

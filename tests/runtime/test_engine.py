@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from specula.drafters import create
-from specula.runtime.engine import GenerationRequest, SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
 from specula.world import generate
-from specula.runtime.prompts import encode_prompt
-from specula.zoo.paths import TOKENIZER_DIR
-from specula.zoo.target_config import TargetArch, build_model
+from specula.runtime.engine.prompts import encode_prompt
+from specula.zoo.store import TOKENIZER_DIR
+from specula.targets.embedded_arch import TargetArch, build_model
 
 SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning", "ocr", "video"]
 
@@ -286,13 +286,13 @@ class SelfDrafter:
             x[b, : len(s)] = torch.tensor(s)
         pix = self.pix[rows[0]].repeat(len(ids), 1, 1, 1)
         logits = self.model(input_ids=x, pixel_values=pix).logits[torch.arange(len(ids)), lens - 1]  # [B, V]
-        from specula.runtime.sampling import logits_to_probs
+        from specula.runtime.core.sampling import logits_to_probs
 
         return logits_to_probs(logits, self.params)
 
     def propose(self, request_ids, gamma):
         from specula.drafters.protocol import Proposal
-        from specula.runtime.sampling import sample, sample_without_replacement
+        from specula.runtime.core.sampling import sample, sample_without_replacement
 
         rows = list(request_ids)
         seqs = [list(self.seq[r]) for r in rows]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from specula.runtime.rejection import verify_chain
-from specula.runtime.sampling import SamplingParams, logits_to_probs
-from specula.runtime.tree_rejection import verify_tree
+from specula.runtime.core.chain_rejection import verify_chain
+from specula.runtime.core.sampling import SamplingParams, logits_to_probs
+from specula.runtime.core.tree_rejection import verify_tree
 
 V = 12
 GREEDY = SamplingParams()

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from specula.runtime.mixture import mix_distributions
-from specula.runtime.rejection import verify_chain
-from specula.runtime.sampling import sample, sample_without_replacement
-from specula.runtime.tree_rejection import verify_tree
+from specula.runtime.core.mixture import mix_distributions
+from specula.runtime.core.chain_rejection import verify_chain
+from specula.runtime.core.sampling import sample, sample_without_replacement
+from specula.runtime.core.tree_rejection import verify_tree
 
 N_FIRST = 200_000  # rows for first-token checks
 N_JOINT = 400_000  # rows for two-token (joint) checks of chains

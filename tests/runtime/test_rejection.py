@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import specula.runtime.rejection as rejection
-from specula.runtime.rejection import verify_chain
-from specula.runtime.sampling import sample
+import specula.runtime.core.chain_rejection as rejection
+from specula.runtime.core.chain_rejection import verify_chain
+from specula.runtime.core.sampling import sample
 
 
 def one_hot(ids: list[int], vocab: int) -> torch.Tensor:

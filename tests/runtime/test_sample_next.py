@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specula.runtime.sampling import SamplingParams, logits_to_probs, sample, sample_next
+from specula.runtime.core.sampling import SamplingParams, logits_to_probs, sample, sample_next
 
 GREEDY = SamplingParams()
 HOT = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specula.runtime.sampling import (
+from specula.runtime.core.sampling import (
     SamplingParams,
     draw_uniforms,
     inverse_cdf,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specula.runtime.rejection import verify_chain
-from specula.runtime.sampling import sample
-from specula.runtime.tree_rejection import verify_tree
+from specula.runtime.core.chain_rejection import verify_chain
+from specula.runtime.core.sampling import sample
+from specula.runtime.core.tree_rejection import verify_tree
 
 
 def one_hot(ids, vocab: int) -> torch.Tensor:

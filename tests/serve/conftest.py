@@ -20,8 +20,8 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     from specula.targets.processor import load_processor
-    from specula.zoo.paths import TOKENIZER_DIR
-    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.store import TOKENIZER_DIR
+    from specula.targets.embedded_arch import TargetArch, build_model
 
     out = tmp_path_factory.mktemp("tiny_llava")
     processor = load_processor(TOKENIZER_DIR)

@@ -6,9 +6,9 @@ import base64
 import io
 
 from specula.runtime.config import load_config
-from specula.runtime.engine import GenerationRequest
-from specula.runtime.report.reliability import record_figure  # noqa: F401 (re-exported for the serving tests)
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import GenerationRequest
+from specula.runtime.bench.report.reliability import record_figure  # noqa: F401 (re-exported for the serving tests)
+from specula.runtime.core.sampling import SamplingParams
 from specula.world import generate
 from specula.world.tokenizer import format_turns
 

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from specula.runtime.config import load_config
-from specula.runtime.engine import SpecEngine
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import IngressEngine
 from specula.targets import load_target
 

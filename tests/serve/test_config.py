@@ -93,7 +93,7 @@ def test_yaml_file_loads_and_problems_name_the_file(tmp_path):
 
 
 def test_serve_cli_arguments():
-    from specula.runtime.serve.cli import add_serve_arguments
+    from specula.runtime.serve.launch import add_serve_arguments
 
     p = argparse.ArgumentParser()
     add_serve_arguments(p)

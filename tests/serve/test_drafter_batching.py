@@ -25,8 +25,8 @@ from specula.drafters import create
 from specula.drafters.protocol import DraftContext, Verdict, supports_lookahead
 from specula.protos import load
 from specula.runtime.dataplane import DrafterServer, RemoteDrafter, SessionStream
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.runtime.serve.verifier import VerifierEngine
 from specula.targets import load_target
 from specula.runtime.wire import DEFAULT_LIMITS, pb
@@ -117,7 +117,7 @@ def _text_lm(model_dir):
 @pytest.fixture(scope="module")
 def lively(tmp_path_factory, processor):
     """The tiny LLaVA with larger LM weights: answers vary, so drafts are partly rejected."""
-    from specula.zoo.target_config import TargetArch, build_model
+    from specula.targets.embedded_arch import TargetArch, build_model
 
     out = tmp_path_factory.mktemp("lively_batching")
     model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
@@ -347,7 +347,7 @@ def test_seeded_sampled_requests_batched_repeat_the_single_process_engine(model_
         finally:
             verifier.close()
         # a seed reproduces a row's draws whatever shares its batch; the target's forward over another batch shape
-        # may still differ in the last bits and flip a rare near-tie draw (runtime/sampling.py), so allow one row
+        # may still differ in the last bits and flip a rare near-tie draw (runtime/core/sampling.py), so allow one row
         same = sum(got[r]["tokens"] == want[r] for r in want)
         assert same >= len(want) - 1, ({r: g["tokens"] for r, g in got.items()}, want)
         assert all(g["drafter"] == "ok" for g in got.values())

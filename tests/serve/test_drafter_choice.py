@@ -22,9 +22,9 @@ import grpc
 import pytest
 import torch
 
-from specula.runtime.client import ApiError, SpeculaClient
+from specula.runtime.api_client import ApiError, SpeculaClient
 from specula.runtime.config import ConfigError, load_config
-from specula.runtime.engine import SpecEngine
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import LocalApp, RequestError
 from specula.runtime.serve.grpc_api import PublicApiServicer, api, local_run, start_grpc_server
 from specula.targets import load_target
@@ -220,9 +220,9 @@ def test_requests_whose_drafter_drafts_ahead_overlap_and_the_others_draft_in_tur
     """Overlap is per session, on the chosen drafter's pipeline: eagle (a Lookahead chain) drafts ahead, the random
     tree cannot; batched together through one MultiDrafter replica, both give plain decoding's tokens."""
     from specula.drafters import create
-    from specula.drafters.multi import MultiDrafter
+    from specula.drafters.multi_drafter import MultiDrafter
     from specula.runtime.dataplane import DrafterServer, RemoteDrafter
-    from specula.runtime.sampling import SamplingParams
+    from specula.runtime.core.sampling import SamplingParams
     from specula.runtime.serve.verifier import VerifierEngine
 
     from serve_kit import world_requests

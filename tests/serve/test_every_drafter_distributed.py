@@ -22,7 +22,7 @@ import torch
 
 from specula.drafters.protocol import supports_lookahead
 from specula.drafters.registry import kinds
-from specula.runtime.engine import SpecEngine
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import LocalApp
 from specula.runtime.serve.ingress import IngressEngine
 from specula.runtime.serve.verifier import VerifierEngine
@@ -71,8 +71,8 @@ def weights(tmp_path_factory):
     from specula.drafters.msd_head import MsdConfig, MsdHead
     from specula.targets.processor import load_processor
     from specula.world.tokenizer import format_turns
-    from specula.zoo.paths import TOKENIZER_DIR
-    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.store import TOKENIZER_DIR
+    from specula.targets.embedded_arch import TargetArch, build_model
 
     root = tmp_path_factory.mktemp("every_drafter")
     processor = load_processor(TOKENIZER_DIR)

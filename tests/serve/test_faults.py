@@ -17,7 +17,7 @@ import signal
 
 import pytest
 
-from specula.runtime.engine import SpecEngine
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import IngressEngine
 from specula.targets import load_target
 

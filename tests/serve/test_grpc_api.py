@@ -19,8 +19,8 @@ import time
 import grpc
 import pytest
 
-from specula.runtime.client import ApiError, SpeculaClient, chat_cli, request as make_request
-from specula.runtime.engine import SpecEngine
+from specula.runtime.api_client import ApiError, SpeculaClient, chat_cli, request as make_request
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve.admission import Admission
 from specula.runtime.serve.grpc_api import PublicApiServicer, api, local_run, start_grpc_server
 from specula.runtime.serve.ingress import IngressEngine
@@ -365,7 +365,7 @@ def test_health_needs_a_token_when_not_open(stack):
 
 
 def test_statuses_are_counted_in_the_replica_metrics(stack):
-    from specula.runtime.serve.prom import ServeMetrics
+    from specula.runtime.serve.prometheus import ServeMetrics
 
     metrics = ServeMetrics()
     _, server = stack.serve(metrics=metrics)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.core.sampling import SamplingParams
 from specula.runtime.serve.image_order import image_parts_first
 
 from serve_kit import make_config
@@ -37,7 +37,7 @@ def test_a_single_run_of_images_goes_first(content, want):
 
 
 def test_ingress_reads_a_text_first_message_as_the_image_first_one(model_dir, tmp_path):
-    from specula.runtime.serve.factory import reads_images_first
+    from specula.runtime.engine.factory import reads_images_first
     from specula.runtime.serve.ingress import IngressEngine
     from specula.world import generate
 

@@ -10,9 +10,9 @@ import base64
 import pytest
 import torch
 
-from specula.runtime.engine import SpecEngine
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import LocalApp, RequestError
-from specula.runtime.serve.factory import make_drafter
+from specula.runtime.engine.factory import make_drafter
 from specula.runtime.serve.vision import VisionEngine
 from specula.targets import load_target
 
@@ -320,7 +320,7 @@ def test_detokenizer_holds_back_what_may_start_a_stop_string():
 def test_metrics_exposition_counts_what_the_verifier_reported(app):
     parser = pytest.importorskip("prometheus_client.parser")
     from specula.runtime.serve.admission import Admission
-    from specula.runtime.serve.prom import GenerationMeter, ServeMetrics
+    from specula.runtime.serve.prometheus import GenerationMeter, ServeMetrics
 
     a, _ = app
     metrics = ServeMetrics(Admission(2, 2))

@@ -24,8 +24,8 @@ from specula.drafters.eagle_head import EagleConfig, EagleHead
 from specula.drafters.protocol import DraftContext, Verdict, supports_lookahead
 from specula.runtime.dataplane import DrafterServer, RemoteDrafter
 from specula.runtime.dataplane.overlap import Pipeline
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
 from specula.runtime.serve.verifier import VerifierEngine
 from specula.targets import load_target
 
@@ -34,8 +34,8 @@ from serve_kit import world_requests
 
 @pytest.fixture(scope="module")
 def lively(tmp_path_factory, processor):
-    from specula.zoo.paths import TOKENIZER_DIR  # noqa: F401  (the processor fixture already resolved it)
-    from specula.zoo.target_config import TargetArch, build_model
+    from specula.zoo.store import TOKENIZER_DIR  # noqa: F401  (the processor fixture already resolved it)
+    from specula.targets.embedded_arch import TargetArch, build_model
 
     out = tmp_path_factory.mktemp("lively_llava")
     model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
@@ -502,7 +502,7 @@ def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would(lockstep):
 
 
 def _prompt_rows(processor, n: int, text_only: bool) -> list:
-    from specula.runtime.sampling import SamplingParams as _SP
+    from specula.runtime.core.sampling import SamplingParams as _SP
 
     reqs = [r for r in world_requests(processor, 4 * n, _SP(max_tokens=16)) if (r.pixel_values is None) == text_only]
     return [("s", r.request_id, r.input_ids, r.pixel_values) for r in reqs[:n]]
@@ -510,7 +510,7 @@ def _prompt_rows(processor, n: int, text_only: bool) -> list:
 
 def test_outcome_ceiling_of_an_exact_drafter_is_its_guess(lively, processor):
     """The target's own LM on text prompts: every block is accepted whole and the bonus token is the guess."""
-    from specula.runtime.bench_outcomes import measure
+    from specula.runtime.bench.outcomes import measure
 
     r = measure(load_target(lively), _text_lm(lively), _prompt_rows(processor, 2, True), gamma=3, max_tokens=16, top=4)
     assert r["blocks"] >= 2 and r["coverage"]["1"] == 1.0 and r["not_ranked"] == 0.0
@@ -519,7 +519,7 @@ def test_outcome_ceiling_of_an_exact_drafter_is_its_guess(lively, processor):
 def test_outcome_ranks_find_rejections_among_the_drafters_runners_up(lively, processor):
     """A noisy copy of the target's LM on image prompts: where it is wrong the target's token is often its
     runner-up, so the top-m curve climbs past the guess; it never falls, and it ends at 1 - not_ranked."""
-    from specula.runtime.bench_outcomes import measure
+    from specula.runtime.bench.outcomes import measure
 
     drafter = _noisy_text_lm(lively)
     r = measure(load_target(lively), drafter, _prompt_rows(processor, 3, False), gamma=4, max_tokens=16, top=6)

@@ -47,7 +47,7 @@ class BrokenVerifierEngine(VerifierEngine):
     @classmethod
     def from_config(cls, config):
         from specula.runtime.dataplane import RemoteDrafter
-        from specula.runtime.serve.factory import load_target_for
+        from specula.runtime.engine.factory import load_target_for
 
         target = load_target_for(config, "cpu")
         return cls(_BrokenTarget(target), RemoteDrafter(vocab_size=target.info.vocab_size), gamma=config.drafter.gamma)
@@ -153,7 +153,7 @@ def test_the_ingress_replica_serves_the_grpc_api(served):
 
     import grpc
 
-    from specula.runtime.client import ApiError, SpeculaClient
+    from specula.runtime.api_client import ApiError, SpeculaClient
 
     cfg, url = served
     body = world_body(0, max_tokens=16)
@@ -175,7 +175,7 @@ def test_the_ingress_replica_serves_the_grpc_api(served):
 def test_verifier_failure_reaches_the_grpc_client_as_internal(served):
     import grpc
 
-    from specula.runtime.client import ApiError, SpeculaClient
+    from specula.runtime.api_client import ApiError, SpeculaClient
 
     body = world_body(2, max_tokens=8)  # text only
     with SpeculaClient(_grpc_address("broken"), timeout=120) as client:

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from specula.runtime.dataplane import DrafterServer, RemoteDrafter
-from specula.runtime.engine import SpecEngine
-from specula.runtime.sampling import SamplingParams
-from specula.runtime.serve.factory import make_drafter
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.core.sampling import SamplingParams
+from specula.runtime.engine.factory import make_drafter
 from specula.runtime.serve.verifier import VerifierEngine, VerifierError
 from specula.targets import load_target
 

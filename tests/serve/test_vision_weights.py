@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specula.runtime.serve import VisionEngine
-from specula.runtime.serve.vision_weights import load_vision_target, resident_parameters
+from specula.runtime.engine.vision_weights import load_vision_target, resident_parameters
 from specula.targets import load_target
 
 from serve_kit import make_config

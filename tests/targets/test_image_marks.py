@@ -7,7 +7,7 @@ from PIL import Image
 
 from specula.targets.image_marks import number_image_marks
 from specula.targets.processor import load_processor
-from specula.zoo.paths import TARGET_DIR, TOKENIZER_DIR
+from specula.zoo.store import TARGET_DIR, TOKENIZER_DIR
 
 
 def test_bare_sets_get_their_numbers_and_marked_ones_stay():
@@ -31,7 +31,7 @@ def test_the_processor_numbers_sets_only_when_asked(images, tmp_path):
     proc = load_processor(TOKENIZER_DIR)
     assert not proc.number_images  # the tokenizer's processor: prompts as written
     if (TARGET_DIR / "processor_config.json").exists():  # the shipped target's: as the recipe's stage trained it
-        from specula.zoo.recipe import SHIPPED_UNTIL, stages_until
+        from specula.training.recipe import SHIPPED_UNTIL, stages_until
 
         trained = stages_until(SHIPPED_UNTIL)[-1].config.get("number_images", False)
         assert bool(load_processor(TARGET_DIR).number_images) == trained

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specula.targets.bench import bench_target, default_prompts, render_markdown
+from specula.runtime.bench.target_timing import bench_target, default_prompts, render_markdown
 
 
 def test_bench_target_reports_everything(kit):

@@ -79,8 +79,8 @@ def test_one_tower_pass_feeds_prefill_and_drafter_with_images_of_different_sizes
     """The engine's shared tower pass over a batch whose images differ in size (Qwen: 16x16 and 16x24 px) gives
     each request's drafter context its own images' features, padded only to its own longest image, and leaves the
     output as plain decoding's."""
-    from specula.runtime.engine import GenerationRequest, SpecEngine
-    from specula.runtime.sampling import SamplingParams
+    from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+    from specula.runtime.core.sampling import SamplingParams
 
     reqs = [kit.request("a", [3, 4], [0], seed=70), kit.request("b", [2, 5, 1], [1, 0], seed=71),
             kit.request("c", [4, 2], [1], seed=72)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specula.runtime.wire.bench import bench_codecs, main
+from specula.runtime.bench.wire import bench_codecs, main
 
 
 def test_bench_codecs_reports_bytes_times_and_errors():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specula.protos import build, load
-from specula.runtime.report.reliability import record_figure
+from specula.runtime.bench.report.reliability import record_figure
 
 PROTO = build.PROTO_DIR / "specula_dataplane.proto"
 

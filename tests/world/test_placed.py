@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from specula.world import generate, placed
 from specula.world.sample import IMAGE_MARK
 from specula.world.tokenizer import SYSTEM, format_turns
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 
 def _form(s, original) -> str:
@@ -75,7 +75,7 @@ def test_system_turn_is_encoded_as_the_chat_template_writes_it():
 
 def test_training_encoder_labels_only_the_answer_after_a_system_turn():
     from specula.targets.processor import load_processor
-    from specula.zoo.batching import Encoder
+    from specula.training.target.batching import Encoder
 
     processor = load_processor(TOKENIZER_DIR)
     s = placed.variant(generate("vqa", "train", 5), "system")

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from specula.world import GRID, charts, generate, multi
+from specula.world import GRID, charts, generate, image_sets as multi
 from specula.world.phrasing import SHORT_SUFFIX
 from specula.world.vocab import NUMBER_WORDS, ORDINALS, SHAPES
 
@@ -273,7 +273,7 @@ def test_count_dialogues_lead_with_a_count_drawn_evenly_and_read_off_the_images(
 
 
 def test_image_set_dialogues_are_drawn_as_before_the_count_dialogues_shared_their_turns():
-    # digest taken with world/multi.py before ``_set_dialogue`` was split out of ``make_multi_dialogue`` (stop 55):
+    # digest taken with world/image_sets.py before ``_set_dialogue`` was split out of ``make_multi_dialogue`` (stop 55):
     # the lanes' image-set and odd dialogues stay the same samples
     h = hashlib.sha256()
     for i in range(40):

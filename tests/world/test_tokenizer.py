@@ -6,7 +6,7 @@ from transformers import AutoTokenizer
 
 from specula.world.tokenizer import CHAT_TEMPLATE, format_turns, train_tokenizer
 from specula.world.vocab import COLOUR_NAMES, SHAPES
-from specula.zoo.paths import TOKENIZER_DIR
+from specula.zoo.store import TOKENIZER_DIR
 
 
 def test_shipped_tokenizer_loads_with_chat_template():
