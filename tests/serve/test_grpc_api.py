@@ -501,10 +501,10 @@ def test_chat_command_in_a_subprocess(main, tmp_path):
 
 
 def _self_signed(tmp_path):
-    x509 = pytest.importorskip("cryptography.x509")
     import datetime
     import ipaddress
 
+    from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
