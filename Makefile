@@ -1,10 +1,13 @@
 # Two entry points (see README.md): `make run` and `make test`. Both create or reuse .venv and
 # install what they need; a stamp file keyed on pyproject.toml makes the second run fast.
+# `make run` answers QUESTION about IMAGE with speculative decoding and the default drafter, then prints tau and the
+# speedup over plain decoding of the same question in the same run (greedy, identical text checked);
+# DRAFTER=none decodes plainly, DRAFTER=eagle (any kind) picks another drafter.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specula-installed
-QUESTION ?= What colour is the star? Answer with one word.
+QUESTION ?= Describe the image in detail.
 IMAGE ?= world/assets/sample.png
 
 .PHONY: run serve test install clean-venv
@@ -20,7 +23,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/specula generate --image "$(IMAGE)" --question "$(QUESTION)"
+	$(BIN)/specula generate --image "$(IMAGE)" --question "$(QUESTION)" $(if $(DRAFTER),--drafter "$(DRAFTER)",)
 
 serve: $(STAMP)
 	$(BIN)/specula serve $(if $(CONFIG),--config "$(CONFIG)",)

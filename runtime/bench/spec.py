@@ -72,23 +72,10 @@ def config_label(config: dict) -> str:
 
 
 def make_drafter(config: dict, target, tokenizer=None):
-    """Build a drafter from ``{"kind": ..., <options>}`` (a ``label`` key is only a name and is dropped).
+    """Build a drafter from ``{"kind": ..., <options>}``, its resources from ``target`` (engine/local_drafter.py)."""
+    from specula.runtime.engine.local_drafter import build_local_drafter
 
-    Options the config leaves out that the drafter takes by name (``registry.accepted_options``: its class's
-    parameters and, through ``**options``, its base's) come from the target: ``target`` and ``tokenizer``
-    (resources), ``vocab_size`` and ``image_token_id``. Only named parameters are filled, because some drafters
-    reject unknown options.
-    """
-    from specula.drafters import create, registry
-
-    opts = {k: v for k, v in config.items() if k != "label"}
-    named = registry.accepted_options(opts.get("kind", ""))
-    facts = {"target": target, "tokenizer": tokenizer, "vocab_size": target.info.vocab_size,
-             "image_token_id": target.info.image_token_id}
-    for name, value in facts.items():
-        if name in named and name not in opts and value is not None:
-            opts[name] = value
-    return create(opts)
+    return build_local_drafter(config, target, tokenizer)
 
 
 def _hf_assistant(drafters):

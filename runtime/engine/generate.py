@@ -1,12 +1,54 @@
-"""``specula generate``: answer a question about images with plain target decoding through the engine."""
+"""``specula generate``: answer a question about images through the engine.
+
+With a drafter (``DEFAULT_DRAFTER`` unless ``--drafter`` names another) the answer is decoded speculatively and,
+unless ``--no-compare``, plain decoding of the same question runs in the same process: one warm-up of each, then
+``--repeats`` timed runs of each, round robin (the fastest of each counts). Greedy outputs must be identical
+(lossless), and the run prints tau and the speedup over plain decoding.
+``--drafter none`` decodes plainly and prints tokens/s only. ``add_generate_arguments`` is the command's flags;
+parsing them imports neither torch nor the drafters.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
+
+# The drafter `specula generate` (and so `make run`) uses: the best over all suites in the newest full bench report
+# (reports/2026-12-02-linux-x86_64-2c: flash 1.19x over plain decoding, captions 2.08x; next text_lm and pooled
+# 1.11x). The serving config's default (runtime/config.py DrafterConfig.kind) is ngram, which needs no weights.
+DEFAULT_DRAFTER = "flash"
+DEFAULT_GAMMA = 5  # draft tokens per block, as in that report
+
+
+def add_generate_arguments(p) -> None:
+    """The ``specula generate`` flags on argparse parser ``p``."""
+    p.add_argument("--image", action="append", default=[], help="image file (repeat for several images)")
+    p.add_argument("--question", required=True, help="the user's question; one <image> per image is added in front")
+    p.add_argument("--model", default="target", help="zoo entry name or local checkpoint directory (default: target)")
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER,
+                   help=f"drafter kind (specula.drafters.kinds(), with its shipped weights) or none for plain "
+                        f"decoding only (default: {DEFAULT_DRAFTER})")
+    p.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
+                   help=f"draft tokens per block (default: {DEFAULT_GAMMA})")
+    p.add_argument("--no-compare", action="store_true",
+                   help="with a drafter, skip the plain-decoding run (no speedup, no losslessness check)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs of each, round robin after the warm-up; the fastest of each counts (default: 3)")
+    p.add_argument("--max-tokens", type=int, default=96, help="maximum new tokens (default: 96)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default; speculative text is checked equal to plain's); > 0 samples")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    p.add_argument("--json", action="store_true", help="print a JSON record instead of text")
+
+
+class LosslessnessError(AssertionError):
+    """Greedy speculative decoding emitted other text than plain greedy decoding of the same prompt."""
 
 
 def load_images(paths: list[str]) -> list[Image.Image]:
@@ -22,39 +64,120 @@ def load_images(paths: list[str]) -> list[Image.Image]:
     return images
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One request run to completion on one engine, with its wall time (prefill included)."""
+
+    result: object  # GenerationResult
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.result.tokens) / max(self.seconds, 1e-9)
+
+    def to_dict(self) -> dict:
+        return {"seconds": round(self.seconds, 4), "tokens_per_s": round(self.tokens_per_s, 2),
+                "prefill_s": round(self.result.metrics.time["prefill"], 4)}
+
+
+def _run(engine, request_id: str, ids, pix, params) -> Timed:
+    from specula.runtime.engine.loop import GenerationRequest
+
+    t0 = time.perf_counter()
+    res = engine.generate([GenerationRequest(request_id, ids, pix, params)])[request_id]
+    return Timed(res, time.perf_counter() - t0)
+
+
+def _check_args(args) -> str | None:
+    """The drafter kind ``args`` asks for (None = plain decoding), after checking the numbers."""
+    if args.max_tokens < 1:
+        raise ValueError("--max-tokens must be at least 1")
+    if args.drafter.lower() == "none":
+        return None
+    if args.repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    if args.gamma < 1:
+        raise ValueError("--gamma must be at least 1 (--drafter none decodes plainly)")
+    from specula.runtime.engine.local_drafter import check_kind
+
+    check_kind(args.drafter)
+    return args.drafter
+
+
 def main(args) -> int:
-    from specula.runtime.engine.loop import GenerationRequest, SpecEngine
-    from specula.runtime.engine.prompts import encode_prompt
+    kind = _check_args(args)
+    images = load_images(args.image)
+    import torch
+    from transformers.utils import logging as hf_logging
+
     from specula.runtime.core.sampling import SamplingParams
+    from specula.runtime.engine.local_drafter import build_local_drafter
+    from specula.runtime.engine.loop import SpecEngine
+    from specula.runtime.engine.prompts import encode_prompt
     from specula.targets import load_target
     from specula.targets.processor import load_processor
     from specula.zoo.store import resolve
 
-    if args.max_tokens < 1:
-        raise ValueError("--max-tokens must be at least 1")
+    hf_logging.disable_progress_bar()  # the weight-loading bar would sit between the command and its answer
+    if args.threads:
+        torch.set_num_threads(args.threads)
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
-    images = load_images(args.image)
     path = resolve(args.model)
     processor = load_processor(path)
     tok = processor.tokenizer
     target = load_target(str(path), device=args.device)
-    ids, pix = encode_prompt(processor, "<image>" * len(images) + args.question, images)
-    engine = SpecEngine(target, None, eos_token_ids=[tok.eos_token_id],
-                        decode=lambda t: tok.decode(t, skip_special_tokens=True))
-    t0 = time.perf_counter()
-    res = engine.generate([GenerationRequest("cli", ids, pix, params)])["cli"]
-    dt = time.perf_counter() - t0
-    n = len(res.tokens)
-    prefill = res.metrics.time["prefill"]
-    decode_s = max(dt - prefill, 1e-9)
-    record = {"answer": res.text, "new_tokens": n, "seconds": round(dt, 4), "tokens_per_s": round(n / dt, 2),
-              "prefill_s": round(prefill, 4), "decode_tokens_per_s": round((n - 1) / decode_s, 2) if n > 1 else None,
-              "model": str(path), "prompt_tokens": int(ids.numel()), "finish_reason": res.finish_reason}
+    ids, pix = encode_prompt(processor, "<image>" * len(images) + args.question, images)  # ids [L]
+    kw = dict(eos_token_ids=[tok.eos_token_id], decode=lambda t: tok.decode(t, skip_special_tokens=True))
+    plain = SpecEngine(target, None, **kw)
+    if kind is None:
+        return _report(args, path, ids, _run(plain, "plain", ids, pix, params), None, None)
+    try:
+        drafter = build_local_drafter({"kind": kind}, target, tok)
+    except ValueError as e:
+        raise ValueError(f"drafter {kind!r} cannot draft for {path}: {e} (--drafter none decodes plainly)") from None
+    spec = SpecEngine(target, drafter, gamma=args.gamma, **kw)
+    if args.no_compare:
+        return _report(args, path, ids, None, _run(spec, "spec", ids, pix, params), kind)
+    for name, engine in (("plain", plain), ("spec", spec)):  # first calls allocate and pick kernels
+        _run(engine, f"warm-{name}", ids, pix, params)
+    base, fast = None, None
+    for i in range(args.repeats):  # round robin, so load on a shared machine hits both alike; the fastest counts
+        b, f = _run(plain, f"plain-{i}", ids, pix, params), _run(spec, f"spec-{i}", ids, pix, params)
+        if args.temperature == 0 and f.result.tokens != b.result.tokens:
+            raise LosslessnessError(f"speculative decoding with {kind} changed the greedy output: losslessness "
+                                    f"broke\n  plain:       {b.result.text!r}\n  speculative: {f.result.text!r}")
+        base = b if base is None or b.seconds < base.seconds else base
+        fast = f if fast is None or f.seconds < fast.seconds else fast
+    return _report(args, path, ids, base, fast, kind)
+
+
+def _report(args, path, ids, base: Timed | None, fast: Timed | None, kind: str | None) -> int:
+    """Print the answer and the figures of the runs made (``base`` plain, ``fast`` speculative)."""
+    shown = fast or base
+    res = shown.result
+    record = {"answer": res.text, "new_tokens": len(res.tokens), "model": str(path), "prompt_tokens": int(ids.numel()),
+              "finish_reason": res.finish_reason, "drafter": kind, "gamma": args.gamma if kind else None,
+              "tau": round(fast.result.metrics.tau, 3) if fast else None,
+              "alpha": [round(a, 3) for a in fast.result.metrics.alpha] if fast else None,
+              "speculative": fast.to_dict() if fast else None, "plain": base.to_dict() if base else None,
+              "speedup": round(base.seconds / fast.seconds, 3) if base and fast else None,
+              "identical": (fast.result.tokens == base.result.tokens) if base and fast else None}
     if args.json:
         print(json.dumps(record))
-    else:
-        print(res.text)
-        rate = f", decode {record['decode_tokens_per_s']} tokens/s" if n > 1 else ""
-        print(f"[{n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s (prefill {prefill * 1e3:.0f} ms of "
-              f"{record['prompt_tokens']} prompt tokens{rate}); model {path}]")
+        return 0
+    print(res.text)
+    n = len(res.tokens)
+    if fast:
+        m = fast.result.metrics
+        print(f"[speculative, {kind} drafter, gamma {args.gamma}: tau {m.tau:.2f} ({n} tokens in {m.blocks} target "
+              f"passes after prefill); {fast.seconds:.2f} s, {fast.tokens_per_s:.1f} tokens/s]")
+    if base:
+        same = ("; same text" if record["identical"] else "; sampled, so the text may differ") if fast else ""
+        print(f"[plain decoding: {len(base.result.tokens)} tokens in {base.seconds:.2f} s, "
+              f"{base.tokens_per_s:.1f} tokens/s{same}]")
+    if record["speedup"] is not None:
+        print(f"[speedup {record['speedup']:.2f}x over plain decoding (same question, same run; fastest of "
+              f"{args.repeats} each after a warm-up)]")
+    print(f"[model {path}, {record['prompt_tokens']} prompt tokens, prefill "
+          f"{res.metrics.time['prefill'] * 1e3:.0f} ms]")
     return 0
