@@ -10,7 +10,7 @@ from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForCon
 
 @dataclass(frozen=True)
 class TargetArch:
-    """Sizes chosen by measurement on the 2-core CPU (see README, "The embedded target")."""
+    """Sizes chosen by measurement on the 2-core CPU (see docs/embedded-model.md, "The target")."""
 
     image_size: int = 168
     patch_size: int = 14  # -> 12 x 12 = 144 visual tokens per image

@@ -2,7 +2,7 @@
 
 ``specula zoo build`` runs it (``training/build.py``): tokenizer, then the target's stages (each a ``TrainConfig``; a
 stage resumes or skips in its run directory), the target's export, then each drafter's ``specula train`` command
-against that export. The numbers are those of the runs that made the shipped weights (README, "The embedded
+against that export. The numbers are those of the runs that made the shipped weights (docs/embedded-model.md, "The
 target"; how the recipe was found: zoo/TRAINING.md); ``scale`` multiplies every sample / image count, for a quick
 small build (tests use ``arch="tiny"``).
 

@@ -55,8 +55,8 @@ def make_multi(rng: random.Random, suite: str, task: str, k: int | None = None, 
         qtype = "story"
     else:
         qtype = pick(rng, ("odd", "count", "which", "same") if k == 2 else ("odd", "count", "which"))
-        # a pair has no odd one out: its question counts, and is labelled so (until stop 51 it was "multi/odd", a
-        # fifth of that type in the evaluation's breakdown by question type)
+        # a pair has no odd one out: its question counts, and is labelled so (not "multi/odd", which would put
+        # counting questions into the odd-one-out row of the evaluation's breakdown by question type)
         if qtype == "odd" and k < 3:
             qtype = "count"
     if qtype == "odd":

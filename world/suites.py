@@ -146,7 +146,7 @@ SCENES_MIX: tuple[tuple[str, Maker, str, float], ...] = (
 )
 
 # The describing mix: the dialogue mix with twice its scene captions, for an LM that answers short questions well but
-# names only part of a crowded scene (the code LM on exact codes: 0.62 caption attribute recall, README).
+# names only part of a crowded scene (the code LM on exact codes: 0.62 caption attribute recall, zoo/TRAINING.md).
 DESCRIBE_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
     (name, maker, task, w * 2 if name in ("caption", "caption_short") else w) for name, maker, task, w in DIALOGUE_MIX)
 
@@ -170,7 +170,7 @@ CONFUSABLE_SCAN_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
 
 # The scan mix with twice its scene captions (two in five samples), for a frozen-vision stage that must keep the
 # listing while the LM adapts to a fixed tower: with captions at a quarter of the weight, such a stage raised VQA and
-# lost captions (zoo/TRAINING.md, "The tower drift (stop 31)").
+# lost captions (zoo/TRAINING.md, "The tower drift").
 SCAN_CAPTIONS_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
     (name, maker, task, w * 2 if name in ("caption", "caption_short") else w)
     for name, maker, task, w in CONFUSABLE_SCAN_MIX)
@@ -205,25 +205,25 @@ SCAN_MULTI_MIX: tuple[tuple[str, Maker, str, float], ...] = tuple(
 
 # The image-sets mix plus dialogues about sets with an odd one out (about one sample in eight), for an LM whose odd-one-
 # out answers see one sample in fifteen of the image-sets mix (zoo/TRAINING.md, "Image sets: counting images, and the
-# odd one out against the set's look (stop 50)").
+# odd one out against the set's look").
 SCAN_MULTI_ODD_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_MULTI_MIX + (
     ("multi_odd_dialogue", image_sets.make_odd_dialogue, "qa", 6.0),)
 
 # The suites mix plus dialogues about sets built for counting (about one sample in ten), for an LM whose count hop
 # tells the matching images apart but whose counting answers stay "one", the answer of most counting questions in the
-# other mixes (zoo/TRAINING.md, "Counting on balanced sets (stop 55)").
+# other mixes (zoo/TRAINING.md, "Counting on balanced sets").
 SCAN_SUITES_COUNT_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_SUITES_MIX + (
     ("multi_count_dialogue", image_sets.make_count_dialogue, "qa", 3.0),)
 
 # The counting mix plus the odd-one-out dialogues (about one sample in twelve), for an LM that counts the images of a
 # set but answers every odd-one-out question with one ordinal: the suites mix has no odd-one-out dialogues, and the
 # image-sets mix that had them also pulled the one-image gates down (zoo/TRAINING.md, "Counting and the odd one out
-# on the suites mix (stop 56)").
+# on the suites mix").
 SCAN_SUITES_SETS_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_SUITES_COUNT_MIX + (
     ("multi_odd_dialogue", image_sets.make_odd_dialogue, "qa", 3.0),)
 
 # The counting mix plus as many chart dialogues again (charts about one sample in eight), for an LM learning to read
-# charts from parts whose codes name what they show (--chart-words; zoo/TRAINING.md, "Chart reading words (stop 57)").
+# charts from parts whose codes name what they show (--chart-words; zoo/TRAINING.md, "Chart reading words").
 SCAN_SUITES_CHARTS_MIX: tuple[tuple[str, Maker, str, float], ...] = SCAN_SUITES_COUNT_MIX + (
     ("chart_dialogue_more", charts.make_dialogue, "qa", 2.0),)
 

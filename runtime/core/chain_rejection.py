@@ -1,6 +1,6 @@
 """Chain verification: lossless rejection sampling of a block of draft tokens, vectorized over a batch.
 
-Notation (DESIGN.md): ``p`` target distribution (after ``logits_to_probs``), ``q`` the distribution each draft
+Notation (docs/design.md): ``p`` target distribution (after ``logits_to_probs``), ``q`` the distribution each draft
 token was actually sampled from, ``gamma`` drafts per block.
 
 - accepted tokens: drafts x_j kept, each with probability ``min(1, p_j(x_j) / q_j(x_j))``, stopping at the

@@ -1,8 +1,8 @@
 """Ensemble drafting (IbED): the drafter's q is the weighted average of its members' distributions.
 
-Losslessness needs ``q`` to be the law the draft was actually sampled from (DESIGN.md). For an ensemble that
-samples from the averaged distribution, that law is exactly ``mix_distributions(member_qs, weights)``; verifying
-against one member's q, or against an average with other weights, is not lossless.
+Losslessness needs ``q`` to be the law the draft was actually sampled from (docs/design.md, "Ensembles"). For an
+ensemble that samples from the averaged distribution, that law is exactly ``mix_distributions(member_qs,
+weights)``; verifying against one member's q, or against an average with other weights, is not lossless.
 """
 
 from __future__ import annotations

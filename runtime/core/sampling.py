@@ -1,7 +1,7 @@
 """Sampling parameters, the logits -> p transform, and seeded sampling. Pure functions over [..., V] tensors.
 
 ``logits_to_probs`` is the one place where a request's sampling parameters turn target logits into the
-distribution ``p`` (DESIGN.md notation). Plain decoding samples from it and speculative verification compares
+distribution ``p`` (docs/design.md, "Notation"). Plain decoding samples from it and speculative verification compares
 drafts against it, so both use this function and "p" means the same thing in both.
 
 Randomness always comes from a per-request ``torch.Generator`` (``SamplingParams.make_generator``): a request's

@@ -1,6 +1,6 @@
 """``DrafterServer``: one drafter replica's DrafterService (protos/specula_dataplane.proto) on gRPC.
 
-Each ``Session`` stream is one request's drafter session (DESIGN.md "Where state lives")::
+Each ``Session`` stream is one request's drafter session (docs/design.md, "Where state lives")::
 
     verifier -> drafter   Begin  ProposeRequest  Verdict  ProposeRequest  Verdict ...  Release
     drafter -> verifier          Proposal                 Proposal

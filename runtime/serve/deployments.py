@@ -2,7 +2,7 @@
 
 Each takes the config (as a dict: it crosses to the replica) and an injectable ``engine_cls`` with a
 ``from_config`` constructor, so the engine runs in-process without Ray in tests (``LocalApp``) and here in a replica.
-Only ``builder.build_app`` binds them. Request flow (DESIGN.md "One request, end to end")::
+Only ``builder.build_app`` binds them. Request flow (docs/design.md, "One request, end to end")::
 
     HTTP /v1/chat/completions, /v1/completions, /generate -> Ingress: auth, admission, validate, chat template,
                                                               tokens, pixels (http_api.py, openai_api.py, ingress.py)

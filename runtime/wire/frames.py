@@ -14,7 +14,8 @@ encoding, not guessed). The receiver (``Reassembler``) checks every frame agains
 limits and raises ``WireError`` on the first problem: kind/body mismatch, a header that is not what tensor.py
 accepts, seq out of order, a chunk missing, duplicated or out of order, more or fewer payload bytes than the
 header declares, or a lossy codec on a ``Proposal`` (its ``q`` feeds the rejection rule, so it must be exact).
-Chunks of one message are never interleaved with another's: a stream is one request's session (DESIGN.md).
+Chunks of one message are never interleaved with another's: a stream is one request's session (docs/design.md,
+"Where state lives").
 """
 
 from __future__ import annotations

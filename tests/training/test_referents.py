@@ -152,7 +152,7 @@ def test_loss_is_zero_when_the_heads_look_at_the_targets_and_large_when_uniform(
 def test_a_head_saturated_elsewhere_still_gets_the_full_gradient_towards_its_set_targets():
     """A head that puts all but ~3.5e-12 of its mass on other tokens: for the set groups the loss's gradient on the
     target's score is about -1 (d(-log w)/d score = w - 1, as for any softmax cross-entropy), where an epsilon
-    inside the log (stop 48's finding) would give ~-3.5e-6 and the hop would never form; spread hops alike. The
+    inside the log would give ~-3.5e-6 and the hop would never form; spread hops alike. The
     scene group keeps the recipe's -log(w + 1e-6)."""
     import math
 

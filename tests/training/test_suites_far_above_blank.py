@@ -2,9 +2,9 @@
 same questions with every image gray): charts, OCR, image sets and clips each far above their blank-image accuracy.
 
 "Far above" as asserted here: at least 0.15 above blank and at least twice blank. The shipped target's figures on
-these samples (stop 60; `specula zoo eval --suites S --n 100`): charts 0.66 vs 0.30, OCR 0.28 vs 0.02, image sets
-0.64 vs 0.18, video 0.97 vs 0.22; the target shipped before it (stop 55) failed the image sets (0.56 vs 0.37). A
-few minutes on one thread."""
+these samples (`specula zoo eval --suites S --n 100`): charts 0.66 vs 0.30, OCR 0.28 vs 0.02, image sets 0.64 vs
+0.18, video 0.97 vs 0.22; the target shipped before it failed the image sets (0.56 vs 0.37). A few minutes on one
+thread."""
 
 import pytest
 

@@ -12,7 +12,7 @@ from specula.world.vocab import NUMBER_WORDS, ORDINALS, SHAPES
 
 # sha256 of (kind, prompt, response, answer, n_choices) of the first 60 evaluation samples, taken before the
 # dialogues' refactor of charts.py / multi.py: the suites every figure in zoo/TRAINING.md was measured on.
-# multi_image: stop 51 relabelled the pairs' "odd" draws (counting questions) "multi/count"; their text is unchanged
+# multi_image: the pairs' "odd" draws (counting questions) were since relabelled "multi/count"; their text is unchanged
 # (CONTENT_DIGESTS: the same fields but the kind, equal before and after).
 SUITE_DIGESTS = {"chart": "9e905c5f995cc731", "multi_image": "471843f7fd521982", "video": "8b9765beef29c739"}
 CONTENT_DIGESTS = {"multi_image": "97d94b0d20cd0902"}
@@ -266,14 +266,14 @@ def test_count_dialogues_lead_with_a_count_drawn_evenly_and_read_off_the_images(
     assert set(leads) == set(NUMBER_WORDS[:6]) and max(leads.values()) < 0.4 * sum(leads.values())
     mix = MIXES["scan_suites_count"]
     assert mix[:-1] == MIXES["scan_suites"] and mix[-1][:2] == ("multi_count_dialogue", multi.make_count_dialogue)
-    sets = MIXES["scan_suites_sets"]  # ... and the odd-one-out dialogues beside them (stop 56)
+    sets = MIXES["scan_suites_sets"]  # ... and the odd-one-out dialogues beside them
     assert sets[:-1] == mix and sets[-1][:2] == ("multi_odd_dialogue", multi.make_odd_dialogue)
-    more = MIXES["scan_suites_charts"]  # ... or twice the chart dialogues (stop 57)
+    more = MIXES["scan_suites_charts"]  # ... or twice the chart dialogues
     assert more[:-1] == mix and more[-1][:2] == ("chart_dialogue_more", charts.make_dialogue)
 
 
 def test_image_set_dialogues_are_drawn_as_before_the_count_dialogues_shared_their_turns():
-    # digest taken with world/image_sets.py before ``_set_dialogue`` was split out of ``make_multi_dialogue`` (stop 55):
+    # digest taken with world/image_sets.py before ``_set_dialogue`` was split out of ``make_multi_dialogue``:
     # the lanes' image-set and odd dialogues stay the same samples
     h = hashlib.sha256()
     for i in range(40):

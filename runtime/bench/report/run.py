@@ -133,7 +133,8 @@ def _guarded(name: str, fn, ctx, log) -> dict:
 
 def ideal_speedups(r: dict) -> dict:
     """Per main-section drafter: the speedup a free drafter would give, tau / (T_verify(nodes) / T_decode), and the
-    measured share of it (DESIGN.md's efficiency). Nodes per block = draft tokens / blocks, nearest measured gamma."""
+    measured share of it (the overlap efficiency of docs/design.md, "Notation"). Nodes per block = draft tokens /
+    blocks, nearest measured gamma."""
     main, tgt = r["sections"].get("main", {}), r["sections"].get("target", {})
     if main.get("status") != "ok" or tgt.get("status") != "ok":
         return {}
