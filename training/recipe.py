@@ -14,14 +14,14 @@ The target, in these run directories:
    extended to 116,000 and 180,000 images with the fitted projector held fixed (each extension refits it).
 3. ``target``: the merge (the LM of 1, the tower and fitted projector of 2), then a short joint stage in which the
    tower moves at 1/20 of the LM's rate through the fixed projector.
-4. ``direct`` and ``cells`` (the direct route of stop 35, zoo/TRAINING.md): from 3's weights (rounded to fp16 as
+4. ``direct`` and ``cells`` (zoo/TRAINING.md, "A direct route"): from 3's weights (rounded to fp16 as
    the first export stored them) one pool of scan captions with the vision side frozen, for a training checkpoint;
    the projector refitted with a code per layout cell (training/target/refit.py) into ``cells``; then frozen-vision training on
    the ``scan_suites`` mix, on the schedules the runs had (50,000 cut at 13,680, 27,000 cut at 24,864, 40,000);
    then a second cycle in ``cycle2``: the same stage from 4.'s last checkpoint (rounded to fp16, fresh optimizer
    with a short re-warm-up) on a 90,000-sample schedule, so its rate climbs back to ~1.9e-4 and decays again;
-   its checkpoint at 55,008 samples was the target shipped from stop 39 to stop 53.
-5. ``reader`` and ``finish`` (the image-set lanes of stops 52-53, zoo/TRAINING.md): from 4.'s checkpoint (rounded
+   its checkpoint at 55,008 samples was shipped as a target of its own (``--until cycle-2``).
+5. ``reader`` and ``finish`` (the image-set lanes, zoo/TRAINING.md): from 4.'s checkpoint (rounded
    to fp16) the set terms on the image-sets mix at 6e-4 on an 80,000-sample schedule, with numbered images; at
    57,888 the count head's keys and query fitted (training/target/set_count_fit.py), at 60,576 its number read out, cut at
    63,456 (lane ``reader-b``); then from that checkpoint (rounded to fp16) the same terms on the ``scan_suites`` mix
@@ -29,7 +29,7 @@ The target, in these run directories:
    odd hops a layer lower, a code path since removed, and 2,016 samples of consistency on two layers) and made the
    count fit twice (first without the query steps); its threads changed between runs, so the recipe walks its route
    rather than reproducing its bits.
-6. counting and charts (the lanes of stops 55-58, zoo/TRAINING.md): ``finish`` goes on with the count read out as
+6. counting and charts (their lanes, zoo/TRAINING.md): ``finish`` goes on with the count read out as
    a number on the counting mix, on a 100,000-sample schedule, to 80,448 (lane ``bcount``); from that checkpoint
    (rounded to fp16) ``count`` runs the odd-one-out mix to 87,504 and the counting mix to 93,696. Then the tower
    learns the chart words (training/target/chart_words.py) in four legs of the vision stage, each followed by the projector's
@@ -116,7 +116,7 @@ TARGET_STAGES = (
     TargetStage("suites-27k", "cells", {**_DIRECT, "total_samples": 27_000, "stop_at": 24_864}),
     TargetStage("suites-40k", "cells", {**_DIRECT, "total_samples": 40_000}),
     TargetStage("cycle-2", "cycle2", {**_DIRECT, "total_samples": 90_000, "stop_at": 55_008},
-                needs={"init_from": "cells"}),  # stopped at the target shipped from stop 39 to stop 53
+                needs={"init_from": "cells"}),  # cut where that shipped target was taken
     TargetStage("reader", "reader", {**_READER, "stop_at": 57_888}, needs={"init_from": "cycle2"}),
     TargetStage("reader-fit", "reader", {**_READER, **_COUNT_FIT, "stop_at": 60_576}),
     TargetStage("reader-number", "reader", {**_READER, **_COUNT_FIT, "set_count_number_readout": 3.0,
@@ -127,7 +127,8 @@ TARGET_STAGES = (
     TargetStage("sets", "count", {**_COUNTING, "mix": "scan_suites_sets", "stop_at": 87_504},
                 needs={"init_from": "finish"}),
     TargetStage("count-2", "count", {**_COUNTING, "stop_at": 93_696}),
-    # the tower learns the chart words in four legs, each refitting the projector after it (zoo/TRAINING.md, stop 57)
+    # the tower learns the chart words in four legs, each refitting the projector after it (zoo/TRAINING.md, "Chart
+    # reading words")
     TargetStage("chart-parts", "count", {**_CHARTS, "chart_words": "parts", "vision_images": 200_000,
                                          "vision_lr": 3e-4, "stop_at": 93_696}),
     TargetStage("chart-parts-2", "count", {**_CHARTS, "chart_words": "parts", "vision_images": 260_000,
@@ -143,7 +144,7 @@ TARGET_STAGES = (
 )
 # The shipped target is the export of this stage's run; stages after it would be a candidate under way
 # (zoo/candidates, training/promote.py, zoo/TRAINING.md): ``specula zoo build --until <stage>`` builds those too, and
-# ``--until`` an earlier stage builds an earlier target (``joint``: the one shipped before stop 39).
+# ``--until`` an earlier stage builds an earlier target (``joint``: an earlier shipped target).
 SHIPPED_UNTIL = "chart-readout-5"
 
 
