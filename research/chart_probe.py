@@ -1,11 +1,12 @@
-"""``specula zoo probe-charts``: where a target's heads look when it answers a chart question (stop 56).
+"""``python -m research probe-charts``: where a target's heads look when it answers a chart question.
 
 Two readings of held-out chart questions, the answer fed in (teacher-forced), at the position that predicts it:
 
 - ``heads``: for bar-value questions ("What is the value of the red bar?"), every decoder layer's and head's
   attention mass on the asked bar's patches, on the number printed above it, on the other image tokens and on text.
-  A head that reads the value has to land on the number (zoo/TRAINING.md, "Chart referents (stop 56)": in the
-  stop-55 target no layer-1 head gives it more than 0.002, head 3 of layer 3 gives it 0.16);
+  A head that reads the value has to land on the number (zoo/TRAINING.md, "Counting and the odd one out on the suites
+  mix; chart referents": in the counting target no layer-1 head gives it more than 0.002, head 3 of layer 3 gives it
+  0.16);
 - ``targets``: for every chart referent target (training/target/chart_referents.py, all question kinds of the training
   dialogues), the mass its head puts on its positions, mean and minimum per (chart kind, hop), and the mean
   -log of it that ``--chart-referents`` trains (floored at 1e-30, where its gradient is gone);

@@ -1,4 +1,4 @@
-"""Do a target's visual tokens carry the chart reading words? (``specula zoo probe-charts``, ``words``; stop 57)
+"""Do a target's visual tokens carry the chart reading words? (``python -m research probe-charts``, ``words``)
 
 ``--chart-words`` (training/target/chart_words.py) has the vision stage regress a chart part's visual tokens onto codes that also
 name what the part shows. This reads them back from held-out charts the way a lookup would: the projector's output
@@ -13,8 +13,8 @@ candidate, nearest code wins:
   two to five), ``trend`` (the last point: "higher" or "lower").
 
 The shipped target (trained without the flag) reads them at about chance: 0.11, 0.21, 0.17, 0.23, 0.0, 0.18, 0.35,
-0.18 and 0.58 in READINGS' order (``specula zoo probe-charts --model target --n 50``: 100 charts, 201 bars, 100
-points, 85 slices, 19 trends; stop 57).
+0.18 and 0.58 in READINGS' order (``python -m research probe-charts --model target --n 50``: 100 charts, 201 bars, 100
+points, 85 slices, 19 trends; zoo/TRAINING.md, "Chart reading words").
 """
 
 from __future__ import annotations

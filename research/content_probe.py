@@ -1,10 +1,10 @@
-"""``specula zoo probe-content``: where an image set's content survives in the LM, layer by layer.
+"""``python -m research probe-content``: where an image set's content survives in the LM, layer by layer.
 
-Stops 46-52 steered the image-set lanes with linear probes written as throwaway scripts (lost with ``runs/``): a
-probe fitted on one half of the object patches reads each patch's colour and shape from one layer's input, and is
-scored on the other half. Stop 52 found with them that a set patch's colour and shape read 0.98 from the visual
-tokens but at chance (0.22-0.28 / 0.26-0.42) at layer 2's input, where an image alone still reads 0.91: the odd hop
-looked at keys that held nothing. This is that reading, kept.
+The image-set lanes were steered with linear probes written as throwaway scripts (lost with ``runs/``): a probe
+fitted on one half of the object patches reads each patch's colour and shape from one layer's input, and is scored
+on the other half. They found that a set patch's colour and shape read 0.98 from the visual tokens but at chance
+(0.22-0.28 / 0.26-0.42) at layer 2's input, where an image alone still reads 0.91: the odd hop looked at keys that
+held nothing. This is that reading, kept.
 
 The samples are the ``multi_image`` suite's "which image" questions past the gates' indices (their images are
 independent: one or two objects each, so a patch that blends in another image's object reads wrong). Each is
@@ -23,8 +23,8 @@ fitted on the even-numbered sets' patches and scored on the odd-numbered ones, s
 ``--isolate`` reads the sets through ``isolation_mask`` instead of causal attention: each image's tokens see the chat
 template and their own image only. The first image of a set then holds exactly what it holds alone, and a later one
 differs from alone only by its positions; what the causal reading loses beyond that is what the text and images
-before a patch take from it (stop 53: the shipped target's later images read at the base rate, isolated ones as
-well as alone).
+before a patch take from it (zoo/TRAINING.md, "Image sets: the text before an image takes its content, and a
+finishing stage": the target then shipped read its later images at the base rate, isolated ones as well as alone).
 """
 
 from __future__ import annotations

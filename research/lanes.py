@@ -1,7 +1,7 @@
 """Lane snapshots: a training lane's weights kept in the repository as a small delta against the shipped target.
 
-``runs/`` is not committed, and a new session's checkout has lost it six times (stops 35, 38, 40-47, 48, 51 and
-52): every time the lane's hours of CPU went with it and the next stop started again from the shipped weights. A
+``runs/`` is not committed, and a new session's checkout has lost it six times: every time the lane's hours of CPU
+went with it and the next session started again from the shipped weights. A
 full fp16 export of a lane is 35 MB per copy in git's history; most of its tensors (the frozen tower and projector)
 equal the shipped ones anyway. A snapshot stores only what moved:
 
@@ -15,8 +15,9 @@ equal the shipped ones anyway. A snapshot stores only what moved:
 
 ``restore`` writes a training-checkpoint directory (fp32 ``model.safetensors`` + ``state.json``), so the lane goes on
 with ``specula train target --init-from <dir>`` (the optimizer restarts with its short warm-up, as from any export)
-and reads with ``zoo eval --checkpoint`` / ``zoo probe-sets --checkpoint``. The weights come back within the recorded
-rounding error of the checkpoint's, not bit for bit: a snapshot is a place to go on from, never weights to ship.
+and reads with ``specula zoo eval --checkpoint`` / ``python -m research probe-sets --checkpoint``. The weights come
+back within the recorded rounding error of the checkpoint's, not bit for bit: a snapshot is a place to go on from,
+never weights to ship.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``specula zoo probe``: where grounding fails — the vision path, or the LM's own lookup.
+"""``python -m research probe``: where grounding fails — the vision path, or the LM's own lookup.
 
 Three accuracies on the same held-out questions, per question type:
 

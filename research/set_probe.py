@@ -1,4 +1,4 @@
-"""``specula zoo probe-sets``: how a target reads image sets, teacher-forced, hop by hop.
+"""``python -m research probe-sets``: how a target reads image sets, teacher-forced, hop by hop.
 
 The image-set lanes of stops 48-50 were steered by throwaway probe scripts under ``runs/``, lost with it twice. This
 is the same reading, kept: held-out image-set questions (the ``multi_image`` suite's eval split, past the indices the

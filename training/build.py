@@ -126,7 +126,7 @@ def build_cli(args) -> int:
     drafters, against the target already in the zoo. Rerunning the same command resumes: finished steps are
     skipped, a stage under way continues from its last checkpoint; a drafter the zoo already holds for its target
     is skipped even when the run directory is gone."""
-    from specula.cli import main as specula_main
+    from specula.training.drafters.commands import run_train_argv
     from specula.training.drafters.distill_data import target_fingerprint
     from specula.targets.processor import load_processor
     from specula.training import recipe
@@ -203,7 +203,7 @@ def build_cli(args) -> int:
             mark(f"drafter:{d.name}")
             continue
         print(f"[{i}/{steps}] drafter {d.name}: specula {' '.join(argv)}")
-        rc = specula_main(argv)
+        rc = run_train_argv(argv)
         if rc:
             return rc
         mark(f"drafter:{d.name}")

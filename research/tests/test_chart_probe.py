@@ -1,11 +1,11 @@
-"""``specula zoo probe-charts``: each head's mass at bar-value answers, each chart target's mass, the command."""
+"""``python -m research probe-charts``: each head's mass at bar-value answers, each chart target's mass, the command."""
 
 import json
 
 import pytest
 import torch
 
-from specula.cli import main
+from research.cli import main
 from research.chart_probe import PARTS, head_masses, target_masses
 from specula.training.target.chart_referents import NUMBER_HEAD, NUMBER_LAYER
 from specula.targets.embedded_arch import TargetArch, build_model
@@ -44,7 +44,7 @@ def test_the_command_writes_json_and_markdown(tiny_deep, tmp_path):
     model, processor = tiny_deep
     model.save_pretrained(tmp_path / "m")
     processor.save_pretrained(tmp_path / "m")
-    assert main(["zoo", "probe-charts", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1",
+    assert main(["probe-charts", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1",
                  "--out", str(tmp_path / "out")]) == 0
     report = json.loads((tmp_path / "out" / "probe_charts.json").read_text())
     assert report["model"] == str(tmp_path / "m") and report["heads"]["n"] == 2 and report["targets"]["hops"]
@@ -54,7 +54,7 @@ def test_the_command_writes_json_and_markdown(tiny_deep, tmp_path):
                                     "bar_count", "slice_count", "trend"}
     assert "| reading | n | accuracy |" in md
     with pytest.raises(SystemExit, match="--n must be at least 1"):
-        main(["zoo", "probe-charts", "--model", str(tmp_path / "m"), "--n", "0"])
+        main(["probe-charts", "--model", str(tmp_path / "m"), "--n", "0"])
 
 
 def test_word_readout_reads_exact_codes_perfectly_and_a_random_tower_near_chance(tiny_deep, monkeypatch):

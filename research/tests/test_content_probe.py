@@ -1,11 +1,11 @@
-"""``specula zoo probe-content``: the ridge probe, the patches it reads, and the command's output."""
+"""``python -m research probe-content``: the ridge probe, the patches it reads, and the command's output."""
 
 import json
 
 import pytest
 import torch
 
-from specula.cli import main
+from research.cli import main
 from specula.targets.processor import load_processor
 from specula.world import generate
 from specula.world.vocab import COLOUR_NAMES
@@ -97,14 +97,14 @@ def test_the_command_writes_json_and_markdown(tiny, tmp_path, capsys):
     model, processor = tiny
     model.save_pretrained(tmp_path / "m")
     processor.save_pretrained(tmp_path / "m")
-    assert main(["zoo", "probe-content", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1",
+    assert main(["probe-content", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1",
                  "--out", str(tmp_path / "out")]) == 0
     report = json.loads((tmp_path / "out" / "probe_content.json").read_text())
     assert report["model"] == str(tmp_path / "m") and report["sets"] == 2 and not report["isolated"]
     md = (tmp_path / "out" / "probe_content.md").read_text()
     assert md.startswith("| where |") and "layer 0's input" in md and "| where |" in capsys.readouterr().out
-    assert main(["zoo", "probe-content", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1", "--isolate",
+    assert main(["probe-content", "--model", str(tmp_path / "m"), "--n", "2", "--threads", "1", "--isolate",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["isolated"] is True
     with pytest.raises(SystemExit, match="--n must be at least 2"):
-        main(["zoo", "probe-content", "--model", str(tmp_path / "m"), "--n", "1"])
+        main(["probe-content", "--model", str(tmp_path / "m"), "--n", "1"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specula.cli import main
+from research.cli import main
 from specula.training.target.evaluate import load_checkpoint
 from research.lanes import DELTA_FILE, INFO_FILE, INT8_TOL, SCALE_SUFFIX, dequantize, pack, quantize, restore, save
 from specula.targets.embedded_arch import TargetArch, build_model
@@ -93,13 +93,13 @@ def test_a_restore_refuses_other_base_weights_and_an_existing_checkpoint(lane, t
     save_file(w, str(root / "base" / "model.safetensors"))
     with pytest.raises(ValueError, match="not the ones"):
         restore(root / "snap", root / "back2")
-    assert main(["zoo", "lane", "restore", "--snapshot", str(root / "nothing"), "--out", str(root / "x")]) == 2
+    assert main(["lane", "restore", "--snapshot", str(root / "nothing"), "--out", str(root / "x")]) == 2
 
 
 def test_the_command_saves_and_restores(lane, capsys):
     root, ckpt = lane
-    assert main(["zoo", "lane", "save", "--ckpt", str(ckpt), "--base", str(root / "base"), "--out",
+    assert main(["lane", "save", "--ckpt", str(ckpt), "--base", str(root / "base"), "--out",
                  str(root / "snap"), "--note", "cmd"]) == 0
     assert json.loads((root / "snap" / INFO_FILE).read_text())["note"] == "cmd"
-    assert main(["zoo", "lane", "restore", "--snapshot", str(root / "snap"), "--out", str(root / "back")]) == 0
+    assert main(["lane", "restore", "--snapshot", str(root / "snap"), "--out", str(root / "back")]) == 0
     assert (root / "back" / "model.safetensors").exists() and "--init-from" in capsys.readouterr().out

@@ -1,11 +1,11 @@
-"""``specula zoo probe-sets``: the hop masses read off exact attention maps, answers scored, the command's output."""
+"""``python -m research probe-sets``: hop masses from exact attention maps, answers scored, the command's output."""
 
 import json
 
 import pytest
 import torch
 
-from specula.cli import main
+from research.cli import main
 from specula.world import generate
 from specula.world.vocab import COLOUR_NAMES, NUMBER_WORDS, ORDINALS
 from specula.training.target.referents import ReferentTarget
@@ -98,7 +98,7 @@ def test_the_command_writes_json_and_markdown(tiny, tmp_path, capsys):
     model, processor = tiny
     model.save_pretrained(tmp_path / "m")
     processor.save_pretrained(tmp_path / "m")
-    code = main(["zoo", "probe-sets", "--model", str(tmp_path / "m"), "--set-hops", "shallow", "--n", "6",
+    code = main(["probe-sets", "--model", str(tmp_path / "m"), "--set-hops", "shallow", "--n", "6",
                  "--threads", "1", "--out", str(tmp_path / "out")])
     assert code == 0
     report = json.loads((tmp_path / "out" / "probe_sets.json").read_text())
@@ -106,8 +106,8 @@ def test_the_command_writes_json_and_markdown(tiny, tmp_path, capsys):
     assert (tmp_path / "out" / "probe_sets.md").read_text().startswith("| question |")
     assert "| question |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--n must be > 0"):
-        main(["zoo", "probe-sets", "--model", str(tmp_path / "m"), "--n", "0"])
+        main(["probe-sets", "--model", str(tmp_path / "m"), "--n", "0"])
     # the reader hops' ordinal sits on head 4, which this 4-head LM does not have: refused, not an IndexError
     with pytest.raises(SystemExit, match=r"the ordinal hop \(layer 0, head 4; --set-hops reader\) .*4 heads"):
-        main(["zoo", "probe-sets", "--model", str(tmp_path / "m"), "--set-hops", "reader", "--n", "2",
+        main(["probe-sets", "--model", str(tmp_path / "m"), "--set-hops", "reader", "--n", "2",
               "--threads", "1"])

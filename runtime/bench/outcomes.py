@@ -29,14 +29,14 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from specula.drafters.protocol import supports_predraft
-
 
 class OutcomeRecorder:
     """Wraps a ``Predraft`` drafter for a ``SpecEngine``: records the rank of every verdict's outcome among the
     drafter's predicted outcomes (0 = its guess; -1 = not among the ``top`` it ranked)."""
 
     def __init__(self, drafter, top: int) -> None:
+        from specula.drafters.protocol import supports_predraft  # torch: not at parse time
+
         if not supports_predraft(drafter):
             raise ValueError("bench outcomes needs a drafter that ranks rejection outcomes (Predraft: text_lm)")
         self.drafter, self.top = drafter, top

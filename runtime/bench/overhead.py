@@ -54,9 +54,10 @@ def build_checkpoint(arch_name: str, out: Path) -> Path:
 def _prompt(processor):
     from PIL import Image
 
+    import specula.world
     from specula.runtime.engine.prompts import encode_prompt
 
-    sample = Path(__file__).resolve().parents[1] / "world" / "assets" / "sample.png"
+    sample = Path(specula.world.__file__).parent / "assets" / "sample.png"
     return encode_prompt(processor, "<image>What colour is the star? Answer with one word.",
                          [Image.open(sample).convert("RGB")])
 

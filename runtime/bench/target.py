@@ -13,10 +13,11 @@ def world_prompts(target, processor, n_text_suffix: str = "What colour is the st
     """One real prompt: the bundled sample image and a world question, through the model's own processor."""
     from PIL import Image
 
+    import specula.world
     from specula.runtime.engine.prompts import encode_prompt
     from specula.targets import PrefillRequest
 
-    sample = Path(__file__).resolve().parents[1] / "world" / "assets" / "sample.png"
+    sample = Path(specula.world.__file__).parent / "assets" / "sample.png"
     ids, pix = encode_prompt(processor, "<image>" + n_text_suffix, [Image.open(sample).convert("RGB")])
     return [PrefillRequest("bench-0", ids, pix)]
 

@@ -227,7 +227,7 @@ def test_confusable_scenes_name_objects_by_colour_and_shape():
 def test_confusable_mix_adds_confusable_dialogues_to_the_describe_mix():
     import random
 
-    from specula.cli import MIX_NAMES
+    from specula.cli.train_target import MIX_NAMES
     from specula.world.suites import MIXES
 
     assert sorted(MIX_NAMES) == sorted(MIXES)

@@ -1,10 +1,10 @@
 """Chart readout: make the head that finds a chart's part also say what the part shows.
 
 With the chart reading words (``--chart-words``, training/target/chart_words.py) a bar's visual tokens carry its value, read back
-at 1.00 by ``specula zoo probe-charts``, and ``--chart-referents`` trains head 0 of layer 1 to put its mass on the asked
+at 1.00 by ``python -m research probe-charts``, and ``--chart-referents`` trains head 0 of layer 1 to put its mass on the asked
 bar (its loss falls to ~0.05, -log of the mass). The answers did not follow: after 9,200 joint samples the bar-value
-answers were near-constant digits ("9" 35 times, "1" 22 of 81; zoo/TRAINING.md, "Chart reading words (stop 57)"),
-while "tallest", a colour word, was read at 0.93. Stop 45 saw the same split for image sets, where ``--set-readout``
+answers were near-constant digits ("9" 35 times, "1" 22 of 81; zoo/TRAINING.md, "Chart reading words"), while
+"tallest", a colour word, was read at 0.93. Image sets showed the same split, where ``--set-readout``
 (training/target/set_readout.py) made the head that points at the right image also say its colour.
 
 ``--chart-readout W`` does that for charts. At every ``"chart"`` target of ``training/target/chart_referents.py`` whose hop is the
@@ -18,7 +18,8 @@ The same bar is the lookup of "what is the value of the green bar?" (its digit),
 colour) and, at the ``whole`` level, of "how many bars are there?" (every bar, the count word), so a readout of every
 lookup answer asks the same output for three words. A first run read them all: its loss went 10.7 -> 3.0 in 5,700
 samples (ln V is 7.6), the lookup's own loss rose 0.05 -> 0.45 (the head left the part), and the bar values stayed at
-0.14 on 400 with "four" among their answers. The superlatives and counts were read without a readout (stop 57).
+0.14 on 400 with "four" among their answers (zoo/TRAINING.md, "Chart readout"). The superlatives and counts were
+read without a readout (zoo/TRAINING.md, "Chart reading words").
 """
 
 from __future__ import annotations

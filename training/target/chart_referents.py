@@ -1,7 +1,8 @@
 """Chart referents: a chart question about one part of the chart, read as a lookup of that part and then of its number.
 
-Charts stay near their blank-image level while one-image scenes are read (zoo/TRAINING.md, "Chart referents (stop
-56)"), and from exact word codes in place of the image the LM answered them no better (stop 25): the LM does not pick
+Charts stay near their blank-image level while one-image scenes are read (zoo/TRAINING.md, "Counting and the odd one
+out on the suites mix; chart referents"), and from exact word codes in place of the image the LM answered them no
+better (zoo/TRAINING.md, "Shipped, and what the LM cannot read yet"): the LM does not pick
 the part of the chart a question is about, or does not read the number printed on it. ``chart_referent_targets``
 gives attention targets of group ``"chart"`` (weighted by ``--chart-referents``) at the position that predicts the
 answer:
@@ -17,7 +18,7 @@ answer:
 
 Why the number has a hop of its own, two layers up: in the shipped target no layer-1 head puts more than 0.002 of its
 mass on a bar's number at a value answer, while head 0 of layer 1 gives the asked bar 0.19 and head 3 of layer 3
-gives the number 0.16 (``specula zoo probe-charts``, 30 answers; stop 56). A first version asked the layer-1 lookup head
+gives the number 0.16 (``python -m research probe-charts``, 30 answers). A first version asked the layer-1 lookup head
 for the number itself: its loss stayed near -log 0.001 and the charts fell (0.39 -> 0.31 on 150).
 
 Questions that compare two parts (taller, trend) or count them have no single referent and get none (but see

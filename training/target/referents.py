@@ -1,7 +1,7 @@
 """Referent attention: teach the LM *which* object a question is about (the selection step of a lookup).
 
 With perfect visual tokens (word codes) a small LM answers lookups on one-object images and fails on crowded
-ones: nearly every wrong answer is another object's attribute (``specula zoo probe``: ``lookup_errors``). Picking
+ones: nearly every wrong answer is another object's attribute (``python -m research probe``: ``lookup_errors``). Picking
 the object is a two-hop circuit: at the position that predicts the answer, one head fetches the question's
 referent words ("square", "red"), and a head in the next layer uses them to attend to that object's patches and
 copy its attribute. Learnt from the answer loss alone it stays near uniform for a long time.

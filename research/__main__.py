@@ -1,0 +1,7 @@
+"""``python -m research``: the research command line (research/cli.py)."""
+
+import sys
+
+from research.cli import main
+
+sys.exit(main())

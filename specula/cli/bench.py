@@ -1,0 +1,112 @@
+"""``specula bench target | spec | report | distributed | outcomes``: the benchmarks (runtime/bench/).
+
+``report``, ``distributed`` and ``outcomes`` define their flags beside their code (``add_arguments``), mounted here;
+``target`` and ``spec`` import torch at the top of their modules, so their flags are here and their code is
+imported only when they run.
+"""
+
+from __future__ import annotations
+
+from specula.cli.common import set_threads
+from specula.runtime.bench.distributed import add_arguments as distributed_arguments
+from specula.runtime.bench.outcomes import add_arguments as outcomes_arguments
+from specula.runtime.bench.report.args import add_arguments as report_arguments
+
+
+def register(sub) -> None:
+    """Add ``bench`` and its commands to the top-level sub-parsers ``sub``."""
+    p = sub.add_parser("bench", help="benchmarks (JSON + markdown, ratios measured in one run)",
+                       description="Measure the target's costs, speculative against plain decoding, every drafter "
+                                   "side by side, the distributed runtime, or how far ahead a drafter could draft.")
+    bsub = p.add_subparsers(dest="bench_cmd", required=True)
+    _add_target(bsub)
+    _add_spec(bsub)
+    rp = bsub.add_parser("report", help="every available drafter on every suite, side by side: JSON + markdown + "
+                                         "PNG report in reports/<date>-<machine>/",
+                         description="Runs the main table (tau and speedup per drafter x suite), alpha_n, gamma "
+                                     "sweep, temperature 0 and 1, time split, multi-image scaling, throughput vs "
+                                     "concurrency, HF generate / assisted, target costs, wire bytes per codec and "
+                                     "the distributed overlap where available, then one line per seed paper's claim. "
+                                     "A section that cannot run records why.")
+    report_arguments(rp)
+    rp.set_defaults(func=run_report)
+    dp = bsub.add_parser("distributed", help="distributed runtime: pipelined (overlap) vs sequential vs single "
+                                             "process vs plain, drafter in its own process",
+                         description="Drafter server and verifier in separate processes (one torch thread each, "
+                                     "loopback gRPC); every configuration round robin on the same prompts; JSON + "
+                                     "markdown with tau, speedups, overlap efficiency, time split and wire bytes.")
+    distributed_arguments(dp)
+    dp.set_defaults(func=run_distributed)
+    op = bsub.add_parser("outcomes", help="how often a verdict's outcome is among the drafter's top predicted "
+                                          "outcomes: the ceiling of drafting ahead (no timing)",
+                         description="Greedy SpecEngine runs in which the drafter ranks its guess and its likeliest "
+                                     "rejection outcomes before every verdict; JSON + markdown with the share of "
+                                     "blocks covered by the top 1 .. m outcomes.")
+    outcomes_arguments(op)
+    op.set_defaults(func=run_outcomes)
+
+
+def _add_target(bsub) -> None:
+    t = bsub.add_parser("target", help="target costs: params, T_decode, T_verify(gamma)/T_decode, prefill, vision encode",
+                        description="Parameters, decode step, verify step of gamma tokens against a decode step, "
+                                    "prefill and vision encode of one target; JSON + markdown.")
+    t.add_argument("--model", default="target", help="zoo entry or local checkpoint directory (default: target)")
+    t.add_argument("--out", default="reports/bench-target", help="output directory for JSON + markdown")
+    t.add_argument("--max-gamma", type=int, default=8, help="largest gamma measured (default: 8)")
+    t.add_argument("--repeats", type=int, default=20, help="timed repeats per figure (median reported; default: 20)")
+    t.add_argument("--device", default="cpu")
+    t.add_argument("--threads", type=int, default=2)
+    t.set_defaults(func=run_target)
+
+
+def _add_spec(bsub) -> None:
+    sp = bsub.add_parser("spec", help="speculative vs plain decoding (our engine, HF generate, HF assisted) per suite",
+                         description="Runs every configuration round robin on the same prompts and writes JSON, "
+                                     "markdown and PNG plots (tau per suite, alpha_n, speedup vs gamma).")
+    sp.add_argument("--model", default="target", help="zoo entry or local checkpoint directory (default: target)")
+    sp.add_argument("--drafter", action="append", default=[],
+                    help='drafter kind or JSON config, repeatable (default: ngram), e.g. --drafter \'{"kind": "ngram", "max_n": 3}\'')
+    sp.add_argument("--gamma", action="append", type=int, default=[], help="draft length, repeatable (default: 5)")
+    sp.add_argument("--suite", action="append", default=[], help="evaluation suite, repeatable (default: all)")
+    sp.add_argument("--n", type=int, default=6, help="prompts per suite (default: 6)")
+    sp.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt at most (default: 64)")
+    sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    sp.add_argument("--no-hf", action="store_true", help="skip the HF generate / assisted baselines")
+    sp.add_argument("--out", default="reports/bench-spec", help="output directory (default: reports/bench-spec)")
+    sp.add_argument("--threads", type=int, default=2)
+    sp.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the target's and the drafters' device "
+                                                   "(default: cpu)")
+    sp.set_defaults(func=run_spec)
+
+
+def run_target(args) -> int:
+    set_threads(args)
+    from specula.runtime.bench.target import main
+
+    return main(args)
+
+
+def run_spec(args) -> int:
+    set_threads(args)
+    from specula.runtime.bench.spec import main
+
+    return main(args)
+
+
+def run_report(args) -> int:
+    set_threads(args)
+    from specula.runtime.bench.report.run import main
+
+    return main(args)
+
+
+def run_distributed(args) -> int:
+    from specula.runtime.bench.distributed import main
+
+    return main(args)
+
+
+def run_outcomes(args) -> int:
+    from specula.runtime.bench.outcomes import main
+
+    return main(args)
