@@ -71,7 +71,7 @@ TAIL_LINES = 40
 def repo_root() -> Path | None:
     """The checkout this package runs from (an editable install maps ``specula.runtime`` to ``<root>/runtime``), or
     None when there is no ``tests`` folder beside it (an installed wheel)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     return root if (root / "tests").is_dir() and (root / "pyproject.toml").is_file() else None
 
 
