@@ -1,7 +1,7 @@
 """``python -m research probe-sets``: how a target reads image sets, teacher-forced, hop by hop.
 
-The image-set lanes of stops 48-50 were steered by throwaway probe scripts under ``runs/``, lost with it twice. This
-is the same reading, kept: held-out image-set questions (the ``multi_image`` suite's eval split, past the indices the
+The image-set lanes were steered by throwaway probe scripts under ``runs/``, lost with it twice. This is the same
+reading, kept: held-out image-set questions (the ``multi_image`` suite's eval split, past the indices the
 gates use), each run once through the LM with eager attention and the answer fed in, and per question type
 
 - ``right``: the first answer token's argmax over the type's candidate words (colours for "which", the set's ordinals
@@ -15,7 +15,8 @@ gates use), each run once through the LM with eager attention and the answer fed
   matching images, on the matching images' summary tokens and on the others'.
 
 A hop that has learnt to *land* (mass on objects) but not to *choose* shows as a share on the right image near
-1 / (images in the set): the reading stop 50 found for the odd and count hops.
+1 / (images in the set): the reading the odd and count hops first gave (zoo/TRAINING.md, "Image sets: counting images,
+and the odd one out against the set's look").
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def _refuse_unfit(model, set_hops: str) -> None:
     from specula.training.target.set_count import set_count_hops
     from specula.training.target.set_referents import SET_HOPS, hops_in_use
 
-    used = hops_in_use(SET_HOPS[set_hops], True, False, True, True, odd=True)
+    used = hops_in_use(SET_HOPS[set_hops], True, True, True, odd=True)
     used.update(set_count_hops())
     cfg = model.config.text_config
     for name, (layer, head) in used.items():

@@ -1,4 +1,4 @@
-"""``specula zoo build`` / ``export`` / ``train target``: regenerate the shipped zoo from seeds."""
+"""``specula zoo build`` and ``zoo export``: regenerate the shipped zoo from seeds."""
 
 from __future__ import annotations
 
@@ -55,55 +55,6 @@ def export(ckpt: Path, out: Path = TARGET_DIR, tokenizer_dir: Path = TOKENIZER_D
 def export_cli(args) -> int:
     out = export(Path(args.ckpt), Path(args.out) if args.out else TARGET_DIR)
     print(f"exported {args.ckpt} -> {out}")
-    return 0
-
-
-def train_config_from_args(args):
-    """The TrainConfig that ``specula train target``'s flags describe."""
-    from specula.training.target.train import TrainConfig
-
-    return TrainConfig(run_dir=args.run_dir, arch=args.arch, total_samples=args.samples, seed=args.seed,
-                       threads=args.threads, ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
-                       init_from=args.init_from, vision_images=args.vision_images, mix=args.mix, lr=args.lr,
-                       token_budget=args.token_budget, user_loss=args.user_loss, aux_out=args.aux_out,
-                       code_lm_samples=args.code_lm_samples, code_lm_layers=args.code_lm_layers,
-                       code_lm_lr=args.code_lm_lr, code_token_budget=args.code_token_budget, vision_lr=args.vision_lr,
-                       referent_attention=args.referent_attention, vision_from=args.vision_from, lm_from=args.lm_from,
-                       caption_referents=args.caption_referents, vis_weight=args.vis_weight,
-                       code_lm_mix=args.code_lm_mix, code_lm_stop=args.code_lm_stop,
-                       vision_pos_lr_mult=args.vision_pos_lr_mult,
-                       vision_place_weight=args.vision_place_weight, freeze_vision=args.freeze_vision,
-                       freeze_projector=args.freeze_projector, tower_lr_mult=args.tower_lr_mult,
-                       projector_fit_images=args.projector_fit_images,
-                       projector_fit_gate=args.projector_fit_gate,
-                       background_code=args.background_code,
-                       code_background_noise=args.code_background_noise,
-                       object_cell_weight=args.object_cell_weight,
-                       object_phrase_weight=args.object_phrase_weight,
-                       stop_at=args.stop_at, device=args.device, max_minutes=args.max_minutes,
-                       image_consistency=args.image_consistency, twin_states=args.twin_states,
-                       twin_answer=args.twin_answer, set_consistency=args.set_consistency,
-                       set_consistency_layers=args.set_consistency_layers,
-                       set_referents=args.set_referents, set_index=args.set_index,
-                       set_marks=args.set_marks, number_images=args.number_images,
-                       set_hops=args.set_hops, set_readout=args.set_readout,
-                       set_isolation=args.set_isolation, set_odd=args.set_odd,
-                       chart_referents=args.chart_referents, chart_readout=args.chart_readout,
-                       chart_words=args.chart_words,
-                       set_count=args.set_count, set_count_readout=args.set_count_readout,
-                       set_count_number_readout=args.set_count_number_readout,
-                       set_count_key_fit=args.set_count_key_fit,
-                       set_count_query_steps=args.set_count_query_steps)
-
-
-def train_target_cli(args) -> int:
-    from specula.targets.processor import load_processor
-    from specula.training.target.train import train
-
-    cfg = train_config_from_args(args)
-    ckpt = train(cfg, load_processor(TOKENIZER_DIR))
-    if args.export:
-        print(f"exported to {export(ckpt)}")
     return 0
 
 

@@ -89,19 +89,3 @@ def placed(maker, share: float = 0.5):
         return place(rng, maker(rng, suite, task), share)
     make.__name__ = f"placed_{getattr(maker, '__name__', 'maker')}"
     return make
-
-
-def image_first(s: Sample) -> Sample | None:
-    """The form ``s`` had before ``place`` or ``variant`` moved it: no system turn, and a one-image prompt opening
-    with its image (a lead line dropped, a question put back after the image). None when ``s`` has neither a system
-    turn nor a one-image prompt that opens elsewhere (nothing to undo). Image sets and text-only samples only lose
-    their system turn. Training pairs each moved sample with this twin (``--twin-states``, ``--twin-answer``)."""
-    prompt = s.prompt
-    if len(s.images) == 1 and not prompt.startswith(IMAGE_MARK):
-        if prompt.endswith(IMAGE_MARK):  # the question first
-            prompt = IMAGE_MARK + prompt[: -len(IMAGE_MARK)].strip()
-        else:  # a lead line
-            prompt = prompt[prompt.index(IMAGE_MARK):]
-    if prompt == s.prompt and not s.system:
-        return None
-    return dataclasses.replace(s, prompt=prompt, system="")

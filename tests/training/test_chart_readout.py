@@ -11,10 +11,9 @@ import torch.nn.functional as F
 
 from loss_kit import head_readout_by_hand, image_embeds
 
-from specula.cli import build_parser
 from specula.world import charts
 from specula.training.target.batching import Encoder, collate
-from specula.training.build import train_config_from_args
+from specula.training.target.cli import parse_config
 from specula.training.target.chart_readout import READ_LAYER, VALUES, chart_readout_loss, value_token_ids
 from specula.training.target.chart_referents import NUMBER_LAYER
 from specula.training.target.referents import eager_attention
@@ -114,9 +113,9 @@ def test_the_term_trains_the_lookup_head_and_not_the_lm_head(setup):
 
 
 def test_the_flag_reaches_the_config_is_refused_alone_and_a_run_trains_the_term(processor, tmp_path):
-    args = build_parser().parse_args(["train", "target", "--chart-referents", "3", "--chart-readout", "0.5"])
-    assert train_config_from_args(args).chart_readout == 0.5
-    assert train_config_from_args(build_parser().parse_args(["train", "target"])).chart_readout == 0.0
+    cfg = parse_config(["--chart-referents", "3", "--chart-readout", "0.5"])
+    assert cfg.chart_readout == 0.5
+    assert parse_config([]).chart_readout == 0.0
     with pytest.raises(ValueError, match="chart_readout must be >= 0"):
         TrainConfig(chart_referents=1.0, chart_readout=-1.0)
     with pytest.raises(ValueError, match="needs chart_referents"):

@@ -10,13 +10,12 @@ import torch
 
 from loss_kit import assert_own_term_reaching_layer0
 
-from specula.cli import build_parser
 from specula.world import charts
 from specula.world.sample import GRID, PATCH
 from specula.world.scene import make_dialogue
 from specula.world.vocab import ORDINALS
 from specula.training.target.batching import Encoder
-from specula.training.build import train_config_from_args
+from specula.training.target.cli import parse_config
 from specula.training.target.chart_referents import NUMBER_HEAD, NUMBER_LAYER, chart_referent_targets, point_patches
 from specula.training.target.referents import HEAD, PATCH_LAYER, WORD_LAYER
 from specula.training.target.train import TrainConfig, train
@@ -197,9 +196,9 @@ def test_the_chart_term_is_its_own_loss_and_reaches_the_first_layer(processor, e
 
 
 def test_the_flag_reaches_the_config_and_a_run_trains_the_term(processor, tmp_path):
-    args = build_parser().parse_args(["train", "target", "--chart-referents", "2"])
-    assert train_config_from_args(args).chart_referents == 2.0
-    assert train_config_from_args(build_parser().parse_args(["train", "target"])).chart_referents == 0.0
+    cfg = parse_config(["--chart-referents", "2"])
+    assert cfg.chart_referents == 2.0
+    assert parse_config([]).chart_referents == 0.0
     with pytest.raises(ValueError, match="chart_referents must be >= 0"):
         TrainConfig(chart_referents=-1.0)
     base = dict(total_samples=48, pool=16, token_budget=4096, warmup_samples=2, eval_n=2, eval_every_s=0.0,

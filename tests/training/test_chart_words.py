@@ -9,11 +9,10 @@ import re
 import pytest
 import torch
 
-from specula.cli import build_parser
 from specula.world import charts, scene
 from specula.world.vocab import ORDINALS
 from specula.training.target.batching import Encoder
-from specula.training.build import train_config_from_args
+from specula.training.target.cli import parse_config
 from specula.training.target.chart_words import chart_reading_words
 from specula.training.target.train import TrainConfig, train
 from specula.training.target.word_codes import WordCodes
@@ -106,7 +105,7 @@ def test_whole_charts_add_counts_the_largest_slice_and_the_trend():
 
 
 def test_cli_flag(tmp_path):
-    parse = lambda *a: train_config_from_args(build_parser().parse_args(["train", "target", *a]))  # noqa: E731
+    parse = lambda *a: parse_config(list(a))  # noqa: E731
     assert parse("--chart-words").chart_words == "parts" and parse("--chart-words", "whole").chart_words == "whole"
     assert parse().chart_words == ""
     with pytest.raises(ValueError, match="chart_words must be"):

@@ -50,11 +50,8 @@ def test_a_fresh_run_pairs_one_runs_lm_with_another_runs_tower(tmp_path, process
 
 
 def test_cli_flag():
-    from specula.cli import build_parser
-    from specula.training.build import train_config_from_args
+    from specula.training.target.cli import parse_config
 
-    args = build_parser().parse_args(["train", "target", "--code-lm-samples", "8", "--lm-from", "a/ckpt",
-                                      "--vision-from", "b/ckpt"])
-    cfg = train_config_from_args(args)
+    cfg = parse_config(["--code-lm-samples", "8", "--lm-from", "a/ckpt", "--vision-from", "b/ckpt"])
     assert (cfg.lm_from, cfg.vision_from) == ("a/ckpt", "b/ckpt")
-    assert train_config_from_args(build_parser().parse_args(["train", "target"])).lm_from is None
+    assert parse_config([]).lm_from is None

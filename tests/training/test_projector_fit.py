@@ -45,8 +45,6 @@ def test_fit_needs_codes_and_a_square_projector(processor):
         TrainConfig(projector_fit_images=8)
     with pytest.raises(ValueError, match="projector_fit_gate"):
         TrainConfig(code_lm_samples=8, projector_fit_gate=True)  # no fit to gate
-    with pytest.raises(ValueError, match="projector_fit_gate"):
-        TrainConfig(code_lm_samples=8, projector_fit_images=8, projector_fit_gate=True, background_code=True)
 
 
 def test_train_fits_once_after_the_vision_stage(tmp_path, processor):
@@ -90,10 +88,7 @@ def test_gated_projector_passes_objects_and_zeroes_the_background(processor):
 
 
 def test_gate_flag_reaches_the_fit(processor):
-    from specula.cli import build_parser
-    from specula.training.build import train_config_from_args
+    from specula.training.target.cli import parse_config
 
-    args = build_parser().parse_args(["train", "target", "--code-lm-samples", "8", "--projector-fit-images", "96",
-                                      "--projector-fit-gate"])
-    cfg = train_config_from_args(args)
+    cfg = parse_config(["--code-lm-samples", "8", "--projector-fit-images", "96", "--projector-fit-gate"])
     assert cfg.projector_fit_gate and cfg.projector_fit_images == 96

@@ -64,73 +64,6 @@ def test_dialogue_targets_point_at_the_answer_the_referent_and_its_words(process
     assert enc.encode(generate("chart", "eval", 0)).referents == ()  # not a scene
 
 
-def test_caption_targets_follow_the_listing_object_by_object(processor):
-    from specula.world.scene import make
-    from specula.world.vocab import POSITIONS
-    from specula.training.target.referents import SINK
-
-    enc = Encoder(processor, referents=True, caption_referents=True)
-    tok = processor.tokenizer
-    groups_seen = empty_seen = 0
-    for seed in range(12):
-        s = make(random.Random(f"caption-referents/{seed}"), "caption", "caption", n_min=2, n_max=5, scan=True)
-        e = enc.encode(s)
-        img = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
-        word = lambda j: tok.decode([int(e.input_ids[j])]).strip()  # noqa: E731
-        objects: dict[tuple[str, str], list[int]] = {}
-        cells: dict[tuple[str, str], tuple[str, ...]] = {}
-        for t, w in enumerate(s.patch_words[0]):
-            if w:
-                objects.setdefault(w[:2], []).append(img[t])
-                cells[w[:2]] = w[3:]  # the object's place words
-        assert e.referents and all(t.words for t in e.referents)
-        # object phrases: consecutive queries on one object's patches
-        groups: list[tuple[tuple[int, ...], list[int], tuple[int, ...]]] = []
-        for t in e.referents:
-            if t.patches in ((), (SINK,)):
-                continue
-            if groups and groups[-1][0] == t.patches:
-                groups[-1][1].append(t.query)
-                assert t.words == groups[-1][2]
-            else:
-                groups.append((t.patches, [t.query], t.words))
-        assert len(groups) == len(objects)  # every visible object once: the listing names each object once
-        for patches, queries, words in groups:
-            assert queries == list(range(queries[0], queries[-1] + 1))  # one contiguous phrase
-            said = [word(q + 1) for q in queries]  # the words the queries predict
-            (colour, shape), = [k for k, v in objects.items() if tuple(v) == patches]
-            assert colour in said and shape in said
-            assert said[0] in ("a", "an")  # the first query predicts the article: "this cell holds something"
-            assert word(queries[0]) in (",", "and")  # the separator before it
-            assert not {",", ";", ".", "and"} & set(said)  # ends before the separator
-            assert all(e.labels[q + 1] != -100 for q in queries)  # inside the answer
-            # the word hop: the place words of the object's own cell, named just before its phrase
-            assert tuple(word(j) for j in words) == cells[(colour, shape)]
-            assert all(j < queries[0] for j in words)
-        # empty cells: "no" and "object" look up the place and find nothing (the sink)
-        empty = [t for t in e.referents if t.patches == (SINK,)]
-        occupied = {c for c in cells.values()}
-        named_empty = {tuple(word(j) for j in t.words) for t in empty}
-        assert named_empty == {tuple(n.split()) for n in POSITIONS.values()} - occupied
-        assert all(word(t.query + 1) in ("no", "object") for t in empty)
-        empty_seen += len(named_empty)
-        # naming the next cell: the word hop reads the previous cell's name (the scan's own position)
-        steps = [t for t in e.referents if t.patches == ()]
-        names = [tuple(n.split()) for n in POSITIONS.values()]
-        for t in steps:
-            before = tuple(word(j) for j in t.words)
-            nxt = names[names.index(before) + 1]
-            assert word(t.query + 1) in nxt and all(j < t.query for j in t.words)
-        assert len({t.words for t in steps}) == 8  # every cell after the first one is reached from its predecessor
-        groups_seen += len(groups)
-        order = [min(p) for p, _, _ in groups]
-        assert len(set(order)) == len(order)
-    assert groups_seen >= 30 and empty_seen >= 40
-    free = make(random.Random("caption-referents/free"), "caption", "caption", n_min=2, n_max=5)
-    assert enc.encode(free).referents == ()  # a free-form caption has no cells to scan
-    assert Encoder(processor, referents=True).encode(s).referents == ()  # captions only when asked for
-
-
 def test_loss_is_zero_when_the_heads_look_at_the_targets_and_large_when_uniform():
     B, H, L = 2, 2, 10
     t = [[ReferentTarget(8, (2, 3), (6,))], []]
@@ -143,7 +76,7 @@ def test_loss_is_zero_when_the_heads_look_at_the_targets_and_large_when_uniform(
 
     assert float(referent_attention_loss(uniform, t)) == pytest.approx(-0.5 * (math.log(0.2) + math.log(0.1)), rel=1e-4)
     assert referent_attention_loss(uniform, [[], []]) is None
-    # a word hop alone (a caption naming its next cell): no patch term, not a -log(0) one
+    # a word hop alone: no patch term, not a -log(0) one
     word_only = [[ReferentTarget(8, (), (6,))], []]
     assert float(referent_attention_loss(sharp, word_only)) < 1e-4
     assert float(referent_attention_loss(uniform, word_only)) == pytest.approx(-math.log(0.1), rel=1e-4)
@@ -159,7 +92,7 @@ def test_a_head_saturated_elsewhere_still_gets_the_full_gradient_towards_its_set
     L = 5
     for group, kw in (("set", dict(patches=(1,), words=(), patch_layer=0)),
                       ("set", dict(patches=(), words=(1,), word_layer=0)),
-                      ("set_index", dict(patches=(1,), words=(), patch_layer=0, spread=True)),
+                      ("set_odd", dict(patches=(1,), words=(), patch_layer=0, spread=True)),
                       ("scene", dict(patches=(1,), words=(), patch_layer=0))):
         target = ReferentTarget(3, group=group, **kw)
         scores = torch.zeros(1, 1, L, L)
@@ -217,18 +150,15 @@ def test_recipe_with_referent_attention_and_vision_from_another_run(tmp_path, pr
               processor, log=lambda m: None)
 
 
-def test_cli_flags(processor):
-    from specula.cli import build_parser
-    from specula.training.build import train_config_from_args
+def test_cli_flags():
+    from specula.training.target.cli import parse_config
 
-    args = build_parser().parse_args(["train", "target", "--referent-attention", "0.5", "--vision-from", "x/ckpt",
-                                      "--code-lm-mix", "scenes", "--caption-referents", "--mix", "confusable_scan",
-                                      "--vis-weight", "0"])
-    cfg = train_config_from_args(args)
+    cfg = parse_config(["--referent-attention", "0.5", "--vision-from", "x/ckpt", "--code-lm-mix", "scenes", "--mix",
+                        "confusable_scan", "--vis-weight", "0"])
     assert (cfg.referent_attention, cfg.vision_from, cfg.code_lm_mix) == (0.5, "x/ckpt", "scenes")
-    assert cfg.caption_referents and cfg.mix == "confusable_scan" and cfg.vis_weight == 0.0
-    default = train_config_from_args(build_parser().parse_args(["train", "target"]))
-    assert default.code_lm_mix == "dialogue" and not default.caption_referents and default.vis_weight == 0.5
+    assert cfg.mix == "confusable_scan" and cfg.vis_weight == 0.0
+    default = parse_config([])
+    assert default.code_lm_mix == "dialogue" and default.vis_weight == 0.5
 
 
 def test_scenes_mix_is_almost_only_scene_dialogues():

@@ -12,14 +12,13 @@ import torch
 
 from loss_kit import assert_own_term_reaching_layer0
 
-from specula.cli import build_parser
 from specula.targets.processor import load_processor
 from specula.world import image_sets as multi
 from specula.world.placed import variant
 from specula.world.scene import make_dialogue
 from specula.world.vocab import COLOUR_NAMES, NUMBER_WORDS
 from specula.training.target.batching import Encoder
-from specula.training.build import train_config_from_args
+from specula.training.target.cli import parse_config
 from specula.zoo.store import TOKENIZER_DIR
 from specula.training.target.referents import WORD_LAYER
 from specula.training.target.set_count import (COUNT_HEAD, COUNT_LAYER, COUNT_WORD_HEAD, SUMMARY_HEAD, SUMMARY_LAYER,
@@ -140,9 +139,9 @@ def test_the_summary_readout_is_its_own_loss_and_reaches_the_first_layer(process
 
 
 def test_the_flag_reaches_the_config_a_run_trains_the_term_and_a_narrow_lm_is_refused(processor, tmp_path):
-    args = build_parser().parse_args(["train", "target", "--set-count", "2", "--set-count-readout", "3"])
-    assert train_config_from_args(args).set_count == 2.0 and train_config_from_args(args).set_count_readout == 3.0
-    assert train_config_from_args(build_parser().parse_args(["train", "target"])).set_count == 0.0
+    cfg = parse_config(["--set-count", "2", "--set-count-readout", "3"])
+    assert cfg.set_count == 2.0 and cfg.set_count_readout == 3.0
+    assert parse_config([]).set_count == 0.0
     with pytest.raises(ValueError, match=f"count summary hop .* sits on head {SUMMARY_HEAD}; arch 'tiny' has 2 heads"):
         train(TrainConfig(run_dir=str(tmp_path), arch="tiny", set_count=1.0), processor, log=lambda *a: None)
     base = dict(total_samples=48, pool=16, token_budget=4096, warmup_samples=2, eval_n=2, eval_every_s=0.0,

@@ -9,11 +9,10 @@ import random
 import pytest
 import torch
 
-from specula.cli import build_parser
 from specula.targets.processor import load_processor
 from specula.world.vocab import SHAPES
 from specula.training.target.batching import Encoder
-from specula.training.build import train_config_from_args
+from specula.training.target.cli import parse_config
 from specula.zoo.store import TOKENIZER_DIR
 from specula.training.target.set_count import COUNT_HEAD, COUNT_LAYER
 from specula.training.target.referents import eager_attention
@@ -116,13 +115,13 @@ def test_a_run_fits_once_and_a_resumed_run_keeps_the_fit(processor, tmp_path):
 
 
 def test_the_flag_reaches_the_config_and_needs_the_count_targets_on_numbered_sets(tmp_path):
-    args = build_parser().parse_args(["train", "target", "--set-count", "1", "--number-images",
-                                      "--set-count-key-fit", "200", "--set-count-query-steps", "50"])
-    assert train_config_from_args(args).set_count_key_fit == 200
-    assert train_config_from_args(args).set_count_query_steps == 50
+    cfg = parse_config(["--set-count", "1", "--number-images", "--set-count-key-fit", "200",
+                        "--set-count-query-steps", "50"])
+    assert cfg.set_count_key_fit == 200
+    assert cfg.set_count_query_steps == 50
     with pytest.raises(ValueError, match="set_count_query_steps"):
         TrainConfig(run_dir=str(tmp_path), set_count_query_steps=5, set_count=1.0, number_images=True)
-    assert train_config_from_args(build_parser().parse_args(["train", "target"])).set_count_key_fit == 0
+    assert parse_config([]).set_count_key_fit == 0
     for bad in (dict(set_count_key_fit=10), dict(set_count_key_fit=10, set_count=1.0),
                 dict(set_count_key_fit=-1, set_count=1.0, number_images=True)):
         with pytest.raises(ValueError, match="set_count_key_fit"):

@@ -14,8 +14,8 @@ from specula.training.target.batching import Encoder, collate
 from specula.training.build import export
 from specula.training.target.evaluate import load_checkpoint
 from specula.zoo.store import TOKENIZER_DIR
-from specula.training.target.set_referents import (MARK_REACH, SET_HOPS, SET_INDEX_HEAD, SET_INDEX_LAYER, SET_MARK_HEAD,
-                                       SET_MARK_LAYER, hops_in_use, object_patches, set_mark_targets)
+from specula.training.target.set_referents import (MARK_REACH, SET_HOPS, SET_MARK_HEAD, SET_MARK_LAYER, hops_in_use,
+                                                   object_patches, set_mark_targets)
 from specula.targets.embedded_arch import TargetArch, build_model
 from specula.training.target.train import TrainConfig, forward_losses, train
 
@@ -69,7 +69,7 @@ def test_the_mark_term_is_its_own_loss_and_reaches_the_first_layer(numbering):
     enc = Encoder(numbering, set_marks=True)
     batch = collate([enc.encode(s) for s in _sets(2)], numbering.tokenizer.pad_token_id)
     losses = forward_losses(model, batch, TrainConfig(run_dir="x", set_marks=1.0, freeze_vision=True))
-    assert float(losses["set_mark"].detach()) > 0 and "set_referent" not in losses and "set_index" not in losses
+    assert float(losses["set_mark"].detach()) > 0 and "set_referent" not in losses
     losses["set_mark"].backward()
     grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
     assert grads and any(float(g.abs().sum()) > 0 for g in grads)
@@ -191,11 +191,10 @@ def test_a_shallow_run_fits_a_two_layer_lm(tmp_path, numbering):
 def test_a_run_needs_room_only_for_the_hops_its_terms_use():
     """Each set term names the hops it trains or reads; the depth and head checks count those and no others."""
     deep, reader = SET_HOPS["deep"], SET_HOPS["reader"]
-    assert hops_in_use(deep, False, False, False, False) == {}
-    assert hops_in_use(deep, False, False, True, False) == {"mark": (SET_MARK_LAYER, SET_MARK_HEAD)}
-    assert hops_in_use(deep, False, True, False, False) == {"index": (SET_INDEX_LAYER, SET_INDEX_HEAD)}
-    assert hops_in_use(reader, False, False, False, True) == {"patch": (reader.patch_layer, reader.patch_head)}
-    assert hops_in_use(reader, True, False, True, True) == {
+    assert hops_in_use(deep, False, False, False) == {}
+    assert hops_in_use(deep, False, True, False) == {"mark": (SET_MARK_LAYER, SET_MARK_HEAD)}
+    assert hops_in_use(reader, False, False, True) == {"patch": (reader.patch_layer, reader.patch_head)}
+    assert hops_in_use(reader, True, True, True) == {
         "ordinal": (reader.word_layer, reader.word_head), "patch": (reader.patch_layer, reader.patch_head),
         "mark": (reader.mark_layer, reader.mark_head)}
-    assert max(layer for layer, _ in hops_in_use(deep, False, False, True, False).values()) < deep.patch_layer
+    assert max(layer for layer, _ in hops_in_use(deep, False, True, False).values()) < deep.patch_layer

@@ -9,13 +9,12 @@ import torch
 
 from loss_kit import assert_own_term_reaching_layer0
 
-from specula.cli import build_parser
 from specula.world import image_sets as multi
 from specula.world.placed import variant
 from specula.world.scene import make_dialogue
 from specula.world.vocab import ORDINALS
 from specula.training.target.batching import Encoder
-from specula.training.build import train_config_from_args
+from specula.training.target.cli import parse_config
 from specula.training.target.set_referents import (ODD_HEAD, ODD_LAYER, ODD_MEAN_HEAD, ODD_MEAN_LAYER, SET_HOPS, hops_in_use,
                                        object_patches, set_odd_targets)
 from specula.training.target.train import TrainConfig, train
@@ -93,10 +92,10 @@ def test_the_odd_term_is_its_own_loss_and_reaches_the_first_layer(processor, enc
 
 
 def test_the_flag_reaches_the_config_a_run_trains_the_term_and_a_shallow_lm_is_refused(processor, tmp_path):
-    args = build_parser().parse_args(["train", "target", "--set-odd", "3"])
-    assert train_config_from_args(args).set_odd == 3.0
-    assert train_config_from_args(build_parser().parse_args(["train", "target"])).set_odd == 0.0
-    assert hops_in_use(SET_HOPS["reader"], False, False, False, False, odd=True) == {
+    cfg = parse_config(["--set-odd", "3"])
+    assert cfg.set_odd == 3.0
+    assert parse_config([]).set_odd == 0.0
+    assert hops_in_use(SET_HOPS["reader"], False, False, False, odd=True) == {
         "odd mean": (ODD_MEAN_LAYER, ODD_MEAN_HEAD), "odd": (ODD_LAYER, ODD_HEAD)}
     with pytest.raises(ValueError, match=f"odd mean hop .* sits on head {ODD_MEAN_HEAD}; arch 'tiny' has 2 heads"):
         train(TrainConfig(run_dir=str(tmp_path), arch="tiny", set_odd=1.0), processor, log=lambda *a: None)

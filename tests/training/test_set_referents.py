@@ -13,8 +13,7 @@ from specula.world.scene import make_dialogue
 from specula.world.vocab import ORDINALS
 from specula.training.target.batching import Encoder, collate
 from specula.training.target.referents import HEAD, ReferentTarget, referent_attention_loss
-from specula.training.target.set_referents import (SET_INDEX_HEAD, SET_INDEX_LAYER, SET_PATCH_LAYER, SET_WORD_LAYER,
-                                       object_patches, set_index_targets, set_referent_targets)
+from specula.training.target.set_referents import SET_PATCH_LAYER, SET_WORD_LAYER, object_patches, set_referent_targets
 from specula.targets.embedded_arch import TargetArch, build_model
 from specula.training.target.train import TrainConfig, forward_losses, train
 
@@ -161,8 +160,7 @@ def test_training_refuses_an_lm_too_shallow_for_the_hops(processor, tmp_path):
 
 def test_the_set_term_takes_part_in_the_joint_stage(tmp_path, processor):
     """The same short run with ``set_referents`` 1 and 1e-12 ends with other weights (both run eager attention, whose
-    numerics differ from the default kernel's, so the faint run is the fair reference), and so does one with
-    ``set_index`` 1; each logs its term."""
+    numerics differ from the default kernel's, so the faint run is the fair reference), and logs its term."""
     import json
 
     from safetensors.torch import load_file
@@ -170,60 +168,23 @@ def test_the_set_term_takes_part_in_the_joint_stage(tmp_path, processor):
     base = dict(arch="tiny_deep", total_samples=16, pool=16, token_budget=4096, warmup_samples=4, eval_n=2,
                 eval_every_s=0.0, ckpt_every_s=1e9, threads=1, vision_images=16, mix="scan_multi")
     weights, history = {}, {}
-    for name, w, index in (("faint", 1e-12, 0.0), ("refs", 1.0, 0.0), ("index", 1e-12, 1.0)):
-        ckpt = train(TrainConfig(run_dir=str(tmp_path / name), set_referents=w, set_index=index, **base), processor,
+    for name, w in (("faint", 1e-12), ("refs", 1.0)):
+        ckpt = train(TrainConfig(run_dir=str(tmp_path / name), set_referents=w, **base), processor,
                      log=lambda m: None)
         weights[name] = load_file(ckpt / "model.safetensors")
         history[name] = json.loads((ckpt / "state.json").read_text())["history"]
     lm = [k for k in weights["faint"] if "language_model.layers.0." in k]
     assert any(not torch.equal(weights["faint"][k], weights["refs"][k]) for k in lm)
     assert any(h.get("loss_set_referent", 0) > 0 for h in history["refs"])
-    assert any(not torch.equal(weights["faint"][k], weights["index"][k]) for k in lm)
-    assert any(h.get("loss_set_index", 0) > 0 for h in history["index"])
-
-
-def test_index_targets_count_the_images_up_to_each_object_patch(processor):
-    enc = Encoder(processor, set_index=True)
-    for seed in range(4):
-        s = multi.make_multi(random.Random(f"set-index/{seed}"), "multi_image", "qa")
-        e = enc.encode(s)
-        img = (e.input_ids == enc.image_id).nonzero()[:, 0].tolist()
-        firsts = img[::T]  # each image's first token
-        want = [(n, p) for n, words in enumerate(s.patch_words) for p in object_patches(words)]
-        assert len(e.referents) == len(want) > 0
-        for t, (n, p) in zip(e.referents, want):
-            assert t.query == img[n * T + p] and t.words == () and t.spread
-            assert (t.group, t.patch_layer, t.head) == ("set_index", SET_INDEX_LAYER, SET_INDEX_HEAD)
-            assert t.patches == (0, *firsts[: n + 1]) and int(e.input_ids[0]) == processor.tokenizer.bos_token_id
-            assert all(q <= t.query for q in t.patches)  # causal: all of them visible from the patch
-    rng = random.Random("set-index/none")
-    assert set_index_targets(make_dialogue(rng, "vqa_dialogue", "vqa"), torch.zeros(4, dtype=torch.long), 3) == ()
-    assert enc.encode(multi.make_video(rng, "video", "qa")).referents == ()
-    assert Encoder(processor, set_referents=True).encode(_which(0)).referents[0].group == "set"  # apart from "set"
 
 
 def test_a_spread_hop_wants_the_mass_shared_evenly():
     B, H, L = 1, 2, 10
-    t = [[ReferentTarget(8, (0, 2, 5), (), patch_layer=1, group="set_index", head=1, spread=True)]]
+    t = [[ReferentTarget(8, (0, 2, 5), (), patch_layer=1, group="set_odd", head=1, spread=True)]]
     even = [torch.zeros(B, H, L, L) for _ in range(2)]
     even[1][0, 1, 8, [0, 2, 5]] = 1.0 / 3
-    assert float(referent_attention_loss(even, t, "set_index")) == pytest.approx(math.log(3), rel=1e-4)
+    assert float(referent_attention_loss(even, t, "set_odd")) == pytest.approx(math.log(3), rel=1e-4)
     lumped = [torch.zeros(B, H, L, L) for _ in range(2)]
     lumped[1][0, 1, 8, 0] = 1.0  # all of it on the first token: the summed mass would be perfect, the spread is not
-    assert float(referent_attention_loss(lumped, t, "set_index")) > 5 * math.log(3)
+    assert float(referent_attention_loss(lumped, t, "set_odd")) > 5 * math.log(3)
     assert referent_attention_loss(even, t, "set") is None
-
-
-def test_the_index_term_is_its_own_loss_and_reaches_the_first_layer(processor):
-    torch.manual_seed(0)
-    model = _deep_tiny(processor)
-    enc = Encoder(processor, set_referents=True, set_index=True)
-    batch = collate([enc.encode(_which(2))], processor.tokenizer.pad_token_id)
-    cfg = TrainConfig(run_dir="x", set_referents=1.0, set_index=1.0, freeze_vision=True)
-    losses = forward_losses(model, batch, cfg)
-    assert float(losses["set_index"].detach()) > 0 and float(losses["set_referent"].detach()) > 0
-    losses["set_index"].backward()
-    grads = [p.grad for n, p in model.named_parameters() if "language_model.layers.0." in n and p.grad is not None]
-    assert grads and any(float(g.abs().sum()) > 0 for g in grads)
-    with pytest.raises(ValueError, match="set_index"):
-        TrainConfig(run_dir="x", set_index=-1.0)

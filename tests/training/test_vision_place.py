@@ -122,14 +122,12 @@ def test_freeze_vision_trains_only_the_lm_and_freeze_projector_the_tower_too(tmp
 
 
 def test_cli_flags_for_place_and_frozen_vision():
-    from specula.cli import build_parser
-    from specula.training.build import train_config_from_args
+    from specula.training.target.cli import parse_config
 
-    cfg = train_config_from_args(build_parser().parse_args(["train", "target", "--vision-place-weight", "0.5",
-                                                            "--freeze-vision"]))
+    cfg = parse_config(["--vision-place-weight", "0.5", "--freeze-vision"])
     assert cfg.vision_place_weight == 0.5 and cfg.freeze_vision and not cfg.freeze_projector
-    assert train_config_from_args(build_parser().parse_args(["train", "target", "--freeze-projector"])).freeze_projector
-    cfg = train_config_from_args(build_parser().parse_args(["train", "target"]))
+    assert parse_config(["--freeze-projector"]).freeze_projector
+    cfg = parse_config([])
     assert cfg.vision_place_weight == 0.0 and not cfg.freeze_vision
     with pytest.raises(ValueError, match="vision_place_weight"):
         TrainConfig(vision_place_weight=-1.0)

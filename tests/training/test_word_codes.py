@@ -185,19 +185,16 @@ def test_vision_stage_resumes_mid_stage(tmp_path, processor):
 
 
 def test_cli_flags_reach_the_train_config():
-    from specula.cli import build_parser
-    from specula.training.build import train_config_from_args
+    from specula.training.target.cli import parse_config
 
-    args = build_parser().parse_args(["train", "target", "--run-dir", "r", "--code-lm-samples", "500",
-                                      "--code-lm-layers", "2", "--code-lm-lr", "2e-3", "--code-token-budget", "512",
-                                      "--aux-out", "0", "--mix", "dialogue", "--lr", "3e-4", "--vision-lr", "1e-3"])
-    cfg = train_config_from_args(args)
+    cfg = parse_config(["--run-dir", "r", "--code-lm-samples", "500", "--code-lm-layers", "2", "--code-lm-lr", "2e-3",
+                        "--code-token-budget", "512", "--aux-out", "0", "--mix", "dialogue", "--lr", "3e-4",
+                        "--vision-lr", "1e-3"])
     assert (cfg.code_lm_samples, cfg.code_lm_layers, cfg.code_lm_lr, cfg.code_token_budget) == (500, 2, 2e-3, 512)
     assert (cfg.aux_out, cfg.mix, cfg.lr, cfg.run_dir, cfg.vision_lr) == (0.0, "dialogue", 3e-4, "r", 1e-3)
     assert cfg.uses_codes and cfg.vision_pos_lr_mult == 1.0
-    cfg = train_config_from_args(build_parser().parse_args(["train", "target", "--vision-pos-lr-mult", "30"]))
-    assert cfg.vision_pos_lr_mult == 30.0
-    assert not train_config_from_args(build_parser().parse_args(["train", "target"])).uses_codes
+    assert parse_config(["--vision-pos-lr-mult", "30"]).vision_pos_lr_mult == 30.0
+    assert not parse_config([]).uses_codes
 
 
 def test_joint_losses_regress_codes_and_can_drop_aux_out(processor):
@@ -258,39 +255,6 @@ def test_tower_features_feed_the_projector_as_llava_does(processor):
         assert feats.shape[-1] == model.config.vision_config.hidden_size
 
 
-def test_background_code_replaces_zero_on_background_patches(processor):
-    from specula.training.target.word_codes import BACKGROUND
-
-    plain, bg = WordCodes(32, 0), WordCodes(32, 0, background=True)
-    s = generate("vqa", "eval", 1, 0)
-    a, b = plain.images(s.patch_words), bg.images(s.patch_words)  # [1, T, 32]
-    empty = torch.tensor([not w for w in s.patch_words[0]])
-    assert empty.any() and (~empty).any()
-    assert torch.equal(a[0, ~empty], b[0, ~empty]) and a[0, empty].abs().sum() == 0
-    assert torch.allclose(b[0, empty], bg.code(BACKGROUND).expand(int(empty.sum()), 32))
-    assert torch.equal(bg.blank(2, 5), bg.code(BACKGROUND).expand(2, 5, 32)) and plain.blank(1, 3).abs().sum() == 0
-    enc = Encoder(processor, codes=bg).encode(s)
-    assert torch.equal(enc.patch_codes, b)
-    args = __import__("specula.cli", fromlist=["build_parser"]).build_parser().parse_args(
-        ["train", "target", "--code-lm-samples", "8", "--background-code"])
-    from specula.training.build import train_config_from_args
-
-    assert train_config_from_args(args).background_code
-
-
-def test_background_noise_touches_only_the_background():
-    from specula.training.target.code_stages import background_noise
-
-    codes = torch.zeros(2, 6, 16)
-    codes[0, 1] = 1.0
-    codes[1, 4] = -2.0
-    out = background_noise(codes, 0.2)
-    bg = codes.norm(dim=-1) == 0
-    assert torch.equal(out[~bg], codes[~bg])
-    norms = out[bg].norm(dim=-1)
-    assert (norms <= 0.2 + 1e-6).all() and (norms > 0).all() and norms.std() > 0
-
-
 def test_raising_code_lm_samples_extends_the_code_stage(tmp_path, processor):
     base = dict(run_dir=str(tmp_path / "run"), arch="tiny", total_samples=0, pool=2, token_budget=2048,
                 warmup_samples=2, eval_n=1, eval_every_s=1e9, threads=1, vision_images=0, code_lm_samples=8,
@@ -300,7 +264,7 @@ def test_raising_code_lm_samples_extends_the_code_stage(tmp_path, processor):
     first = json.loads((ckpt / "state.json").read_text())
     assert first["code_lm_done"] and 8 <= first["code_lm_samples"] < 16
     logs = []
-    train(TrainConfig(**{**base, "code_lm_samples": 16, "code_background_noise": 0.1}), processor, log=logs.append)
+    train(TrainConfig(**{**base, "code_lm_samples": 16}), processor, log=logs.append)
     second = json.loads((ckpt / "state.json").read_text())
     assert second["code_lm_samples"] >= 16 and second["code_lm_grown_from"] == 1
     assert not any("start as identities" in m for m in logs)  # grown once only

@@ -7,9 +7,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from specula.world.placed import image_first
 from specula.world.sample import Sample
-from specula.world.tokenizer import ASSISTANT, IMAGE, USER, format_dialogue
+from specula.world.tokenizer import ASSISTANT, IMAGE, format_dialogue
 
 
 @dataclass(frozen=True)
@@ -19,10 +18,8 @@ class Encoded:
     pixel_values: torch.Tensor | None  # [n_img, 3, S, S] fp32
     patch_targets: torch.Tensor | None  # [n_img, T_img, K] int64 word token ids, -1 = none
     patch_classes: torch.Tensor | None = None  # [n_img, T_img, 3] int64 (colour, shape, cell) class, -100 = ignore
-    user_labels: torch.Tensor | None = None  # [L] int64: the user turns' text tokens, -100 elsewhere (``user_labels``)
     patch_codes: torch.Tensor | None = None  # [n_img, T_img, H] fp32 word codes (training/target/word_codes.py), when asked for
     referents: tuple = ()  # training/target/referents.py ReferentTarget per lookup turn, when asked for
-    twin_ids: torch.Tensor | None = None  # [L'] int64: the image-first twin's tokens (world/placed.py image_first)
     lone_images: torch.Tensor | None = None  # [n_img] bool: images pulled towards their states alone (``sets``)
 
 
@@ -35,42 +32,33 @@ class Batch:
     patch_targets: torch.Tensor | None  # [N_img, T_img, K]
     n_samples: int
     patch_classes: torch.Tensor | None = None  # [N_img, T_img, 3]
-    user_labels: torch.Tensor | None = None  # [B, L]
     patch_codes: torch.Tensor | None = None  # [N_img, T_img, H]
     referents: tuple = ()  # per row: that row's ReferentTargets (empty tuple: none asked for)
     label_weights: torch.Tensor | None = None  # [B, L] fp32 per-label loss weight (training/target/cell_weights.py); None = 1
-    twin_ids: torch.Tensor | None = None  # [B_t, L'] the image-first twins of the rows ``twin_rows``, right-padded
-    twin_mask: torch.Tensor | None = None  # [B_t, L']
-    twin_rows: torch.Tensor | None = None  # [B_t] int64: the batch row each twin belongs to
     lone_images: torch.Tensor | None = None  # [N_img] bool, in pixel_values' order (Encoded.lone_images)
 
 
 class Encoder:
     """Holds the processor and the word -> token map for dense patch targets."""
 
-    def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False,
-                 caption_referents: bool = False, twins: bool = False, sets: bool = False,
-                 set_referents: bool = False, set_index: bool = False, set_marks: bool = False,
-                 set_hops: str = "deep", set_isolation: bool = False, set_odd: bool = False,
-                 set_count: bool = False, chart_referents: bool = False, chart_words: str = ""):
+    def __init__(self, processor, max_words: int = 5, codes=None, referents: bool = False, sets: bool = False,
+                 set_referents: bool = False, set_marks: bool = False, set_hops: str = "deep",
+                 set_isolation: bool = False, set_odd: bool = False, set_count: bool = False,
+                 chart_referents: bool = False, chart_words: str = ""):
         self.processor = processor
         self.chart_words = chart_words  # "" or a level: chart parts' codes and word targets name what they show (training/target/chart_words.py)
         self.chart_referents = chart_referents  # each chart sample also carries its lookup turns' targets (training/target/chart_referents.py)
         self.set_isolation = set_isolation  # ... and its later images' isolation spans (training/target/set_isolation.py)
         self.set_referents = set_referents  # each image-set sample also carries its addressing targets (training/target/set_referents.py)
-        self.set_index = set_index  # ... and the image-number targets of its object patches (set_index_targets)
         self.set_marks = set_marks  # ... and its object patches' "Image n:" marker targets (set_mark_targets)
         self.set_odd = set_odd  # ... and its "odd one out" answers' odd-image targets (set_odd_targets)
         self.set_count = set_count  # ... and its counting turns' summary and count targets (training/target/set_count.py)
         self.set_hops = set_hops  # the layers of those hops: a key of set_referents.SET_HOPS
         self.sets = sets  # each image of an image-set sample is flagged in ``Encoded.lone_images``
-        self.twins = twins  # each moved sample also carries its image-first twin's tokens (``Encoded.twin_ids``)
         self.codes = codes  # a WordCodes: each encoded sample also carries its patches' codes
         self.referents = referents  # each encoded scene dialogue also carries its lookup turns' attention targets
-        self.caption_referents = caption_referents  # ... and each scene caption its phrases' (training/target/referents.py)
         self.tok = processor.tokenizer
         self.assistant_id = self.tok.convert_tokens_to_ids(ASSISTANT)
-        self.user_id = self.tok.convert_tokens_to_ids(USER)
         self.image_id = self.tok.convert_tokens_to_ids(IMAGE)
         self.eos_id = self.tok.eos_token_id
         self.max_words = max_words
@@ -115,21 +103,18 @@ class Encoder:
         if self.referents:
             from specula.training.target.referents import referent_targets
 
-            refs = referent_targets(s, ids, labels, self.image_id, self.word_id, captions=self.caption_referents)
+            refs = referent_targets(s, ids, labels, self.image_id, self.word_id)
         if self.chart_referents:
             from specula.training.target.chart_referents import chart_referent_targets
 
             refs = tuple(refs) + chart_referent_targets(s, ids, labels, self.image_id, self.word_id,
                                                         reading=self.chart_words)
-        if self.set_referents or self.set_index or self.set_marks:
-            from specula.training.target.set_referents import SET_HOPS, set_index_targets, set_mark_targets, set_referent_targets
+        if self.set_referents or self.set_marks:
+            from specula.training.target.set_referents import SET_HOPS, set_mark_targets, set_referent_targets
 
             hops = SET_HOPS[self.set_hops]
-
             if self.set_referents:
                 refs = tuple(refs) + set_referent_targets(s, ids, labels, self.image_id, self.word_id, hops)
-            if self.set_index:
-                refs = tuple(refs) + set_index_targets(s, ids, self.image_id)
             if self.set_marks:
                 refs = tuple(refs) + set_mark_targets(s, ids, self.image_id, self.word_id, hops)
         if self.set_odd:
@@ -144,8 +129,7 @@ class Encoder:
             from specula.training.target.set_isolation import set_isolation_spans
 
             refs = tuple(refs) + set_isolation_spans(s, ids, self.image_id)
-        return Encoded(ids, labels, pixels, targets, classes, user_labels(ids, self.user_id, self.assistant_id, self.image_id),
-                       codes, refs, self._twin_ids(s), self._lone_images(s))
+        return Encoded(ids, labels, pixels, targets, classes, codes, refs, self._lone_images(s))
 
     def _lone_images(self, s: Sample) -> torch.Tensor | None:
         """With ``sets``: one flag per image, set for the images of an image set (``kind`` multi/..., multi_caption,
@@ -153,16 +137,6 @@ class Encoder:
         if not (self.sets and s.images):
             return None
         return torch.full((len(s.images),), s.kind.startswith("multi"), dtype=torch.bool)
-
-    def _twin_ids(self, s: Sample) -> torch.Tensor | None:
-        twin = image_first(s) if self.twins else None
-        if twin is None:
-            return None
-        text = format_dialogue(twin.prompt, twin.response, twin.followups, twin.system)
-        if twin.images:  # the processor writes one image token per patch
-            return self.processor(text=[text], images=list(twin.images), return_tensors="pt",
-                                  add_special_tokens=False)["input_ids"][0]
-        return self.tok([text], return_tensors="pt", add_special_tokens=False)["input_ids"][0]
 
 
 def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch.Tensor:
@@ -181,60 +155,27 @@ def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch
     return torch.where(inside, ids, torch.full_like(ids, -100))
 
 
-def user_labels(ids: torch.Tensor, user_id: int, assistant_id: int, image_id: int) -> torch.Tensor:
-    """Labels for the auxiliary user-turn loss: every user turn's tokens after its USER marker, through the
-    ASSISTANT marker that ends it, image tokens excepted; the rest -100.
-
-    Predicting a question's words makes the model look back: "What shape is the [purple] object?" is guessable
-    only from the colours the image (or the described scene) holds, so every question is a grounding signal.
-
-    ids # [L] int64
-    """
-    inside = torch.zeros_like(ids, dtype=torch.bool)  # [L]
-    on = False
-    for i, t in enumerate(ids.tolist()):
-        if t == user_id:
-            on = True
-            continue
-        inside[i] = on and t != image_id
-        if t == assistant_id:
-            on = False
-    return torch.where(inside, ids, torch.full_like(ids, -100))
-
-
 def collate(items: list[Encoded], pad_id: int) -> Batch:
     L = max(len(e.input_ids) for e in items)
     B = len(items)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
     labels = torch.full((B, L), -100, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
-    user = torch.full((B, L), -100, dtype=torch.long) if all(e.user_labels is not None for e in items) else None
     for b, e in enumerate(items):
         n = len(e.input_ids)
         ids[b, :n], labels[b, :n], mask[b, :n] = e.input_ids, e.labels, 1
-        if user is not None:
-            user[b, :n] = e.user_labels
     pix = [e.pixel_values for e in items if e.pixel_values is not None]
     tgt = [e.patch_targets for e in items if e.patch_targets is not None]
     cls = [e.patch_classes for e in items if e.patch_classes is not None]
     codes = [e.patch_codes for e in items if e.patch_codes is not None]
-    twins = [(b, e.twin_ids) for b, e in enumerate(items) if e.twin_ids is not None]
     lone = None
     if any(e.lone_images is not None for e in items):  # rows with images but no flags (not encoded with sets): False
         lone = torch.cat([e.lone_images if e.lone_images is not None
                           else torch.zeros(len(e.pixel_values), dtype=torch.bool)
                           for e in items if e.pixel_values is not None])  # [N_img]
-    t_ids = t_mask = t_rows = None
-    if twins:
-        t_ids = torch.full((len(twins), max(len(t) for _, t in twins)), pad_id, dtype=torch.long)
-        t_mask = torch.zeros_like(t_ids)
-        for i, (_, t) in enumerate(twins):
-            t_ids[i, : len(t)], t_mask[i, : len(t)] = t, 1
-        t_rows = torch.tensor([b for b, _ in twins], dtype=torch.long)
     return Batch(ids, mask, labels, torch.cat(pix) if pix else None, torch.cat(tgt) if tgt else None, B,
-                 torch.cat(cls) if cls else None, user, torch.cat(codes) if codes else None,
-                 tuple(e.referents for e in items) if any(e.referents for e in items) else (), None,
-                 t_ids, t_mask, t_rows, lone)
+                 torch.cat(cls) if cls else None, torch.cat(codes) if codes else None,
+                 tuple(e.referents for e in items) if any(e.referents for e in items) else (), None, lone)
 
 
 def batch_to(batch: Batch, device: torch.device | str) -> Batch:

@@ -66,29 +66,11 @@ def code_embeds(model, input_ids: torch.Tensor, codes: torch.Tensor | None) -> t
     return emb.masked_scatter(mask, codes.reshape(-1, codes.shape[-1]).to(emb.dtype))
 
 
-def background_noise(codes: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Random vectors with norms uniform in [0, max_norm] on the background patches (code exactly zero), the codes
-    elsewhere: the tower never outputs an exact zero there, and RMSNorm blows a small vector up to a large one,
-    so an LM trained on exact zeros is thrown by the tower's background (zoo/TRAINING.md, "Background patches").
-
-    codes # [N_img, T, H]  ->  [N_img, T, H]
-    """
-    bg = codes.norm(dim=-1, keepdim=True) == 0  # [N_img, T, 1]
-    r = torch.randn_like(codes)
-    r = r / r.norm(dim=-1, keepdim=True) * torch.rand_like(codes[..., :1]) * max_norm
-    return torch.where(bg, r, codes)
-
-
-def code_lm_loss(model, batch: Batch, referent_weight: float = 0.0, parts: dict | None = None,
-                 background_noise_norm: float = 0.0) -> torch.Tensor:
+def code_lm_loss(model, batch: Batch, referent_weight: float = 0.0, parts: dict | None = None) -> torch.Tensor:
     """Next-token loss on the assistant turns, plus ``referent_weight`` x the referent-attention loss
-    (``training/target/referents.py``) when the batch carries referent targets; ``parts`` gets each term's value.
-    ``background_noise_norm`` > 0 puts random vectors up to that norm on the background patches."""
+    (``training/target/referents.py``) when the batch carries referent targets; ``parts`` gets each term's value."""
     lm = model.model.language_model
-    codes = batch.patch_codes
-    if codes is not None and background_noise_norm > 0:
-        codes = background_noise(codes, background_noise_norm)
-    x = code_embeds(model, batch.input_ids, codes)  # [B, L, H]
+    x = code_embeds(model, batch.input_ids, batch.patch_codes)  # [B, L, H]
     refs = referent_weight > 0 and bool(batch.referents)
     with eager_attention(lm, refs):
         out = lm(inputs_embeds=x, attention_mask=batch.attention_mask, output_attentions=refs)
@@ -189,7 +171,7 @@ def code_lm_stage(model, encoder, codes: WordCodes, cfg, state: dict, save, samp
                 for g in opt.param_groups:
                     g["lr"] = code_lm_lr(state["code_lm_samples"], cfg)
                 parts: dict[str, float] = {}
-                loss = code_lm_loss(model, batch, cfg.referent_attention, parts, cfg.code_background_noise)
+                loss = code_lm_loss(model, batch, cfg.referent_attention, parts)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -78,7 +78,7 @@ def code_readout(model, processor, state: dict, n: int = 100, seed: int = 0, sui
     cfg = state["config"]
     if not cfg.get("code_lm_samples"):
         raise ValueError("--codes needs a word-code checkpoint (trained with --code-lm-samples)")
-    codes = WordCodes(model.config.text_config.hidden_size, cfg["seed"], background=cfg.get("background_code", False))
+    codes = WordCodes(model.config.text_config.hidden_size, cfg["seed"])
     layers = shallow_layers(state)
     if suite == "caption":  # the captions' attribute recall from exact codes and from zero codes
         samples = [generate(suite, "eval", EVAL_OFFSET + i, seed) for i in range(n)]

@@ -13,15 +13,6 @@ mass on the referent's image tokens (-log of the mass, averaged). In a 2-layer d
 dialogues, 614 steps of 4) this took colour and shape questions from 0.22 / 0.43 to 0.89 / 0.93
 (``runs/exp/oracle_lm.py``, ``ATTN=1 ATTN1=1``). The targets come from the question text and the image's patch
 words, so they need nothing the world does not already say.
-
-Captions get the same supervision (``caption_referents``): a scene caption scans the nine cells in reading order
-("top left, no object; top, a large black diamond; ..."), so each object phrase is a lookup by place. At every
-position that predicts a word of object k's phrase (from the separator before its article through its last word),
-head 0 of ``WORD_LAYER`` is asked to attend to the cell's place words just before it and head 0 of ``PATCH_LAYER``
-to object k's patches: the two hops of a "where" question, run backwards. Off unless asked for
-(``--caption-referents``). On the earlier free-form captions (objects only, in reading order, no cell names) a
-patch hop alone in a 4.5k-sample joint stage did not move caption recall: choosing the next object was the failure,
-and there was no place word to fetch.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from specula.world.sample import Sample
-from specula.world.vocab import COLOUR_NAMES, POSITIONS, SHAPES
+from specula.world.vocab import COLOUR_NAMES, SHAPES
 
 WORD_LAYER = 0  # the head that fetches the question's referent words
 PATCH_LAYER = 1  # the head that attends to the referent's patches
@@ -50,7 +41,7 @@ class ReferentTarget:
     words: tuple[int, ...]  # the question's referent words (shape and/or colour)
     patch_layer: int = PATCH_LAYER  # the decoder layer whose head ``head`` makes the patch hop
     word_layer: int = WORD_LAYER  # ... and the word hop
-    group: str = "scene"  # the loss the target feeds: "scene" (referent_attention), "set" / "set_index" (set_referents)
+    group: str = "scene"  # the loss the target feeds: "scene" (referent_attention), "set" (set_referents), ...
     head: int = HEAD  # the head of the patch hop (and of the word hop unless ``word_head`` is set)
     spread: bool = False  # the patch hop's mass spread evenly over ``patches`` (-mean log of each) rather than summed
     word_head: int | None = None  # the word hop's head when it is not ``head`` (set_referents.SET_HOPS["reader"])
@@ -80,15 +71,12 @@ def referent_patches(question: str, patch_words: Sequence[tuple[str, ...]]) -> l
 
 
 def referent_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
-                     word_id: Callable[[str], int], captions: bool = False) -> tuple[ReferentTarget, ...]:
-    """The lookup turns of a one-image scene dialogue (``vqa`` kinds), in order; with ``captions`` a scene caption's
-    phrases (``caption_referents``); () for anything else.
+                     word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
+    """The lookup turns of a one-image scene dialogue (``vqa`` kinds), in order; () for anything else.
 
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns); ``word_id(w)`` a word's single token
     id or -1.
     """
-    if s.kind == "caption":
-        return caption_referents(s, input_ids, labels, image_id, word_id) if captions else ()
     if not s.kind.startswith("vqa") or len(s.images) != 1 or not s.patch_words:
         return ()
     questions = [s.prompt.replace("<image>", "")] + [u for u, _ in s.followups]
@@ -116,77 +104,6 @@ def answer_spans(labels: torch.Tensor) -> tuple[list[int], list[int]]:
     return starts, ends
 
 
-SINK = 0  # the sequence's first token (BOS): where a place lookup that finds no object puts its attention
-
-
-def caption_referents(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor, image_id: int,
-                      word_id: Callable[[str], int]) -> tuple[ReferentTarget, ...]:
-    """Attention targets for a one-image scene caption's cell-by-cell listing ("top left, no object; top, a large
-    black diamond; ...", world/scene.py ``caption`` with ``scan``); () for anything else (free-form captions,
-    charts, signs, several images).
-
-    Per cell segment (between the listing's ":" / ";" separators, up to its first "."), three kinds of target:
-    - an object's phrase (found by its "colour shape" token pair; from the token before its article through the
-      token before the next "," / ";" / "and" / "."): head 0 of ``PATCH_LAYER`` on the object's patches, head 0 of
-      ``WORD_LAYER`` on the cell's place words (objects with no visible patch get none);
-    - an empty cell (", no object"): the positions predicting "no" and "object" put the patch hop on ``SINK`` (the
-      lookup finds nothing) and the word hop on the place words;
-    - the next cell's name (the separator and any place token before the ","): the word hop on the previous cell's
-      place words, so the scan knows where it is (no patch hop).
-
-    input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
-    """
-    if len(s.images) != 1 or not s.patch_words:
-        return ()
-    patches: dict[tuple[int, int], list[int]] = {}  # (colour id, shape id) -> patch indices
-    for t, w in enumerate(s.patch_words[0]):
-        if len(w) >= 2 and w[0] in COLOUR_NAMES and w[1] in SHAPES:
-            patches.setdefault((word_id(w[0]), word_id(w[1])), []).append(t)
-    image_pos = (input_ids == image_id).nonzero()[:, 0].tolist()
-    if not patches or len(image_pos) != len(s.patch_words[0]):
-        return ()
-    ids, lab = input_ids.tolist(), labels.tolist()
-    inside = [j for j in range(len(lab)) if lab[j] != -100]
-    if not inside:
-        return ()
-    start = inside[0]
-    end = next((j for j in range(start, len(lab)) if lab[j] == -100), len(lab))  # first turn only
-    colon = next((j for j in range(start, end) if ids[j] == word_id(":")), None)
-    if colon is None:
-        return ()
-    stop = next((j for j in range(colon, end) if ids[j] == word_id(".")), end)  # the listing's sentence ends
-    articles = {word_id("a"), word_id("an")} - {-1}
-    ends = {word_id(","), word_id(";"), word_id("and"), word_id(".")} - {-1}
-    places = {word_id(w) for name in POSITIONS.values() for w in name.split()} - {-1}
-    comma, no = word_id(","), word_id("no")
-    seps = [colon] + [j for j in range(colon + 1, stop) if ids[j] == word_id(";")] + [stop]
-    if len(seps) != len(POSITIONS) + 1:
-        return ()  # not a listing of the nine cells (a free-form caption): no targets
-    out: list[ReferentTarget] = []
-    prev_words: tuple[int, ...] = ()
-    for a, b in zip(seps, seps[1:]):  # a cell's segment: tokens a + 1 .. b - 1
-        cut = next((j for j in range(a + 1, b) if ids[j] == comma), None)
-        if cut is None:
-            return ()  # a cell without its "," is not a scan listing
-        words = tuple(j for j in range(a + 1, cut) if ids[j] in places)
-        if prev_words:  # naming this cell: the separator and the place tokens before the last one
-            out.extend(ReferentTarget(q, (), prev_words) for q in range(a, cut - 1))
-        if cut + 1 < b and ids[cut + 1] == no:
-            out.extend(ReferentTarget(q, (SINK,), words) for q in (cut, cut + 1))
-        for c in range(cut + 1, b - 1):
-            key = (ids[c], ids[c + 1])
-            if key not in patches:
-                continue
-            first = next((j for j in range(c - 1, max(cut, c - 4), -1) if ids[j] in articles), None)
-            if first is None:
-                continue
-            last = next((j - 1 for j in range(c + 2, b + 1) if ids[j] in ends), b - 1)
-            pos = tuple(image_pos[t] for t in patches[key])
-            out.extend(ReferentTarget(q, pos, words) for q in range(first - 1, last))  # q predicts token q + 1
-        prev_words = words
-    return tuple(out)
-
-
 @contextlib.contextmanager
 def eager_attention(lm, on: bool = True):
     """Inside the block the LM runs eager attention (the only kind that returns its weights)."""
@@ -203,10 +120,11 @@ def eager_attention(lm, on: bool = True):
 
 # The epsilon inside each group's -log(mass + eps). One inside the log flattens the loss wherever a saturated head
 # puts less than ~eps on the targets (the gradient on the targets' scores is mass / (mass + eps) instead of 1), so a
-# hop onto a head that already attends elsewhere with all its mass never forms: stop 48 found the layer-0 ordinal
-# hops of stops 45 and 48 stuck at 0.00 for it. The set groups (never in a shipped target) take the exact log,
-# floored only where fp32 runs out; "scene" keeps the 1e-6 the recipe's stages ran with (training/recipe.py), so that
-# ``specula zoo build`` still retraces the shipped target.
+# hop onto a head that already attends elsewhere with all its mass never forms: the layer-0 ordinal hops of the
+# image-set lanes stuck at 0.00 for it (zoo/TRAINING.md, "Image sets: the reader as the set hop, and a loss that could
+# not move a saturated head"). The set groups take the exact log, floored only where fp32 runs out; "scene" keeps the
+# 1e-6 the recipe's stages ran with (training/recipe.py), so that ``specula zoo build`` still retraces the shipped
+# target.
 LOG_EPS = {"scene": 1e-6}
 
 

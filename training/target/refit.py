@@ -4,8 +4,9 @@ codes that also carry a code of its own for each layout cell.
 Why: a scan caption's object phrase is a lookup by place, and an object token holds its place as the sum of its
 place words ("bottom left" = code(bottom) + code(left), "bottom" = code(bottom)). One attention head that finds
 nothing at an empty "bottom left" must score the "bottom" and "left" objects below the zero background, and then it
-scores the "bottom left" object, their sum, below zero too; half of the objects the stop-33 captions put in the wrong
-cell came from a cell that shares a place word (zoo/TRAINING.md, "What a cell's phrase gets wrong"). With
+scores the "bottom left" object, their sum, below zero too; half of the objects the scan captions put in the wrong
+cell came from a cell that shares a place word (zoo/TRAINING.md, "What a cell's phrase gets wrong, and captions by
+colour"). With
 ``cell_codes`` = w every object patch's target code gains w * code("<cell bottom left>"), one direction per cell.
 The projector fit is a ridge regression that fits each output direction on its own (training/target/projector_fit.py), so the
 refitted tokens are the old ones plus the new component, and a frozen-vision stage can teach the LM to key on it.
@@ -49,8 +50,7 @@ def refit_projector(ckpt: Path, out: Path, cell_codes: float, images: int = 960,
     sd = load_file(ckpt / "model.safetensors")
     model.load_state_dict(sd, strict=False)
     model.tie_weights()
-    codes = WordCodes(model.config.text_config.hidden_size, cfg.get("seed", 0),
-                      background=cfg.get("background_code", False), cell_codes=cell_codes)
+    codes = WordCodes(model.config.text_config.hidden_size, cfg.get("seed", 0), cell_codes=cell_codes)
     with torch.no_grad():
         fit = fit_projector(model, Encoder(processor, codes=codes), images, cfg.get("seed", 0), gate_background=gate,
                             log=log)

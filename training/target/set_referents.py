@@ -1,13 +1,13 @@
 """Set referents: teach the LM which image of a set a question or a caption line is about (addressing).
 
-Stop 43 made a set's later images readable at their place (``--set-consistency``), yet "what colour is the object
-in the second image?" stayed near its blank level: the answer reads the first image's colour. Picking the image is
-the same two-hop lookup ``training/target/referents.py`` supervises for objects in one scene, with the image's number in place
-of the object's words: at the position that predicts the answer, a head fetches the question's ordinal ("second"),
-and a head deeper in the LM uses it to attend to that image's object patches. For the patch hop to find them, the
-image tokens must carry their image's number, which the layers below it have to work out (from an ``Image 2:``
-marker before the image, or from where the image sits); so the set's hops sit deeper than the scene's
-(``SET_WORD_LAYER``, ``SET_PATCH_LAYER``), leaving the layers below to do that.
+With a set's later images readable at their place (``--set-consistency``, training/target/set_consistency.py), "what
+colour is the object in the second image?" still stayed near its blank level: the answer reads the first image's
+colour. Picking the image is the same two-hop lookup ``training/target/referents.py`` supervises for objects in one
+scene, with the image's number in place of the object's words: at the position that predicts the answer, a head
+fetches the question's ordinal ("second"), and a head deeper in the LM uses it to attend to that image's object
+patches. For the patch hop to find them, the image tokens must carry their image's number, which the layers below it
+have to work out (from an ``Image 2:`` marker before the image, or from where the image sits); so the set's hops can
+sit deeper than the scene's (``SET_WORD_LAYER``, ``SET_PATCH_LAYER``), leaving the layers below to do that.
 
 Targets (group ``"set"``, their own loss weight: ``--set-referents W``):
 - every "which" turn of an image set ("What colour is the object in the {ordinal} image?", single questions and
@@ -18,37 +18,33 @@ Targets (group ``"set"``, their own loss weight: ``--set-referents W``):
   number token.
 Placed forms (question first, a lead line, a system turn) keep their targets: positions come from the tokens.
 
-The patch hop alone learns to land on objects but not on the named image's (stop 44: a third of its mass on the
-named image's objects and two thirds on the others' after 1,500 samples, with the ordinal hop at 0.99): the image
-tokens do not know their image's number. ``--set-index W`` gives it to them (group ``"set_index"``): at every object
-patch of image n, head ``SET_INDEX_HEAD`` of layer ``SET_INDEX_LAYER`` spreads its mass evenly over the sequence's
-first token and the first token of images 1..n (``spread``), so the share that lands on the first token, 1 / (n + 1),
-says which image the patch is in, with or without ``Image n:`` markers.
-
-The index formed only part way (images 3 and 4 barely apart after 3,200 samples) and the layer-4 hop did not read it.
-``--set-marks W`` (group ``"set_mark"``) takes the number from the prompt instead: with the processor numbering every
-set's images (``--number-images``, targets/image_marks.py), each image follows its ``Image n:`` marker, and at every
-object patch of image n head ``SET_MARK_HEAD`` of layer ``SET_MARK_LAYER`` attends to that marker's number token, so
-the patch carries the embedding of "2" itself, a key the ordinal "second" can match.
+The patch hop alone learns to land on objects but not on the named image's (a third of its mass on the named image's
+objects and two thirds on the others' after 1,500 samples, with the ordinal hop at 0.99; zoo/TRAINING.md, "Image
+sets: which image a question names"): the image tokens do not know their image's number. ``--set-marks W`` (group
+``"set_mark"``) takes the number from the prompt: with the processor numbering every set's images
+(``--number-images``, targets/image_marks.py), each image follows its ``Image n:`` marker, and at every object patch
+of image n head ``SET_MARK_HEAD`` of layer ``SET_MARK_LAYER`` attends to that marker's number token, so the patch
+carries the embedding of "2" itself, a key the ordinal "second" can match.
 
 Where the hops sit is ``SET_HOPS[name]`` (``--set-hops``): ``"deep"`` (word hop layer 2, patch hop layer 4, mark hop
 layer 1; the layers below left to work the number out) or ``"shallow"`` (word hop layer 0 and patch hop layer 1, head
-0: the very heads the scene lookups use to read an object's colour in one image, ``training/target/referents.py``; mark hop layer
-0), so that a set's "which" answer is read by the circuit that already reads colours.
+0: the very heads the scene lookups use to read an object's colour in one image, ``training/target/referents.py``;
+mark hop layer 0), so that a set's "which" answer is read by the circuit that already reads colours.
 
-Stop 47 found that the LM writes a colour word at layer 1 only (head 0 and the MLP after it: the whole margin of a
-one-image answer), so the set hop has to be that reader; and that in ``"shallow"`` the ordinal hop did not form on head
-0 of layer 0, the scene lookups' word hop, which a set question already uses for its noun. ``"reader"`` keeps the
-shallow layers and moves the ordinal hop to head ``READER_WORD_HEAD`` of layer 0: the patch hop (head 0 of layer 1)
-then reads the ordinal from one head's output and the image number the mark hop (head 2 of layer 0) wrote on the
-patches.
+The LM writes a colour word at layer 1 only (head 0 and the MLP after it: the whole margin of a one-image answer), so
+the set hop has to be that reader; and in ``"shallow"`` the ordinal hop did not form on head 0 of layer 0, the scene
+lookups' word hop, which a set question already uses for its noun (zoo/TRAINING.md, "Image sets: layer 0 reads a
+set's images as text"). ``"reader"``, the recipe's, keeps the shallow layers and moves the ordinal hop to head
+``READER_WORD_HEAD`` of layer 0: the patch hop (head 0 of layer 1) then reads the ordinal from one head's output and
+the image number the mark hop (head 2 of layer 0) wrote on the patches.
 
-``--set-odd W`` (group ``"set_odd"``, ``set_odd_targets``, stop 49) does the same for "which image is the odd one
-out?": at the answer, head ``ODD_HEAD`` of layer ``ODD_LAYER`` on the odd image's object patches, whose number is
-the answer; nothing in the question names that image, so the head has to find it by what the other images share.
-Alone it did not (stop 49: on objects, but no more on the odd image's than on the others'), so since stop 50 a head
-of the layer below (``ODD_MEAN_HEAD`` of ``ODD_MEAN_LAYER``) is also asked to spread over every image's objects, which
-puts the set's common look on the answer position for the odd hop to compare against.
+``--set-odd W`` (group ``"set_odd"``, ``set_odd_targets``) does the same for "which image is the odd one out?": at the
+answer, head ``ODD_HEAD`` of layer ``ODD_LAYER`` on the odd image's object patches, whose number is the answer;
+nothing in the question names that image, so the head has to find it by what the other images share. Alone it did
+not (on objects, but no more on the odd image's than on the others'), so a head of the layer below
+(``ODD_MEAN_HEAD`` of ``ODD_MEAN_LAYER``) is also asked to spread over every image's objects, which puts the set's
+common look on the answer position for the odd hop to compare against (zoo/TRAINING.md, "Image sets: counting
+images, and the odd one out against the set's look").
 """
 
 from __future__ import annotations
@@ -65,7 +61,6 @@ from specula.training.target.referents import PATCH_LAYER, WORD_LAYER, ReferentT
 
 SET_WORD_LAYER = 2  # the head that fetches the question's ordinal (or the caption line's number)
 SET_PATCH_LAYER = 4  # the head that attends to the named image's object patches
-SET_INDEX_LAYER, SET_INDEX_HEAD = 1, 1  # the head that counts the images up to a patch's own
 SET_MARK_LAYER, SET_MARK_HEAD = 1, 2  # the head that fetches a patch's ``Image n:`` number
 READER_WORD_HEAD = 4  # "reader": the layer-0 head that fetches the ordinal (head 0 is the scene word hop; in the
 # shipped target head 4 already puts all its mass on a "which" question's ordinal at the answer)
@@ -96,12 +91,11 @@ SET_HOPS = {"deep": SetHops(SET_WORD_LAYER, SET_PATCH_LAYER, SET_MARK_LAYER),
             "reader": SetHops(WORD_LAYER, PATCH_LAYER, 0, word_head=READER_WORD_HEAD)}
 
 
-def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readout: bool,
+def hops_in_use(hops: SetHops, referents: bool, marks: bool, readout: bool,
                 odd: bool = False) -> dict[str, tuple[int, int]]:
     """(layer, head) of each set hop that the switched-on terms train or read, by hop name: ``--set-referents``
     trains the ordinal and patch hops, ``--set-readout`` reads the patch hop's head, ``--set-marks`` trains the mark
-    hop, ``--set-index`` the image-number head, ``--set-odd`` the odd-image head. A run needs an LM with more layers
-    and heads than any of them."""
+    hop, ``--set-odd`` the odd-image heads. A run needs an LM with more layers and heads than any of them."""
     used: dict[str, tuple[int, int]] = {}
     if referents:
         used["ordinal"] = (hops.word_layer, hops.word_head)
@@ -109,8 +103,6 @@ def hops_in_use(hops: SetHops, referents: bool, index: bool, marks: bool, readou
         used["patch"] = (hops.patch_layer, hops.patch_head)
     if marks:
         used["mark"] = (hops.mark_layer, hops.mark_head)
-    if index:
-        used["index"] = (SET_INDEX_LAYER, SET_INDEX_HEAD)
     if odd:
         used["odd mean"] = (ODD_MEAN_LAYER, ODD_MEAN_HEAD)
         used["odd"] = (ODD_LAYER, ODD_HEAD)
@@ -183,8 +175,8 @@ def set_odd_targets(s: Sample, input_ids: torch.Tensor, labels: torch.Tensor,
     The answer is that image's ordinal, and its patches carry their image's number (``--set-marks``), so a head that
     lands there reads the answer off them, as the "which" reader does; unlike "which", nothing in the question names
     the image: the odd hop's query has to hold what the images share (the mean hop's output) and land on the patches
-    least like it. Stop 49 trained the odd hop alone: it landed on objects (0.98 of its mass) but on the odd image's
-    no more than on the others'.
+    least like it. The odd hop trained alone landed on objects (0.98 of its mass) but on the odd image's no more than
+    on the others'.
 
     input_ids, labels # [L] int64 (labels -100 outside the assistant turns)
     """
@@ -224,24 +216,6 @@ def _caption_lines(input_ids: torch.Tensor, labels: torch.Tensor, patches: Calla
             continue
         out.extend(ReferentTarget(q, pos, (j + 1,), hops.patch_layer, hops.word_layer, "set", head=hops.patch_head,
                                   word_head=hops.word_head) for q in range(j + 2, end - 1))
-    return tuple(out)
-
-
-def set_index_targets(s: Sample, input_ids: torch.Tensor, image_id: int) -> tuple[ReferentTarget, ...]:
-    """At every object patch of image n of an image-set sample, the first token and the first token of images
-    1..n (its own included), to spread the mass over evenly (``spread``); () for anything else.
-
-    input_ids # [L] int64
-    """
-    images = set_image_tokens(s, input_ids, image_id)
-    if images is None:
-        return ()
-    n_tok, image_pos = images
-    out = []
-    for n, words in enumerate(s.patch_words):
-        firsts = (0,) + tuple(image_pos[i * n_tok] for i in range(n + 1))
-        out.extend(ReferentTarget(image_pos[n * n_tok + t], firsts, (), patch_layer=SET_INDEX_LAYER, group="set_index",
-                                  head=SET_INDEX_HEAD, spread=True) for t in object_patches(words))
     return tuple(out)
 
 

@@ -8,14 +8,14 @@ Recipe (why each part is there is in zoo/TRAINING.md):
         + ``aux_out`` * the same loss on the LM's last hidden state at visual positions;
   the dense loss makes visual tokens speak the LM's word space, so answering from the image becomes the same
   copy-from-context skill the text-only "described scene" questions teach;
-- optionally (``user_loss``) + a next-token loss on the user turns' words: each question names objects of the scene,
-  so predicting it needs the image (or the described scene), a denser grounding signal than the short answers;
 - a curriculum: the first ``curriculum`` share of samples is drawn mostly from single-object questions and short
   captions, then the full mix;
 - image-vs-blank accuracy on held-out VQA and image-set questions is logged every ``eval_every_s`` seconds;
 - optionally (``code_lm_samples`` > 0) the word-code recipe (``training/target/code_stages.py``): first the LM alone learns the
   world with fixed word codes in place of the image tokens (optionally shallow, then grown), then the vision stage
   regresses tower + projector onto those codes, and the joint stage keeps that regression as ``aux_in``.
+
+The settings, each with its default and help, are ``TrainConfig``'s (training/target/config.py).
 
 Checkpoints (fp32 weights + optimizer + state) go to ``<run_dir>/ckpt`` every ``ckpt_every_s`` seconds; a new run
 with the same ``run_dir`` resumes from there. The data stream is indexed, so a resumed run sees the same samples.
@@ -28,7 +28,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -40,12 +40,14 @@ from specula.world.placed import variant
 from specula.world.suites import MIXES, generate
 from specula.world.tokenizer import BOS, USER
 from specula.training.target.batching import Encoder, batch_to, collate, token_budget_batches
-from specula.training.target.cell_weights import object_cell_weights, opener_ids, stop_ids
+from specula.training.target.cell_weights import object_cell_weights, opener_ids
 from specula.training.target.chart_readout import READ_LAYER, chart_readout_loss, value_token_ids
 from specula.training.target.code_stages import code_lm_stage, code_vision_loss
+from specula.training.target.config import TrainConfig
 from specula.training.target.projector_fit import fit_projector
 from specula.training.target.quality import caption_attribute_recall, chance_level, short_answer_accuracy
 from specula.training.target.referents import eager_attention, referent_attention_loss
+from specula.training.target.set_consistency import set_consistency_loss
 from specula.training.target.set_count import COUNT_LAYER, SUMMARY_LAYER, set_count_hops
 from specula.training.target.set_count_fit import fit_count_keys
 from specula.training.target.set_isolation import set_isolation_loss
@@ -55,154 +57,6 @@ from specula.training.target.set_referents import SET_HOPS, hops_in_use
 from specula.targets.embedded_arch import TargetArch, build_model
 from specula.training.target.vision_heads import VisionHeads, patch_loss, tower_features, vision_stage
 from specula.training.target.word_codes import WordCodes
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    run_dir: str = "runs/target"
-    arch: str = "embedded"
-    total_samples: int = 60_000
-    pool: int = 48  # samples drawn, sorted by length, split into token-budget micro-batches
-    token_budget: int = 4096
-    lr: float = 1e-3
-    projector_lr_mult: float = 3.0
-    warmup_samples: int = 2_000
-    weight_decay: float = 0.01
-    aux_in: float = 0.5
-    aux_out: float = 0.25
-    curriculum: float = 0.15
-    seed: int = 0
-    ckpt_every_s: float = 240.0
-    stop_at: int = 0  # stop (with a checkpoint) at this many samples, the schedule still ending at total_samples
-    eval_every_s: float = 600.0
-    eval_n: int = 48
-    threads: int = 2
-    vision_images: int = 4_000  # stage 0: tower + projector on dense patch labels before joint training
-    vision_lr: float | None = None  # learning rate of the vision stage (None: ``lr``)
-    vision_pos_lr_mult: float = 1.0  # the vision stage's learning-rate multiplier for the tower's position embeddings
-    vision_place_weight: float = 0.0  # weight of the vision heads' 3 x 3 cell loss (VisionHeads.place); 0 = no head
-    freeze_vision: bool = False  # joint stage: tower and projector stay as the vision stage (and fit) left them
-    tower_lr_mult: float = 1.0  # joint stage: the tower's learning rate as a multiple of --lr
-    freeze_projector: bool = False  # joint stage: the projector (and its fitted gate) stays; the tower trains on
-    projector_fit_images: int = 0  # word-code recipe: fit the projector in closed form on this many images (0: off)
-    projector_fit_gate: bool = False  # the projector fit also zeroes background patches (training/target/projector_fit.py)
-    background_code: bool = False  # word-code recipe: background patches get a code of their own instead of zero
-    code_background_noise: float = 0.0  # code LM stage: random vectors up to this norm on background patches
-    vis_weight: float = 0.5  # joint stage: weight of the dense vision-head loss
-    init_from: str | None = None  # exported weights (or a run's ckpt dir) to start from when run_dir has none
-    mix: str = "base"  # world.suites.MIXES: "base" (single-turn samples) or "dialogue" (12-turn scene dialogues)
-    object_cell_weight: float = 1.0  # loss weight on a scan listing's object-cell openers (training/target/cell_weights.py)
-    object_phrase_weight: float = 1.0  # loss weight on the rest of an object cell's phrase (training/target/cell_weights.py)
-    user_loss: float = 0.0  # weight of the next-token loss on the user turns' text (batching.user_labels); 0 = off
-    code_lm_samples: int = 0  # word-code recipe: samples of the LM-on-codes stage before the vision stage; 0 = off
-    code_lm_layers: int = 0  # decoder layers the code LM stage trains (the rest start as identities after); 0 = all
-    code_lm_lr: float = 1e-3  # peak learning rate of the code LM stage
-    code_token_budget: int = 1024  # tokens per optimizer step in the code LM stage (small batches, many updates)
-    code_lm_mix: str = "dialogue"  # world.suites.MIXES entry the code LM stage draws from
-    code_lm_stop: int = 0  # end this run's code stage at this many samples, on code_lm_samples' schedule (0 = off)
-    referent_attention: float = 0.0  # weight of the referent-attention loss (training/target/referents.py) in the LM stages; 0 = off
-    caption_referents: bool = False  # with referent_attention: scan captions get targets too (caption_referents)
-    vision_from: str | None = None  # a run's ckpt dir whose tower, projector and vision heads a fresh run starts from
-    lm_from: str | None = None  # a run's ckpt dir whose LM (and code-stage progress) a fresh run starts from
-    device: str = "cpu"  # where the joint stage trains ("cpu", "cuda", "cuda:N"); the earlier stages run on the CPU
-    max_minutes: float = 0.0  # stop the joint stage with a checkpoint after this many minutes of this run (0 = off)
-    image_consistency: float = 0.0  # weight of image_consistency_loss (images not at the start vs there); 0 = off
-    twin_states: float = 0.0  # weight of twin_losses' "twin_states" (a moved prompt's states vs its twin's); 0 = off
-    twin_answer: float = 0.0  # weight of twin_losses' "twin_answer" (KL to the twin's answer distribution); 0 = off
-    set_consistency: float = 0.0  # weight of set_consistency_loss (a set's images vs each alone at the start); 0 = off
-    set_consistency_layers: int = 0  # set_consistency pulls the outputs of the first N decoder layers only (0 = all)
-    set_referents: float = 0.0  # weight of the set-addressing attention loss (training/target/set_referents.py); 0 = off
-    set_index: float = 0.0  # weight of the image-number attention loss of a set's patches (set_index_targets); 0 = off
-    set_marks: float = 0.0  # weight of the "Image n:" marker attention loss of a set's patches (set_mark_targets); 0 = off
-    number_images: bool = False  # the processor numbers every set's images ("Image n: <image>"; targets/image_marks.py)
-    set_hops: str = "deep"  # the layers / heads of the set hops: "deep", "shallow" or "reader" (set_referents.SET_HOPS)
-    set_isolation: float = 0.0  # weight of keeping a set's later images off the earlier ones (training/target/set_isolation.py)
-    set_readout: float = 0.0  # weight of the set patch-hop head's own readout of the answer (training/target/set_readout.py)
-    set_odd: float = 0.0  # weight of the odd-image attention loss of "odd one out" answers (set_odd_targets); 0 = off
-    set_count: float = 0.0  # weight of the attention loss of "how many images show a ..." answers (set_count.py); 0 = off
-    set_count_readout: float = 0.0  # weight of the summary heads' readout as their image's shapes (set_readout.py)
-    set_count_number_readout: float = 0.0  # weight of the count head's readout as the number (set_readout.py)
-    chart_referents: float = 0.0  # weight of the lookup hops of chart questions (training/target/chart_referents.py); 0 = off
-    chart_readout: float = 0.0  # weight of the chart lookup head's own readout of the answer (training/target/chart_readout.py)
-    chart_words: str = ""  # chart parts' word codes also name what they show: "parts" or "whole" (training/target/chart_words.py
-    # LEVELS), for the vision stage and the projector fit; "" = off
-    set_count_key_fit: int = 0  # before the joint stage, once: the count head's keys fitted on this many dialogues
-    # (training/target/set_count_fit.py); 0 = off
-    set_count_query_steps: int = 0  # ... then this many Adam steps on the head's query alone (set_count_fit.py)
-
-    @property
-    def uses_count_targets(self) -> bool:
-        """Some term reads the count targets (training/target/set_count.py)."""
-        return self.set_count > 0 or self.set_count_readout > 0 or self.set_count_number_readout > 0
-
-    def __post_init__(self):
-        if self.mix not in MIXES or self.code_lm_mix not in MIXES:
-            raise ValueError(f"unknown mix {self.mix!r} / {self.code_lm_mix!r} (known: {', '.join(MIXES)})")
-        if self.code_lm_samples < 0 or self.code_lm_layers < 0 or self.code_token_budget <= 0:
-            raise ValueError("code_lm_samples and code_lm_layers must be >= 0 and code_token_budget > 0")
-        if self.referent_attention < 0:
-            raise ValueError("referent_attention must be >= 0")
-        if self.object_cell_weight <= 0:
-            raise ValueError("object_cell_weight must be > 0 (1 = off)")
-        if self.object_phrase_weight <= 0:
-            raise ValueError("object_phrase_weight must be > 0 (1 = off)")
-        if self.stop_at < 0:
-            raise ValueError("stop_at must be >= 0 (0 = run to total_samples)")
-        if self.image_consistency < 0:
-            raise ValueError("image_consistency must be >= 0 (0 = off)")
-        if self.twin_states < 0 or self.twin_answer < 0:
-            raise ValueError("twin_states and twin_answer must be >= 0 (0 = off)")
-        if self.set_consistency < 0:
-            raise ValueError("set_consistency must be >= 0 (0 = off)")
-        if self.set_consistency_layers < 0:
-            raise ValueError("set_consistency_layers must be >= 0 (0 = every layer)")
-        if self.set_referents < 0:
-            raise ValueError("set_referents must be >= 0 (0 = off)")
-        if self.set_count_key_fit < 0 or (self.set_count_key_fit and not (
-                (self.set_count > 0 or self.set_count_readout > 0) and self.number_images)):
-            raise ValueError("set_count_key_fit must be >= 0 and needs the count targets (set_count or "
-                             "set_count_readout > 0) on numbered sets (number_images)")
-        if self.set_count_query_steps < 0 or (self.set_count_query_steps and not self.set_count_key_fit):
-            raise ValueError("set_count_query_steps must be >= 0 and needs set_count_key_fit")
-        if self.set_hops not in SET_HOPS:
-            raise ValueError(f"set_hops must be one of {', '.join(SET_HOPS)}, got {self.set_hops!r}")
-        if self.set_index < 0 or self.set_marks < 0:
-            raise ValueError("set_index and set_marks must be >= 0 (0 = off)")
-        if self.set_readout < 0 or self.set_isolation < 0 or self.set_odd < 0 or self.set_count < 0:
-            raise ValueError("set_readout, set_isolation, set_odd and set_count must be >= 0 (0 = off)")
-        if self.chart_referents < 0:
-            raise ValueError("chart_referents must be >= 0 (0 = off)")
-        if self.chart_readout < 0:
-            raise ValueError("chart_readout must be >= 0 (0 = off)")
-        if self.chart_readout > 0 and self.chart_referents <= 0:
-            raise ValueError("chart_readout reads the head that --chart-referents trains: it needs chart_referents > 0")
-        if self.chart_words not in ("", "parts", "whole"):
-            raise ValueError(f"chart_words must be '', 'parts' or 'whole', got {self.chart_words!r}")
-        if self.set_count_readout < 0:
-            raise ValueError("set_count_readout must be >= 0 (0 = off)")
-        if self.set_count_number_readout < 0:
-            raise ValueError("set_count_number_readout must be >= 0 (0 = off)")
-        if self.max_minutes < 0:
-            raise ValueError("max_minutes must be >= 0 (0 = no time limit)")
-        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
-            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if self.code_lm_stop < 0 or (self.code_lm_stop and self.code_lm_stop >= self.code_lm_samples):
-            raise ValueError("code_lm_stop must be 0 (off) or below code_lm_samples: it cuts the code stage short")
-        if self.code_background_noise < 0:
-            raise ValueError("code_background_noise must be >= 0")
-        if self.vision_place_weight < 0:
-            raise ValueError("vision_place_weight must be >= 0")
-        if self.projector_fit_images < 0 or (self.projector_fit_images and not self.uses_codes):
-            raise ValueError("projector_fit_images must be >= 0 and needs the word-code recipe (code_lm_samples > 0)")
-        if self.lm_from and not self.uses_codes:
-            raise ValueError("lm_from needs the word-code recipe (code_lm_samples > 0): it carries a code LM over")
-        if self.projector_fit_gate and (not self.projector_fit_images or self.background_code):
-            raise ValueError("projector_fit_gate needs projector_fit_images > 0 and a zero background "
-                             "(it gates background patches to zero; background_code gives them a code instead)")
-
-    @property
-    def uses_codes(self) -> bool:
-        return self.code_lm_samples > 0
 
 
 CURRICULUM_WEIGHTS = {"vqa_single": 5.0, "caption_short": 3.0, "text": 1.5, "vqa": 1.5}
@@ -238,7 +92,7 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
                    readout_ids: torch.Tensor | None = None,
                    value_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The stage's losses on one batch; ``opening``: the token ids that open a dialogue's user turn (``<s><|user|>``),
-    needed by ``image_consistency``; ``readout_ids``: the tokens ``set_readout`` reads out (``readout_token_ids``);
+    needed by ``set_consistency``; ``readout_ids``: the tokens ``set_readout`` reads out (``readout_token_ids``);
     ``value_ids``: the answers ``chart_readout`` reads (``chart_readout.value_token_ids``)."""
     lm = model.model.language_model
     embeds = model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
@@ -248,12 +102,9 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
             feats, img = tower_features(model, batch.pixel_values)  # [N_img, T, D_vis], [N_img, T, H]
         mask = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)  # [B, L, 1]
         embeds = embeds.masked_scatter(mask, img.reshape(-1, img.shape[-1]).to(embeds.dtype))
-    refs = (cfg.referent_attention > 0 or cfg.set_referents > 0 or cfg.set_index > 0 or cfg.set_marks > 0
-            or cfg.set_isolation > 0 or cfg.set_odd > 0 or cfg.set_count > 0 or cfg.chart_referents > 0) \
-        and bool(batch.referents)
-    consistency = cfg.image_consistency > 0 and img is not None
+    refs = (cfg.referent_attention > 0 or cfg.set_referents > 0 or cfg.set_marks > 0 or cfg.set_isolation > 0
+            or cfg.set_odd > 0 or cfg.set_count > 0 or cfg.chart_referents > 0) and bool(batch.referents)
     sets = cfg.set_consistency > 0 and img is not None and batch.lone_images is not None
-    twins = (cfg.twin_states > 0 or cfg.twin_answer > 0) and batch.twin_ids is not None
     readout = cfg.set_readout > 0 and bool(batch.referents)
     if readout and readout_ids is None:
         raise ValueError("set_readout needs readout_ids (training/target/set_readout.py readout_token_ids)")
@@ -271,7 +122,7 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         hop_layers.add(READ_LAYER)
     with eager_attention(lm, refs), head_inputs(lm, hop_layers) as got:
         out = lm(inputs_embeds=embeds, attention_mask=batch.attention_mask, output_attentions=refs,
-                 output_hidden_states=consistency or sets or (twins and cfg.twin_states > 0))
+                 output_hidden_states=sets)
     term = set_readout_loss(lm, model.lm_head, got, batch.referents, batch.labels, readout_ids) if readout else None
     summary_term = summary_readout_loss(lm, model.lm_head, got, batch.referents) if summaries else None
     number_term = count_readout_loss(lm, model.lm_head, got, batch.referents) if numbers else None
@@ -295,23 +146,11 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
         losses["set_count_number_readout"] = number_term
     if chart_term is not None:
         losses["chart_readout"] = chart_term
-    if consistency:
-        if opening is None:
-            raise ValueError("image_consistency needs the opening token ids (<s><|user|>)")
-        losses["consistency"] = image_consistency_loss(model, batch, img, out.hidden_states, opening)
     if sets:
         if opening is None:
             raise ValueError("set_consistency needs the opening token ids (<s><|user|>)")
         losses["set_consistency"] = set_consistency_loss(model, batch, img, out.hidden_states, opening,
                                                          layers=cfg.set_consistency_layers)
-    if twins:
-        losses.update(twin_losses(model, batch, img, out.hidden_states if cfg.twin_states > 0 else None, hidden,
-                                  answer=cfg.twin_answer > 0))
-    if cfg.user_loss > 0 and batch.user_labels is not None:
-        utgt = batch.user_labels[:, 1:]  # [B, L-1]
-        usel = utgt != -100
-        if usel.any():
-            losses["lm_user"] = F.cross_entropy(model.lm_head(hidden[:, :-1][usel]).float(), utgt[usel])
     if cfg.freeze_vision:  # the vision losses could only train the heads
         return _referent(losses, out, batch, refs, cfg)
     if img is not None and batch.patch_codes is not None:  # word-code recipe: the projector keeps producing the codes
@@ -326,176 +165,12 @@ def forward_losses(model, batch, cfg: TrainConfig, heads=None, opening: torch.Te
     return _referent(losses, out, batch, refs, cfg)
 
 
-def image_places(model, batch, n_tok: int, opening: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where each image's tokens sit (row-major, as the features come) and whether the image opens its prompt (its
-    first token right after ``opening``, ``<s><|user|>``): pos # [N_img, T, (row, position)], opens # [N_img] bool."""
-    k = len(opening)
-    pos = (batch.input_ids == model.config.image_token_id).nonzero().view(-1, n_tok, 2)  # [N_img, T, 2]
-    first = pos[:, 0]  # [N_img, 2] each image's first token
-    opens = (first[:, 1] == k) & (batch.input_ids[first[:, 0], :k] == opening.to(first.device)).all(-1)
-    return pos, opens
-
-
-def image_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.Tensor, ...],
-                           opening: torch.Tensor) -> torch.Tensor:
-    """How far each image's token states, layer by layer, lie from where the same model puts them when that image
-    alone opens the prompt. Attention is causal, so an image's states in an image-first prompt are those of the
-    short sequence ``opening`` + the image (``<s><|user|><image>``): for every row whose first image sits anywhere
-    else (text, a system turn or the question in front of it; "Image 1: " before a set) that sequence is run without
-    gradient and each layer's states at the image's tokens are pulled towards it (squared distance over the
-    reference's mean squared norm, averaged over layers). Anything in front of an image otherwise rewrites its
-    tokens' states from the first layer on (zoo/TRAINING.md, stop 41). Later images of a set or clip are left alone:
-    their states depend on the images before them (pulled towards their lone states too, 1,200 samples raised both
-    the answer and this loss and brought VQA after a lead line to its blank level; ``set_consistency_loss`` does that
-    for sets only, clips left out). 0 when every row's first image opens its prompt."""
-    pos, opens = image_places(model, batch, img.shape[1], opening)
-    row = pos[:, 0, 0]
-    first_of_row = torch.ones_like(opens)  # [N_img] (images come in row-major order)
-    first_of_row[1:] = row[1:] != row[:-1]
-    moved = first_of_row & ~opens  # [N_img]
-    if not bool(moved.any()):
-        return img.new_zeros(())
-    ref = lone_states(model, img[moved], opening)
-    at = pos[moved]  # [n, T, 2]
-    total = img.new_zeros(())
-    for s_h, r_h in zip(states[1:], ref[1:]):
-        s = s_h[at[..., 0], at[..., 1]]  # [n, T, H]
-        r = r_h[:, len(opening):]  # [n, T, H]
-        total = total + ((s - r) ** 2).sum(-1).mean() / (r.pow(2).sum(-1).mean() + 1e-6)
-    return total / (len(states) - 1)
-
-
-def lone_states(model, img: torch.Tensor, opening: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Every layer's states of each image run alone after ``opening`` (``<s><|user|><image>``: how an image-first
-    prompt begins, so by causality the states any image-first prompt gives that image), without gradient.
-
-    img # [n, T, H] projected image features -> each # [n, k + T, H]
-    """
-    with torch.no_grad():
-        head = model.get_input_embeddings()(opening.to(img.device))  # [k, H]
-        emb = torch.cat([head.expand(len(img), *head.shape), img.to(head.dtype)], 1)  # [n, k + T, H]
-        return model.model.language_model(inputs_embeds=emb, output_hidden_states=True).hidden_states
-
-
-def unit_rms(x: torch.Tensor) -> torch.Tensor:
-    """Each vector scaled to unit RMS (what a layer's input norm reads, up to its gain). x # [..., H]"""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
-def set_consistency_loss(model, batch, img: torch.Tensor, states: tuple[torch.Tensor, ...],
-                         opening: torch.Tensor, layers: int = 0) -> torch.Tensor:
-    """How far the images of an image set lie, layer by layer, from their states alone at the start of a prompt.
-
-    The target reads a set's first image and hardly the others: an image's tokens attend to everything before them,
-    so the second image of a set is, from layer 1 on, something else than the same image alone (zoo/TRAINING.md,
-    stops 40-41). Every image flagged in ``batch.lone_images`` (the images of set samples; clips are left out, their
-    later frames are read through the earlier ones) that does not already open its prompt is run alone
-    (``lone_states``) and its states are pulled there: unit-RMS states (as ``twin_states``), squared distance averaged
-    over the hidden size and the layers, then over the object patches and over the background patches apart (a
-    background patch enters as a zero vector; 94% of a one-object image's patches are background, and the object's
-    few are what a question reads), the two averages averaged. 0 when no such image is in the batch.
-
-    ``layers`` = N > 0 pulls only the outputs of the first N decoder layers (``--set-consistency-layers``): stop 47
-    found a set's images, the first included, read by layer 0 as if they were not images (its heads attend to the
-    ``Image n:`` text instead of their own image, the colour then read 0.4-0.6 against 0.96 alone), while the layers
-    above must add the image's number (``--set-marks``), which its states alone cannot have.
-    """
-    if batch.lone_images is None:
-        return img.new_zeros(())
-    k = len(opening)
-    pos, opens = image_places(model, batch, img.shape[1], opening)
-    sel = batch.lone_images.to(opens.device) & ~opens  # [N_img]
-    if not bool(sel.any()):
-        return img.new_zeros(())
-    ref = lone_states(model, img[sel], opening)
-    at = pos[sel]  # [n, T, 2]
-    obj = img[sel].abs().amax(-1) > 0  # [n, T] patches with features (background patches enter as zero vectors)
-    depth = len(states) - 1 if layers <= 0 else min(layers, len(states) - 1)
-    per_tok = 0.0
-    for s_h, r_h in zip(states[1:depth + 1], ref[1:depth + 1]):
-        s = unit_rms(s_h[at[..., 0], at[..., 1]])  # [n, T, H]
-        per_tok = per_tok + (s - unit_rms(r_h[:, k:])).pow(2).mean(-1)  # [n, T]
-    per_tok = per_tok / depth
-    parts = [per_tok[m].mean() for m in (obj, ~obj) if bool(m.any())]
-    return sum(parts) / len(parts)
-
-
-def common_tail(a: torch.Tensor, b: torch.Tensor) -> int:
-    """How many tokens two sequences end with in common (fewer than the shorter one has: a first token stays out).
-
-    a # [La] int64, b # [Lb] int64
-    """
-    m = min(len(a), len(b)) - 1
-    same = a.flip(0)[:m] == b.flip(0)[:m]  # [m]
-    return m if bool(same.all()) else int((~same).nonzero()[0])
-
-
-def twin_losses(model, batch, img: torch.Tensor | None, states: tuple[torch.Tensor, ...] | None,
-                hidden: torch.Tensor, answer: bool) -> dict[str, torch.Tensor]:
-    """A moved prompt pulled towards its image-first twin (world/placed.py ``image_first``: the same sample without
-    its lead line or system turn, the question put back after the image), which this model reads far better.
-
-    Each twin runs through the LM without gradient, with the images of its row. The two sequences end alike: from the
-    image on after a lead line or system turn, from ``<|end|>`` on after an image that closed the question. Over that
-    common tail,
-    - ``twin_states``: every layer's states, each token's scaled to unit RMS (what the next layer's input norm reads;
-      layer 1 writes norms of ~1,000, so raw distances hide the direction), squared distance averaged over the
-      hidden size; image tokens and text tokens averaged apart and then together, so that the 144 image tokens do
-      not drown the question's and answer's;
-    - ``twin_answer``: KL(twin || moved) of the next-token distributions at every answer position.
-    The twin's answer stands in for the labels' one-hot with what the reading gives (a dense target at each answer
-    position), and its states say what a prompt read as if nothing stood in front of its image looks like inside.
-
-    hidden # [B, L, H] the final normed states of the batch
-    """
-    lm = model.model.language_model
-    image_id = model.config.image_token_id
-    rows, t_ids, t_mask = batch.twin_rows, batch.twin_ids, batch.twin_mask  # [B_t], [B_t, L'], [B_t, L']
-    with torch.no_grad():
-        emb = model.get_input_embeddings()(t_ids)  # [B_t, L', H]
-        if img is not None:
-            n_tok = img.shape[1]
-            img_row = (batch.input_ids == image_id).nonzero()[::n_tok, 0]  # [N_img] the row of each image
-            feats = torch.cat([img[img_row == r] for r in rows.tolist()])  # [N_twin_img, T, H]
-            flat = feats.reshape(-1, feats.shape[-1]).to(emb.dtype)  # [N_twin_img * T, H]
-            emb = emb.masked_scatter((t_ids == image_id).unsqueeze(-1), flat)
-        ref = lm(inputs_embeds=emb, attention_mask=t_mask, output_hidden_states=states is not None)
-    n_rows, n_twin = batch.attention_mask.sum(-1).tolist(), t_mask.sum(-1).tolist()
-    state_terms, answer_terms = [], []
-    for i, r in enumerate(rows.tolist()):
-        n, nt = n_rows[r], n_twin[i]
-        c = common_tail(batch.input_ids[r, :n], t_ids[i, :nt])
-        if states is not None and c > 0:
-            is_img = batch.input_ids[r, n - c:n] == image_id  # [c]
-            per_tok = 0.0
-            for s_h, r_h in zip(states[1:], ref.hidden_states[1:]):
-                s, t = unit_rms(s_h[r, n - c:n]), unit_rms(r_h[i, nt - c:nt])  # [c, H]
-                per_tok = per_tok + (s - t).pow(2).mean(-1)  # [c]
-            per_tok = per_tok / (len(states) - 1)
-            parts = [per_tok[m].mean() for m in (is_img, ~is_img) if bool(m.any())]
-            state_terms.append(sum(parts) / len(parts))
-        if answer:
-            at = (batch.labels[r, 1:n] != -100).nonzero().squeeze(-1)  # [M] positions that predict an answer token
-            at = at[at >= n - c]  # inside the common tail (always, for the mix's forms)
-            if len(at):
-                logp = F.log_softmax(model.lm_head(hidden[r, at]).float(), -1)  # [M, V]
-                with torch.no_grad():
-                    ref_logp = F.log_softmax(model.lm_head(ref.last_hidden_state[i, at - n + nt]).float(), -1)
-                answer_terms.append((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean())
-    out = {}
-    if state_terms:
-        out["twin_states"] = torch.stack(state_terms).mean()
-    if answer_terms:
-        out["twin_answer"] = torch.stack(answer_terms).mean()
-    return out
-
-
 def _referent(losses: dict, out, batch, refs: bool, cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """The attention losses whose weight is on (targets of a term that is off, e.g. the set targets that
     ``set_readout`` reads, cost nothing)."""
     if refs:
         for key, group, weight in (("referent", "scene", cfg.referent_attention),
-                                   ("set_referent", "set", cfg.set_referents), ("set_index", "set_index", cfg.set_index),
+                                   ("set_referent", "set", cfg.set_referents),
                                    ("set_mark", "set_mark", cfg.set_marks), ("set_odd", "set_odd", cfg.set_odd),
                                    ("set_count", "set_count", cfg.set_count),
                                    ("chart_referent", "chart", cfg.chart_referents)):
@@ -662,8 +337,8 @@ def _load_init_weights(model, src: Path) -> dict:
 
 def _check_hops_fit(model, cfg: TrainConfig) -> None:
     """Refuse a run whose set terms train or read a hop on a layer or head the LM does not have."""
-    used = hops_in_use(SET_HOPS[cfg.set_hops], cfg.set_referents > 0, cfg.set_index > 0, cfg.set_marks > 0,
-                       cfg.set_readout > 0, cfg.set_odd > 0)
+    used = hops_in_use(SET_HOPS[cfg.set_hops], cfg.set_referents > 0, cfg.set_marks > 0, cfg.set_readout > 0,
+                       cfg.set_odd > 0)
     if cfg.uses_count_targets:
         used.update(set_count_hops())
     if cfg.chart_referents > 0:
@@ -671,7 +346,7 @@ def _check_hops_fit(model, cfg: TrainConfig) -> None:
 
         used["chart number"] = (NUMBER_LAYER, NUMBER_HEAD)
     layers, heads = model.config.text_config.num_hidden_layers, model.config.text_config.num_attention_heads
-    flags = "--set-referents / --set-index / --set-marks / --set-readout / --set-odd / --set-count / --chart-referents"
+    flags = "--set-referents / --set-marks / --set-readout / --set-odd / --set-count / --chart-referents"
     for name, (layer, head) in used.items():
         hop = f"the {name} hop (training/target/chart_referents.py)" if name.startswith("chart") else \
             f"the {name} hop of --set-hops {cfg.set_hops} (training/target/set_referents.py)"
@@ -691,7 +366,6 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
     processor.number_images = cfg.number_images  # the checkpoint's state.json and the export say so too
     tok = processor.tokenizer
     openers = opener_ids(tok)
-    stops = stop_ids(tok)
     opening = torch.tensor(tok(BOS + USER, add_special_tokens=False).input_ids)  # [2] <s><|user|>
     model = build_model(TargetArch.from_name(cfg.arch), tok, seed=cfg.seed)
     _check_hops_fit(model, cfg)
@@ -729,14 +403,11 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
             f"{'; the vision heads start fresh' if cfg.vis_weight else ''})")
     # this run's prompt form and hop layers, also when it resumed from another run's checkpoint
     state["config"].update(number_images=cfg.number_images, set_hops=cfg.set_hops)
-    codes = WordCodes(model.config.text_config.hidden_size, cfg.seed, background=cfg.background_code) \
-        if cfg.uses_codes else None
-    enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, caption_referents=cfg.caption_referents,
-                  twins=cfg.twin_states > 0 or cfg.twin_answer > 0, sets=cfg.set_consistency > 0,
-                  set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_index=cfg.set_index > 0,
-                  set_marks=cfg.set_marks > 0, set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0,
-                  set_odd=cfg.set_odd > 0, chart_referents=cfg.chart_referents > 0, chart_words=cfg.chart_words,
-                  set_count=cfg.uses_count_targets)
+    codes = WordCodes(model.config.text_config.hidden_size, cfg.seed) if cfg.uses_codes else None
+    enc = Encoder(processor, codes=codes, referents=cfg.referent_attention > 0, sets=cfg.set_consistency > 0,
+                  set_referents=cfg.set_referents > 0 or cfg.set_readout > 0, set_marks=cfg.set_marks > 0,
+                  set_hops=cfg.set_hops, set_isolation=cfg.set_isolation > 0, set_odd=cfg.set_odd > 0,
+                  chart_referents=cfg.chart_referents > 0, chart_words=cfg.chart_words, set_count=cfg.uses_count_targets)
     readout_ids = readout_token_ids(enc.word_id) if cfg.set_readout > 0 else None
     value_ids = value_token_ids(enc.word_id) if cfg.chart_readout > 0 else None
     heads = VisionHeads(model.config.vision_config.hidden_size, place_weight=cfg.vision_place_weight)
@@ -836,21 +507,19 @@ def train(cfg: TrainConfig, processor, log=_print_now) -> Path:
         items = [enc.encode(sample_at(start + j, frac, cfg)) for j in range(cfg.pool)]
         for group in token_budget_batches(items, cfg.token_budget):
             batch = collate(group, tok.pad_token_id)
-            if cfg.object_cell_weight != 1.0 or cfg.object_phrase_weight != 1.0:
+            if cfg.object_cell_weight != 1.0:
                 batch = replace(batch, label_weights=object_cell_weights(
-                    batch.input_ids, batch.labels, *openers, cfg.object_cell_weight, stops, cfg.object_phrase_weight))
+                    batch.input_ids, batch.labels, *openers, cfg.object_cell_weight))
             batch = batch_to(batch, model.device)
             lr = lr_at(state["samples"], cfg, state.get("warm_restart_at", 0))
             for g in opt.param_groups:
                 g["lr"] = lr * g["lr_mult"]
             losses = forward_losses(model, batch, cfg, heads, opening, readout_ids, value_ids)
             loss = losses["lm"] + cfg.aux_in * losses.get("aux_in", 0.0) + cfg.aux_out * losses.get("aux_out", 0.0) \
-                + cfg.vis_weight * losses.get("vis", 0.0) + cfg.user_loss * losses.get("lm_user", 0.0) \
+                + cfg.vis_weight * losses.get("vis", 0.0) \
                 + cfg.referent_attention * losses.get("referent", 0.0) \
-                + cfg.image_consistency * losses.get("consistency", 0.0) \
-                + cfg.twin_states * losses.get("twin_states", 0.0) + cfg.twin_answer * losses.get("twin_answer", 0.0) \
                 + cfg.set_consistency * losses.get("set_consistency", 0.0) \
-                + cfg.set_referents * losses.get("set_referent", 0.0) + cfg.set_index * losses.get("set_index", 0.0) \
+                + cfg.set_referents * losses.get("set_referent", 0.0) \
                 + cfg.set_marks * losses.get("set_mark", 0.0) + cfg.set_readout * losses.get("set_readout", 0.0) \
                 + cfg.set_isolation * losses.get("set_isolation", 0.0) + cfg.set_odd * losses.get("set_odd", 0.0) \
                 + cfg.set_count * losses.get("set_count", 0.0) \

@@ -12,11 +12,11 @@ one direction while shape cannot yet be read (cosine 0.84 between shape words in
 embeddings carries colour loudly and shape in a faint residual, and the LM never learns to read shape from it.
 Fixed codes keep every word equally loud (zoo/TRAINING.md).
 
-Background patches: zero by default, or (``background=True``) the code of a reserved word, ``BACKGROUND``. Zero is a
-degenerate input for an LM whose layers start with RMSNorm: the norm blows any small vector up to full size, so the
-tower's small errors on background patches (norm ~0.015) become full-size random tokens. An LM trained on exact
-codes with a zero background answered 0.78 with codes and 0.47 when only its background patches got random vectors
-of norm 0.015 (0.33 at norm 0.1, the blank level; README, "Background patches").
+Background patches: zero. Zero is a degenerate input for an LM whose layers start with RMSNorm: the norm blows any
+small vector up to full size, so the tower's small errors on background patches (norm ~0.015) become full-size random
+tokens. An LM trained on exact codes with a zero background answered 0.78 with codes and 0.47 when only its
+background patches got random vectors of norm 0.015 (0.33 at norm 0.1, the blank level; zoo/TRAINING.md, "Background
+patches"). The projector fit's gate (training/target/projector_fit.py) makes the tower's background exact zeros.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import hashlib
 import torch
 
 
-BACKGROUND = "<background>"  # not a world word: the world's words are lower-case letters and spaces
 PLACE_WORDS = ("top", "bottom", "left", "right", "center")  # an object's place words: its cell's name, split
 
 
@@ -44,12 +43,11 @@ def cell_word(words: tuple[str, ...]) -> str | None:
 class WordCodes:
     """Deterministic word -> code map; codes are fp32 unit vectors ``[dim]``, cached per word and per patch."""
 
-    def __init__(self, dim: int, seed: int = 0, background: bool = False, cell_codes: float = 0.0):
+    def __init__(self, dim: int, seed: int = 0, cell_codes: float = 0.0):
         if dim <= 0:
             raise ValueError(f"code dim must be positive, got {dim}")
         self.dim = dim
         self.seed = seed
-        self.background = background  # background patches get code(BACKGROUND) instead of zero
         self.cell_codes = cell_codes  # > 0: an object patch's code also holds cell_codes * code(its cell_word)
         self._words: dict[str, torch.Tensor] = {}
         self._patches: dict[tuple[str, ...], torch.Tensor] = {}
@@ -66,12 +64,9 @@ class WordCodes:
         return v
 
     def patch(self, words: tuple[str, ...]) -> torch.Tensor:
-        """Sum of the words' codes; a background patch (no word) is zero or code(BACKGROUND)  # [dim]"""
+        """Sum of the words' codes; a background patch (no word) is zero  # [dim]"""
         v = self._patches.get(words)
         if v is None:
-            if not words and self.background:
-                v = self._patches[words] = self.code(BACKGROUND)
-                return v
             v = torch.zeros(self.dim)
             for w in words:
                 v = v + self.code(w)
