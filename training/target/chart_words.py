@@ -1,11 +1,11 @@
 """Chart reading words: what a chart part shows, written onto the part's own patches for the vision targets.
 
 From exact word codes in place of the image the LM answered chart questions no better than from a blank image
-(zoo/TRAINING.md, stop 25), and attention targets that walk its heads from a bar to the number printed above it formed
-their hops without moving the answers (stop 56). A bar's value sits on other patches than the bar: reading it is a
-lookup (the bar, by its colour) and then a geometric hop (the number above it), which the LM does not learn from a
-few thousand chart answers. Scene questions, which it reads, are one lookup: the asked object's patches carry the
-answer (its colour or shape code).
+(zoo/TRAINING.md, "Shipped, and what the LM cannot read yet"), and attention targets that walk its heads from a bar
+to the number printed above it formed their hops without moving the answers (training/target/chart_referents.py). A
+bar's value sits on other patches than the bar: reading it is a lookup (the bar, by its colour) and then a geometric
+hop (the number above it), which the LM does not learn from a few thousand chart answers. Scene questions, which it
+reads, are one lookup: the asked object's patches carry the answer (its colour or shape code).
 
 ``chart_reading_words`` turns chart questions into that form. It adds to each part's patch words what the part
 shows, so that the vision stage (which regresses the tower onto word codes) teaches the tower to carry it there:

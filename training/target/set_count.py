@@ -16,8 +16,9 @@ Each count target names the number it answers (``says``: ``--set-count-number-re
 alone as that number), and each summary target the shape words its image shows: ``--set-count-readout W``
 reads the summary head's own output out through the LM head and asks it to say them (training/target/set_readout.py
 ``summary_readout_loss``), so that the summary token's key carries the shape as the word the count hop's query
-fetched. Stop 50's count hop landed on the first token and the summaries but did not tell matching summaries from
-the others.
+fetched. Without the readout the count hop landed on the first token and the summaries but did not tell matching
+summaries from the others (zoo/TRAINING.md, "Image sets: counting images, and the odd one out against the set's
+look").
 
 Group ``"set_count"``, its own loss weight (``--set-count W``); single questions, dialogue turns and placed forms
 (positions come from the tokens). Images back to back (``<image><image>``) have no token between them to summarise

@@ -3,10 +3,11 @@
 The count hop (training/target/set_count.py) has to score a summary token by whether its image shows the asked shape: a
 bilinear form between the query (the asked shape, fetched by the word hop) and the key (the shapes the summary head
 read). Trained from both ends at once it sits at a saddle: while the keys carry no shape, the query's gradient
-towards the shape is zero, and the other way round. Stops 50-51 trained the hop's landing within ~1,000 samples and
-no match in 9,000 (0.095 on each matching summary against 0.098 on each other at 58,224).
+towards the shape is zero, and the other way round. The image-set lanes trained the hop's landing within ~1,000
+samples and no match in 9,000 (0.095 on each matching summary against 0.098 on each other at 58,224).
 
-Stop 52 measured the pieces on its lane's checkpoint (56,640): a ridge probe reads each summary token's shapes from
+Measured on a lane's checkpoint (56,640; zoo/TRAINING.md, "Image sets: the count hop's saddle, and a key fit past
+it"): a ridge probe reads each summary token's shapes from
 the count layer's input at 0.975 (held out), and the asked shape from the query's at 1.00, so the features are
 there. Fitting only the head's W_Q / W_K to the count targets on those cached features (RoPE and the causal softmax
 exact) still found no match in 400 steps, in any rank and even confined to the slowest rotary pairs: the saddle,
@@ -25,7 +26,7 @@ six pairs did before. Nothing else in the model changes.
 With ``query_steps`` (``--set-count-query-steps``) the query is then fitted too: Adam on the head's whole ``q_proj``
 slice alone, against the count hop's targets on the same dialogues (``count_hop_loss``: the attention recomputed
 from the cached layer input with the rotary tables and the causal softmax, equal to the model's own eager weights),
-the keys held as written. On stop 52's cached features a query confined to the six pairs matched less well (0.13
+the keys held as written. On those cached features a query confined to the six pairs matched less well (0.13
 against 0.09 on each matching / other summary) than the whole slice (0.20 against 0.06), which also sets how much
 stays on the first token.
 """

@@ -1,12 +1,12 @@
 """Set isolation: a set's image tokens do not read the other images.
 
-Stop 46 found why a set's later images are read wrong even once the named image is found (`runs/probe46`): at the
-object patches of a set's second and third images, four of the six layer-0 heads put 0.47-0.70 of their mass on the
-*earlier images'* tokens (0.22-0.28 on their own image's). In training every one-image prompt, a patch's neighbours
-in attention are its own image's, so mixing in other object patches costs nothing; in a set it blends the objects
-of different images into each other. A linear probe of the named image's object patches reads their colour 1.00
-from the visual tokens themselves, 0.40 after layer 0 and 0.31 after layer 3, against 0.94 for a one-image lookup's
-referent after layer 0 and after layer 3.
+Why a set's later images are read wrong even once the named image is found (zoo/TRAINING.md, "Image sets: the images
+blend into each other at layer 0"): at the object patches of a set's second and third images, four of the six
+layer-0 heads put 0.47-0.70 of their mass on the *earlier images'* tokens (0.22-0.28 on their own image's). In
+training every one-image prompt, a patch's neighbours in attention are its own image's, so mixing in other object
+patches costs nothing; in a set it blends the objects of different images into each other. A linear probe of the
+named image's object patches reads their colour 1.00 from the visual tokens themselves, 0.40 after layer 0 and 0.31
+after layer 3, against 0.94 for a one-image lookup's referent after layer 0 and after layer 3.
 
 ``--set-isolation W`` forbids the blend directly: for every object patch of a set's image n (n >= 2), in every layer
 and head, the attention mass on the tokens of the set's earlier images is penalised, ``-log(1 - mass)`` averaged
@@ -68,7 +68,7 @@ def set_isolation_loss(attentions: Sequence[torch.Tensor], targets: Sequence[Seq
                 off = torch.ones(a.shape[-1], dtype=torch.bool, device=a.device)  # [L] keys outside the earlier images
                 off[list(t.others)] = False
                 # 1 - mass summed directly: near saturation 1 - mass rounds to 0 in fp32 and a clamp would stop the
-                # gradient, the way stop 48's epsilon did for the set hops (training/target/referents.py LOG_EPS)
+                # gradient, as an epsilon inside the log did for the set hops (training/target/referents.py LOG_EPS)
                 rest = (a[b][:, q].float() * off).sum(-1)  # [heads, P]
                 terms.append(-torch.log(rest.clamp_min(1e-30)).mean())
     if not terms:

@@ -1,7 +1,8 @@
 """Set readout: make the head that finds the named image also say what it sees there.
 
-Stop 45 solved addressing in attention (``--set-marks`` with numbered prompts: head 0 of layer 4 puts 0.78 of its
-mass on the named image's objects at a "which" answer) and the answers did not follow: the LM reads an object's colour
+Numbered prompts solved addressing in attention (``--set-marks``: head 0 of layer 4 puts 0.78 of its mass on the
+named image's objects at a "which" answer; zoo/TRAINING.md, "Image sets: numbered images, and where the answer is
+read") and the answers did not follow: the LM reads an object's colour
 with another head (head 0 of layer 1, the scene lookups' reader), which at a set's answer looks elsewhere. The
 answer loss alone had 4,600 samples to route the colour through the head that points at the right patches and
 did not.

@@ -2,7 +2,7 @@
 projector) comes from other weights.
 
 Why: a joint stage that trains the tower slowly through a fixed projector lets the tower drift from what the LM
-first learnt to read (stop 31: the scan-caption run's code loss rose 0.028 -> 0.06); putting the shipped tower and
+first learnt to read (the scan-caption run's code loss rose 0.028 -> 0.06); putting the shipped tower and
 projector back under that run's LM raised its caption recall 0.72 -> 0.80 and VQA 0.83 -> 0.88 on 300 held-out
 samples (zoo/TRAINING.md, "The tower drift"). The spliced checkpoint resumes like any other (state, optimizer and
 vision heads are copied from the LM's run; ``--freeze-vision`` then keeps the new vision side as it is).
