@@ -14,6 +14,16 @@ A minimal file (everything else has a default)::
 
 ``specula.runtime.serve.builder.build_app`` turns it into the Serve application; the same document is the
 ``args`` of a ``serve deploy`` config (see cluster.yaml).
+
+CPU reservations: a deployment's ``ray_actor_options.num_cpus`` left null is sized from the CPUs Ray sees when the
+application is built (``specula.runtime.serve.placement.size_reservations``): the cluster's CPUs are shared out,
+ingress : vision_encoder : drafter_ensemble : target_verifier = 1 : 1 : 1 : 2 per replica, after any explicit
+reservations, so the whole application always fits (0.4 / 0.4 / 0.4 / 0.8 CPUs on a 2-CPU machine). An explicit
+value is honoured as given. ``torch_threads`` left null follows the replica's reservation (its whole CPUs, at least
+one), so replicas sharing a small machine do not oversubscribe it.
+
+Checked at load time, naming the field: ``model.path`` exists (a local directory or a shipped zoo entry) and every
+drafter ``kind`` is a registered one.
 """
 
 from __future__ import annotations
@@ -64,7 +74,11 @@ class AutoscalingConfig(_Strict):
 class ActorOptions(_Strict):
     """Resources Ray reserves for each replica; ``num_gpus`` is what puts the deployments on separate GPUs."""
 
-    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica (0 = do not reserve).")
+    num_cpus: float | None = Field(
+        None, ge=0, description="CPUs reserved per replica; null = sized from the CPUs Ray sees when the application "
+                                "is built (the cluster's CPUs, less explicit reservations, shared out ingress 1 : "
+                                "vision_encoder 1 : drafter_ensemble 1 : target_verifier 2 per replica, so the "
+                                "application fits the machine it starts on); 0 = do not reserve.")
     num_gpus: float = Field(
         0.0, ge=0, description="GPUs reserved per replica; Ray sets CUDA_VISIBLE_DEVICES to them, so 'cuda' in "
                                "the replica means its own GPU. Needed (>0) for a cuda device.")
@@ -82,7 +96,8 @@ class DeploymentSettings(_Strict):
     max_ongoing_requests: int = Field(
         16, ge=1, description="Requests one replica takes at once; more wait in Serve's queue (backpressure).")
     torch_threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads in each replica (null = torch's default).")
+        None, ge=1, description="torch intra-op threads in each replica; null = the replica's reserved CPUs, rounded "
+                                "down, at least 1 (torch's default while num_cpus is still null, i.e. outside Serve).")
 
     @model_validator(mode="before")
     @classmethod
@@ -98,10 +113,23 @@ class DeploymentSettings(_Strict):
             raise ValueError("give exactly one of num_replicas and autoscaling_config")
         return self
 
+    def threads(self) -> int | None:
+        """torch intra-op threads for a replica: ``torch_threads``, else its reserved whole CPUs (at least 1); None
+        (torch's default) while the reservation is not sized yet."""
+        if self.torch_threads is not None:
+            return self.torch_threads
+        cpus = self.ray_actor_options.num_cpus
+        return None if cpus is None else max(1, int(cpus))
+
+    def replicas_at_most(self) -> int:
+        """The most replicas this deployment runs: ``num_replicas``, or the autoscaler's ``max_replicas``."""
+        return self.num_replicas if self.autoscaling_config is None else self.autoscaling_config.max_replicas
+
     def serve_options(self) -> dict:
-        """Keyword arguments for ``Deployment.options`` (what the builder passes to Serve)."""
+        """Keyword arguments for ``Deployment.options`` (what the builder passes to Serve); a null reservation is left
+        to Ray's default (the builder sizes it first)."""
         opts: dict[str, Any] = {
-            "ray_actor_options": self.ray_actor_options.model_dump(),
+            "ray_actor_options": self.ray_actor_options.model_dump(exclude_none=True),
             "max_ongoing_requests": self.max_ongoing_requests,
         }
         if self.autoscaling_config is not None:
@@ -187,6 +215,18 @@ class ModelConfig(_Strict):
                           "targets were trained on: the embedded target answers VQA 0.91 with the image first and "
                           "0.02 with the question before it. null = on for LLaVA targets, off for Qwen2.5-VL.")
 
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        from specula.zoo.store import resolve, shipped
+
+        try:
+            resolve(v)
+        except FileNotFoundError:
+            raise ValueError(f"{v} does not exist (neither a local directory nor a shipped zoo entry: "
+                             f"{', '.join(shipped()) or 'none shipped'})") from None
+        return v
+
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, v: str | None) -> str | None:
@@ -201,6 +241,11 @@ class AlternativeDrafter(_Strict):
     kind: str = Field(description="Drafter registry key (specula.drafters.kinds()), e.g. 'eagle'.")
     options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options of that drafter, as for the default drafter's.")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        return _drafter_kind(v)
 
 
 class DrafterConfig(_Strict):
@@ -281,6 +326,11 @@ class DrafterConfig(_Strict):
         except WireError as e:
             raise ValueError(str(e)) from None
 
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        return _drafter_kind(v)
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
@@ -312,6 +362,16 @@ class DrafterConfig(_Strict):
     def names(self) -> tuple[str, ...]:
         """Every drafter a request may choose, the default first."""
         return (self.default_name, *self.alternatives)
+
+
+def _drafter_kind(kind: str) -> str:
+    # kinds() names the built-in drafters without importing them (and any registered since), so this stays cheap
+    from specula.drafters.registry import kinds
+
+    known = kinds()
+    if kind not in known:
+        raise ValueError(f"{kind!r} is not a drafter kind; known: {', '.join(known)}")
+    return kind
 
 
 class DataplaneConfig(_Strict):
@@ -480,7 +540,12 @@ def _explain(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "value_error" and "error" in err.get("ctx", {}):
+            msg = str(err["ctx"]["error"])  # our own validators' words, without pydantic's "Value error, "
+        else:
+            msg = err["msg"]
         lines.append(f"{path}: {msg}")
     return "; ".join(lines)
 

@@ -5,7 +5,7 @@ Read from the source with ``ast``, never by importing it, so a violation is foun
     targets/  world/  zoo/ (the weight store)  protos/  runtime/core/      import nothing else of the project
     drafters/            targets, runtime/core, the weight store
     runtime/wire/        protos                               (the data-plane protocol: wire and dataplane only)
-    runtime/config       runtime/wire (codec names), drafters (drafter names)
+    runtime/config       runtime/wire (codec names), drafters (drafter names), the weight store (model paths)
     runtime/engine/      core, config, targets, drafters, world, the weight store
     runtime/dataplane/   wire, protos, engine and what it may use
     runtime/serve/       everything of runtime but bench; the only place that imports Ray
@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     **{layer: set() for layer in _LOW | {"specula.runtime"}},
     "specula.drafters": {"specula.targets", "specula.runtime.core", "specula.zoo"},
     "specula.runtime.wire": {"specula.protos"},
-    "specula.runtime.config": {"specula.runtime.wire", "specula.drafters"},
+    "specula.runtime.config": {"specula.runtime.wire", "specula.drafters", "specula.zoo"},
     "specula.runtime.engine": _ENGINE,
     "specula.runtime.dataplane": _ENGINE | {"specula.runtime.wire", "specula.protos"},
     "specula.runtime.api_client": {"specula.protos"},

@@ -26,8 +26,13 @@ def resolve(model: str | Path) -> Path:
     q = ZOO_DIR / str(model)
     if q.is_dir():
         return q
-    shipped = ", ".join(sorted(d.name for d in ZOO_DIR.iterdir() if d.is_dir())) if ZOO_DIR.is_dir() else "none"
-    raise FileNotFoundError(f"model {model!r} is neither a local directory nor a shipped zoo entry (shipped: {shipped})")
+    raise FileNotFoundError(f"model {model!r} is neither a local directory nor a shipped zoo entry (shipped: "
+                            f"{', '.join(shipped()) or 'none'})")
+
+
+def shipped() -> list[str]:
+    """The names of the shipped zoo entries (what ``resolve`` accepts besides a local directory)."""
+    return sorted(d.name for d in ZOO_DIR.iterdir() if d.is_dir()) if ZOO_DIR.is_dir() else []
 
 
 def resolve_ref(ref: str | Path, record_dir: str | Path) -> Path:

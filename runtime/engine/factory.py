@@ -86,7 +86,10 @@ def _one_drafter(config: SpeculaConfig, kind: str, options: dict):
 
 
 def set_threads(settings: DeploymentSettings) -> None:
-    if settings.torch_threads is not None:
+    """torch's intra-op threads for a replica of ``settings``: its ``torch_threads``, else its reserved whole CPUs
+    (``DeploymentSettings.threads``); left alone while neither is known."""
+    threads = settings.threads()
+    if threads is not None:
         import torch
 
-        torch.set_num_threads(settings.torch_threads)
+        torch.set_num_threads(threads)

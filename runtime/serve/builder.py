@@ -39,8 +39,10 @@ and in YAML, as a ``serve deploy`` config (``args`` is the same document; Serve 
               autoscaling_config: {min_replicas: 1, max_replicas: 4, target_ongoing_requests: 8}
 
 Placement, replicas and autoscaling come from the config's ``deployments`` section only (a ``deployments:`` list in
-the Serve config would override them; cluster.yaml does not use one). With ``drafter.gamma: 0`` no DrafterEnsemble
-is deployed and the verifier decodes alone.
+the Serve config would override them; cluster.yaml does not use one). A ``ray_actor_options.num_cpus`` left null is
+sized here from the CPUs of the Ray cluster the builder runs in (placement.py; outside Ray, this machine's), so the
+default config fits a 2-CPU laptop as well as a cluster; the replicas get the sized config. With
+``drafter.gamma: 0`` no DrafterEnsemble is deployed and the verifier decodes alone.
 """
 
 from __future__ import annotations
@@ -52,16 +54,19 @@ from ray.serve import Application
 
 from specula.runtime.config import SpeculaConfig, load_config
 from specula.runtime.serve.deployments import DrafterEnsemble, Ingress, TargetVerifier, VisionEncoder
+from specula.runtime.serve.placement import ClusterResources, size_reservations
 
 
 def build_app(config: SpeculaConfig | dict | str | os.PathLike, *,
-              engine_classes: Mapping[str, type] | None = None) -> Application:
+              engine_classes: Mapping[str, type] | None = None,
+              cluster: ClusterResources | None = None) -> Application:
     """The Specula application: Ingress -> VisionEncoder, TargetVerifier <-> DrafterEnsemble.
 
     ``engine_classes`` replaces an engine by deployment key ("ingress", "vision_encoder", "drafter_ensemble",
     "target_verifier"); each class needs ``from_config(config)`` (the drafter's also takes ``advertise_host=``).
+    ``cluster`` is what null CPU reservations are sized from (default: the connected Ray cluster, else this machine).
     """
-    cfg = load_config(config)
+    cfg = size_reservations(load_config(config), cluster)
     args = cfg.model_dump(mode="json")  # plain data: it is shipped to every replica and re-validated there
     engines = dict(engine_classes or {})
     unknown = set(engines) - set(type(cfg.deployments).model_fields)

@@ -4,6 +4,15 @@
     specula serve --config specula.yaml                    # a local Ray on this machine
     specula serve --config specula.yaml --address auto     # join a running cluster (e.g. the head of cluster.yaml)
 
+CPU reservations left null in the config (the default) are sized from the CPUs Ray sees (placement.py), so the
+default config starts on a 2-CPU machine. A config that cannot fit its local Ray (a replica asking more CPUs or
+GPUs than the machine has) is refused (exit 1) before Ray starts, and checked again against what the started Ray
+has; on a cluster it is only a warning (an autoscaler may add nodes). While the application starts, a replica that
+Serve cannot place (it reports it waiting for resources) for longer than ``--placement-timeout`` ends the start:
+``specula serve`` prints which deployment, what it asks, what the cluster has and which config field to change,
+stops what it started and exits 1. So does an application that fails to deploy. ``specula: serving ...`` is
+printed once the application is RUNNING.
+
 Ctrl-C (or SIGTERM, e.g. from a process supervisor) shuts down cleanly: it prints ``specula: shutting down``; with a
 local Ray, Serve and Ray stop; on a cluster only this application is deleted and the cluster keeps running; then it
 prints ``specula: stopped`` and exits 0. A second SIGTERM during the cleanup is ignored. Wiring::
@@ -17,7 +26,14 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import time
+
+# How long a replica may wait for resources (Serve reports one waiting after 30 s) before the start is given up.
+# A local Ray runs nothing else, so a config that fits it (checked before deploying) only waits for worker processes
+# to start; a cluster's autoscaler may be starting nodes (minutes for a GPU node).
+LOCAL_PLACEMENT_TIMEOUT_S = 120.0
+CLUSTER_PLACEMENT_TIMEOUT_S = 900.0
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,6 +48,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs a local Ray may use (default: all)")
     p.add_argument("--num-gpus", type=int, default=None, help="GPUs a local Ray may use (default: all)")
     p.add_argument("--ray-temp-dir", default=None, help="temp/log dir of a local Ray (default: Ray's)")
+    p.add_argument("--placement-timeout", type=float, default=None, metavar="S",
+                   help="give up (exit 1, naming the deployment and the config field) when a replica still waits "
+                        "for resources S seconds after the start; 0 = wait forever (default: "
+                        f"{LOCAL_PLACEMENT_TIMEOUT_S:g} on a local Ray, {CLUSTER_PLACEMENT_TIMEOUT_S:g} with "
+                        "--address)")
 
 
 def serve_cli(args: argparse.Namespace) -> int:
@@ -46,24 +67,51 @@ def serve_cli(args: argparse.Namespace) -> int:
             raw["grpc"] = {**raw["grpc"], "port": args.grpc_port}
         cfg = load_config(raw)
 
-    import ray
-    from ray import serve
-
-    from specula.runtime.serve.builder import build_app
+    from specula.runtime.serve.placement import (ClusterResources, StartupError, placement_message,
+                                                 placement_problems, size_reservations, watch_startup)
 
     local = args.address is None
     init = {"address": args.address} if not local else {
         k: v for k, v in (("num_cpus", args.num_cpus), ("num_gpus", args.num_gpus), ("_temp_dir", args.ray_temp_dir))
         if v is not None}
-    app = build_app(cfg)  # validate and bind before anything starts
+    timeout = args.placement_timeout
+    if timeout is None:
+        timeout = LOCAL_PLACEMENT_TIMEOUT_S if local else CLUSTER_PLACEMENT_TIMEOUT_S
+    if local:  # what cannot fit the Ray about to start is refused before it starts (seconds, not a Ray start)
+        expected = ClusterResources.local(args.num_cpus, args.num_gpus)
+        sized = size_reservations(cfg, expected)
+        if problems := placement_problems(sized, expected):
+            print(placement_message(sized, expected, problems, where="a local Ray on this machine"),
+                  file=sys.stderr, flush=True)
+            return 1
+
+    import ray
+    from ray import serve
+
+    from specula.runtime.serve.builder import build_app
+
+    build_app(cfg, cluster=ClusterResources.local(args.num_cpus, args.num_gpus))  # validate and bind first
     previous = signal.getsignal(signal.SIGTERM)
+    deployed, code = False, 0
     try:
         # ray.init installs its own TERM handler (sys.exit: a TERM while starting still runs the cleanup below);
         # ours replaces it once Ray is up
         ray.init(**init)
         signal.signal(signal.SIGTERM, _interrupt)
+        cluster = ClusterResources.from_ray()
+        cfg = size_reservations(cfg, cluster)  # null reservations from the CPUs this Ray has
+        problems = placement_problems(cfg, cluster)
+        if problems:
+            message = placement_message(cfg, cluster, problems)
+            if local:  # nothing else will ever add resources to a Ray we started
+                raise StartupError(message)
+            print(f"{message}\nspecula: deploying anyway: the cluster may scale up (--placement-timeout "
+                  f"{timeout:g} s)", file=sys.stderr, flush=True)
         serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
-        serve.run(app, name=cfg.name, route_prefix=cfg.http.route_prefix, blocking=False)
+        deployed = True
+        serve.run_many([serve.RunTarget(build_app(cfg), name=cfg.name, route_prefix=cfg.http.route_prefix)],
+                       wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+        watch_startup(cfg, timeout or None)
         from specula.runtime.serve.openai_api import http_examples
 
         url = f"http://{cfg.http.host}:{cfg.http.port}{cfg.http.route_prefix.rstrip('/')}"
@@ -77,16 +125,19 @@ def serve_cli(args: argparse.Namespace) -> int:
             time.sleep(1.0)
     except KeyboardInterrupt:
         print("specula: shutting down", flush=True)
+    except StartupError as e:
+        print(f"{e}\nspecula: shutting down", file=sys.stderr, flush=True)
+        code = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the cleanup short
         try:
-            if ray.is_initialized():
+            if ray.is_initialized() and deployed:
                 _stop(serve, cfg.name, local)
         finally:
             ray.shutdown()
             signal.signal(signal.SIGTERM, previous)
     print("specula: stopped", flush=True)
-    return 0
+    return code
 
 
 def _stop(serve, name: str, local: bool) -> None:

@@ -69,6 +69,30 @@ def test_placement_and_scaling_become_serve_options():
     assert cfg.deployments.vision_encoder.serve_options()["num_replicas"] == 2
 
 
+def test_model_path_and_drafter_kinds_are_checked_at_load_time(tmp_path):
+    with pytest.raises(ConfigError, match=r"^config: model\.path: /nowhere/llava does not exist \(neither a local "
+                                          r"directory nor a shipped zoo entry: .*\btarget\b"):
+        load_config({"model": {"path": "/nowhere/llava"}})
+    assert load_config({"model": {"path": "target"}}).model.path == "target"  # a shipped zoo entry
+    assert load_config({"model": {"path": str(tmp_path)}}).model.path == str(tmp_path)  # a local directory
+    with pytest.raises(ConfigError, match=r"^config: drafter\.kind: 'foo' is not a drafter kind; known: .*\bngram\b"):
+        load_config({"drafter": {"kind": "foo"}})
+    with pytest.raises(ConfigError, match=r"drafter\.alternatives\.fast\.kind: 'ngramm' is not a drafter kind; "
+                                          r"known: .*\beagle\b"):
+        load_config({"drafter": {"alternatives": {"fast": {"kind": "ngramm"}}}})
+
+
+def test_cpu_reservations_default_to_sized_and_explicit_ones_are_kept():
+    cfg = load_config({})
+    assert all(getattr(cfg.deployments, k).ray_actor_options.num_cpus is None
+               for k in ("ingress", "vision_encoder", "drafter_ensemble", "target_verifier"))
+    pinned = load_config({"deployments": {"ingress": {"ray_actor_options": {"num_cpus": 0.25}}}})
+    assert pinned.deployments.ingress.serve_options()["ray_actor_options"] == {"num_cpus": 0.25, "num_gpus": 0.0}
+    assert pinned.deployments.ingress.threads() == 1
+    with pytest.raises(ConfigError, match="deployments.ingress.ray_actor_options.num_cpus"):
+        load_config({"deployments": {"ingress": {"ray_actor_options": {"num_cpus": -1}}}})
+
+
 def test_codecs_are_checked():
     with pytest.raises(ConfigError, match="drafter.codec_preference.*unknown codec 'fp8'"):
         load_config({"drafter": {"codec_preference": ["fp8"]}})
@@ -76,10 +100,12 @@ def test_codecs_are_checked():
 
 
 def test_yaml_file_loads_and_problems_name_the_file(tmp_path):
+    checkpoint = tmp_path / "llava"
+    checkpoint.mkdir()
     good = tmp_path / "ok.yaml"
-    good.write_text("model: {path: /models/llava}\ndrafter: {kind: ngram, gamma: 3}\n")
+    good.write_text(f"model: {{path: {checkpoint}}}\ndrafter: {{kind: ngram, gamma: 3}}\n")
     cfg = load_config(good)
-    assert (cfg.model.path, cfg.drafter.gamma, cfg.deployments.ingress.num_replicas) == ("/models/llava", 3, 1)
+    assert (cfg.model.path, cfg.drafter.gamma, cfg.deployments.ingress.num_replicas) == (str(checkpoint), 3, 1)
     assert load_config(cfg) is cfg
     bad = tmp_path / "bad.yaml"
     bad.write_text("drafter: {gamma: -1}\n")
@@ -99,6 +125,8 @@ def test_serve_cli_arguments():
     add_serve_arguments(p)
     a = p.parse_args(["--config", "c.yaml", "--port", "9000", "--num-cpus", "2"])
     assert (a.config, a.port, a.num_cpus, a.address, a.host) == ("c.yaml", 9000, 2, None, None)
+    assert a.placement_timeout is None  # its default depends on --address
+    assert p.parse_args(["--placement-timeout", "0"]).placement_timeout == 0
     assert p.parse_args([]).config is None  # no config: the shipped default
     with pytest.raises(SystemExit):
         p.parse_args(["--port", "not-a-port"])

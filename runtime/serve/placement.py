@@ -1,0 +1,264 @@
+"""Where the replicas go: CPU reservations sized from the cluster, a check that the application fits the cluster,
+and the watchdog of ``specula serve`` that gives up (naming the deployment and the config field) when Serve cannot
+place a replica, instead of waiting forever.
+
+Sizing (``size_reservations``, called by ``build_app``): every deployment whose ``ray_actor_options.num_cpus`` is
+null gets a share of the cluster's CPUs, after the explicit reservations are taken out::
+
+    per replica = (cluster CPUs - explicit reservations) * weight / sum(weight * replicas) of the null ones
+    weights: ingress 1, vision_encoder 1, drafter_ensemble 1 (only with drafter.gamma > 0), target_verifier 2
+    replicas: num_replicas, or autoscaling_config.max_replicas (so the autoscaler can place all of them)
+
+rounded down (to Ray's 0.0001 CPU below one CPU, to whole CPUs above) and never above the largest node's CPUs, so
+the application always fits: 0.4 / 0.4 / 0.4 / 0.8 CPUs on a 2-CPU machine, 1 / 1 / 1 / 3 on an 8-CPU one. Each
+replica's torch threads then follow its reservation (``DeploymentSettings.threads``). Explicit values are
+honoured as given (cluster.yaml reserves 1 CPU and 1 GPU per model deployment).
+
+Checking (``placement_problems``): with the reservations known, does every replica fit? A replica asking more than
+any node has, or deployments asking more in all than the cluster has, cannot be placed on this cluster as it is.
+``specula serve`` on its own local Ray refuses such a config before starting Ray (from what that Ray will have:
+``--num-cpus`` or the CPUs Ray counts here) and again once it runs (from what it has); joined to a cluster
+(``--address``) it only warns, since an autoscaler may add nodes.
+
+Watching (``watch_startup``): ``serve.status()`` until the application is RUNNING. Serve reports a replica that has
+waited over 30 s for resources ("... to be scheduled"); one still waiting after the placement timeout, or an
+application in DEPLOY_FAILED, ends the wait with a ``StartupError`` whose message names the deployment, what each
+replica asks, what the cluster has and the config fields to change.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specula.runtime.config import DeploymentSettings, SpeculaConfig, load_config
+
+# config key -> the Serve deployment's name (its class in deployments.py)
+DEPLOYMENTS = {"ingress": "Ingress", "vision_encoder": "VisionEncoder", "drafter_ensemble": "DrafterEnsemble",
+               "target_verifier": "TargetVerifier"}
+# shares of the cluster's CPUs per replica, for reservations left null: the verifier runs every request's decode loop
+WEIGHTS = {"ingress": 1, "vision_encoder": 1, "drafter_ensemble": 1, "target_verifier": 2}
+_UNIT = 10_000  # Ray counts resources in 0.0001 units
+_FIELDS = {"CPU": "num_cpus", "GPU": "num_gpus"}
+_NOT_REQUESTABLE = ("memory", "object_store_memory")
+_APPEAR_S = 120.0  # how long a deployed application may be missing from serve.status()
+
+
+class StartupError(RuntimeError):
+    """The application cannot start here; the message says which deployment, what it asks and what to change."""
+
+
+@dataclass(frozen=True)
+class ClusterResources:
+    """What a Ray cluster has: its totals, what is free now, and each alive node's totals."""
+
+    totals: dict[str, float]
+    available: dict[str, float] = field(default_factory=dict)
+    nodes: tuple[dict[str, float], ...] = ()
+
+    @classmethod
+    def from_ray(cls) -> ClusterResources:
+        import ray
+
+        nodes = tuple(dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive"))
+        return cls(dict(ray.cluster_resources()), dict(ray.available_resources()), nodes)
+
+    @classmethod
+    def local(cls, num_cpus: float | None = None, num_gpus: float | None = None) -> ClusterResources:
+        """What a local ``ray.init(num_cpus=..., num_gpus=...)`` on this machine will have, before it starts: the
+        CPUs given, else those Ray counts here; the GPUs given, else unknown (``inf``: never a problem here, Ray's
+        own count is checked once it runs)."""
+        if num_cpus is None:
+            try:
+                import ray._private.utils as ray_utils
+
+                num_cpus = float(ray_utils.get_num_cpus())  # Ray's own count (cgroup quotas included)
+            except Exception:  # noqa: BLE001 (a Ray without it: the CPUs this process may use)
+                num_cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+                                 os.cpu_count() or 1)
+        node = {"CPU": float(num_cpus), "GPU": math.inf if num_gpus is None else float(num_gpus)}
+        return cls(dict(node), dict(node), (dict(node),))
+
+    def largest(self, resource: str) -> float:
+        return max((n.get(resource, 0.0) for n in self.nodes), default=self.totals.get(resource, 0.0))
+
+    def describe(self) -> str:
+        known = {r: v for r, v in _requestable(self.totals).items() if not math.isinf(v)}
+        totals, free = known, {r: v for r, v in _requestable(self.available).items() if r in known}
+        text = f"{_fmt(totals)} in all on {len(self.nodes) or 1} node(s)"
+        return text if not self.available or free == totals else f"{text}, {_fmt(free)} free now"
+
+
+def deployed(cfg: SpeculaConfig) -> list[str]:
+    """The config keys of the deployments the application runs (no DrafterEnsemble with drafter.gamma 0)."""
+    return [k for k in DEPLOYMENTS if k != "drafter_ensemble" or cfg.drafter.gamma > 0]
+
+
+def size_reservations(cfg: SpeculaConfig, cluster: ClusterResources | None = None) -> SpeculaConfig:
+    """``cfg`` with every null ``num_cpus`` of a deployed deployment sized from ``cluster`` (see the module doc); a
+    config with none null is returned as is. ``cluster`` defaults to Ray's (when connected), else this machine's."""
+    d = cfg.deployments
+    keys = deployed(cfg)
+    auto = [k for k in keys if getattr(d, k).ray_actor_options.num_cpus is None]
+    if not auto:
+        return cfg
+    if cluster is None:
+        cluster = _current_cluster()
+    explicit = sum(_units(getattr(d, k).ray_actor_options.num_cpus) * getattr(d, k).replicas_at_most()
+                   for k in keys if k not in auto)
+    budget = max(0, _units(cluster.totals.get("CPU", 0.0)) - explicit)
+    shares = sum(WEIGHTS[k] * getattr(d, k).replicas_at_most() for k in auto)
+    largest = _units(cluster.largest("CPU"))
+    raw = cfg.model_dump(mode="json")
+    for k in auto:
+        share = budget * WEIGHTS[k] // shares if shares else 0
+        share = min(share, largest)
+        if share >= _UNIT:
+            share -= share % _UNIT  # whole CPUs above one: whole torch threads, no CPU half shared
+        raw["deployments"][k]["ray_actor_options"]["num_cpus"] = share / _UNIT
+    return load_config(raw)
+
+
+def request(settings: DeploymentSettings) -> dict[str, float]:
+    """What one replica asks Ray for (resources with a non-zero amount)."""
+    opts = settings.ray_actor_options
+    asked = {"CPU": opts.num_cpus if opts.num_cpus is not None else 1.0, "GPU": opts.num_gpus}
+    return {r: v for r, v in asked.items() if v > 0}
+
+
+def placement_problems(cfg: SpeculaConfig, cluster: ClusterResources) -> list[str]:
+    """Why the application's replicas cannot all be placed on ``cluster`` as it is (empty: they fit). Counts the
+    replicas Serve starts with (num_replicas, or autoscaling_config.min_replicas)."""
+    d = cfg.deployments
+    problems, too_big = [], set()
+    for k in deployed(cfg):
+        s = getattr(d, k)
+        for r, v in request(s).items():
+            if math.isinf(cluster.largest(r)):
+                continue  # not known yet
+            if _units(v) > _units(cluster.largest(r)):
+                too_big.add(r)
+                problems.append(
+                    f"{_who(k)} asks {_fmt({r: v})} per replica, more than any node has (the largest has "
+                    f"{_fmt({r: cluster.largest(r)})}): lower deployments.{k}.ray_actor_options.{_FIELDS[r]}"
+                    f"{_null_hint(r)}, or give Ray a node with {_fmt({r: v})}")
+    for r in sorted({r for k in deployed(cfg) for r in request(getattr(d, k))} - too_big):
+        asks = {k: (request(getattr(d, k)).get(r, 0.0), _start_replicas(getattr(d, k))) for k in deployed(cfg)}
+        asks = {k: a for k, a in asks.items() if a[0] > 0 and a[1] > 0}
+        total = sum(_units(v) * n for v, n in asks.values())
+        if not math.isinf(cluster.totals.get(r, 0.0)) and total > _units(cluster.totals.get(r, 0.0)):
+            parts = ", ".join(f"{_who(k)} {v:g} x {n} (deployments.{k}.ray_actor_options.{_FIELDS[r]})"
+                              for k, (v, n) in asks.items())
+            problems.append(
+                f"the deployments ask {_fmt({r: total / _UNIT})} in all, more than the cluster's "
+                f"{_fmt({r: cluster.totals.get(r, 0.0)})}: {parts}; lower those fields{_null_hint(r)} or the "
+                "replica counts, or give the cluster more")
+    return problems
+
+
+def placement_message(cfg: SpeculaConfig, cluster: ClusterResources, problems: list[str],
+                      where: str = "this Ray cluster") -> str:
+    lines = [f"specula: cannot place application {cfg.name!r} on {where} ({cluster.describe()}):"]
+    return "\n".join(lines + [f"  - {p}" for p in problems])
+
+
+def watch_startup(cfg: SpeculaConfig, placement_timeout_s: float | None, *,
+                  status: Callable[[], object] | None = None,
+                  cluster: Callable[[], ClusterResources] | None = None,
+                  poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait until application ``cfg.name`` is RUNNING (``serve.status()``); ``StartupError`` if it fails to deploy,
+    or if a replica Serve reports waiting for resources ("to be scheduled") still waits ``placement_timeout_s``
+    after the start (None: wait as long as it takes). Replicas that are placed and initializing (loading a model)
+    are never timed out here."""
+    if status is None:
+        from ray import serve
+
+        status = serve.status
+    cluster = cluster or ClusterResources.from_ray
+    start = clock()
+    while True:
+        app = status().applications.get(cfg.name)
+        if app is None and clock() - start > _APPEAR_S:
+            raise StartupError(f"specula: Serve shows no application {cfg.name!r} {_APPEAR_S:.0f} s after it was "
+                               "deployed (serve.status() lists none by that name)")
+        state = _state(getattr(app, "status", ""))
+        if state == "RUNNING":
+            return
+        if state == "DEPLOY_FAILED":
+            raise StartupError(_failed_message(cfg, app))
+        waiting = {name: dep for name, dep in (app.deployments.items() if app is not None else ())
+                   if "to be scheduled" in (getattr(dep, "message", "") or "")}
+        elapsed = clock() - start
+        if waiting and placement_timeout_s is not None and elapsed >= placement_timeout_s:
+            raise StartupError(_unplaced_message(cfg, waiting, cluster(), elapsed))
+        sleep(poll_s)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _current_cluster() -> ClusterResources:
+    import ray
+
+    return ClusterResources.from_ray() if ray.is_initialized() else ClusterResources.local()
+
+
+def _unplaced_message(cfg: SpeculaConfig, waiting: dict, cluster: ClusterResources, elapsed: float) -> str:
+    keys = {v: k for k, v in DEPLOYMENTS.items()}
+    lines = [f"specula: Serve could not place application {cfg.name!r} within {elapsed:.0f} s; this Ray cluster has "
+             f"{cluster.describe()}:"]
+    for name, dep in waiting.items():
+        k = keys.get(name)
+        if k is None:
+            lines.append(f"  - {name}: {dep.message}")
+            continue
+        s = getattr(cfg.deployments, k)
+        fields = ", ".join(f"deployments.{k}.ray_actor_options.{_FIELDS[r]}" for r in request(s))
+        lines.append(f"  - {_who(k)} waits for resources: each replica asks {_fmt(request(s))}; change "
+                     f"{fields or f'deployments.{k}.ray_actor_options'} (null num_cpus sizes it from the cluster) or "
+                     f"add nodes that have it. Serve says: {dep.message}")
+    return "\n".join(lines)
+
+
+def _failed_message(cfg: SpeculaConfig, app) -> str:
+    lines = [f"specula: application {cfg.name!r} failed to deploy: {getattr(app, 'message', '')}".rstrip()]
+    for name, dep in getattr(app, "deployments", {}).items():
+        if _state(getattr(dep, "status", "")) != "HEALTHY" and getattr(dep, "message", ""):
+            lines.append(f"  - {name}: {dep.message}")
+    return "\n".join(lines)
+
+
+def _state(status) -> str:
+    """A Serve status enum (or its string) as its bare name: "RUNNING", "DEPLOY_FAILED", "HEALTHY", ..."""
+    return str(getattr(status, "value", status)).rpartition(".")[2]
+
+
+def _start_replicas(s: DeploymentSettings) -> int:
+    return s.num_replicas if s.autoscaling_config is None else s.autoscaling_config.min_replicas
+
+
+def _who(key: str) -> str:
+    return f"{DEPLOYMENTS[key]} (deployments.{key})"
+
+
+def _null_hint(resource: str) -> str:
+    return " (null sizes num_cpus from the cluster)" if resource == "CPU" else ""
+
+
+def _units(x: float | None) -> int:
+    return math.floor((x or 0.0) * _UNIT + 1e-6)
+
+
+def _requestable(resources: dict[str, float]) -> dict[str, float]:
+    out = {"CPU": resources.get("CPU", 0.0), "GPU": resources.get("GPU", 0.0)}
+    out.update({r: v for r, v in resources.items() if r not in out and not r.startswith(("node:", "accelerator_type"))
+                and r not in _NOT_REQUESTABLE})
+    return out
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    return ", ".join(f"{'?' if math.isinf(v) else f'{v:g}'} {r}" for r, v in resources.items()) or "nothing"
