@@ -24,7 +24,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from specula.runtime.engine.loop import GenerationRequest
 from specula.runtime.core.sampling import SamplingParams
@@ -37,17 +37,18 @@ __all__ = ["Detokenizer", "GenerateBody", "IMAGE_FORMATS", "IngressEngine", "Req
 
 
 class GenerateBody(BaseModel):
-    """The ``POST /generate`` body."""
+    """The ``POST /generate`` body; unknown fields and values of the wrong JSON type (``"stream": "yes"``) are
+    refused."""
 
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1, description="The user's message; '<image>' marks where each image goes.")
     images: list[str] = Field(default_factory=list,
                               description="Images as base64 PNG/JPEG/WebP, optionally as data: URLs.")
-    max_tokens: int = Field(64, ge=1, description="New tokens at most.")
-    temperature: float = Field(0.0, ge=0, le=100, description="0 = greedy; > 0 samples.")
-    seed: int | None = Field(None, ge=0, lt=2**63, description="Seeds the request's sampler.")
-    stream: bool = Field(False, description="NDJSON records as tokens are accepted, instead of one JSON object.")
+    max_tokens: StrictInt = Field(64, ge=1, description="New tokens at most.")
+    temperature: StrictFloat = Field(0.0, ge=0, le=100, description="0 = greedy; > 0 samples.")
+    seed: StrictInt | None = Field(None, ge=0, lt=2**63, description="Seeds the request's sampler.")
+    stream: StrictBool = Field(False, description="NDJSON records as tokens are accepted, instead of one JSON object.")
     drafter: str | None = Field(None, description="The drafter to speculate with, by name (config drafter.kind / "
                                                   "drafter.name or a drafter.alternatives key); null = the default.")
 

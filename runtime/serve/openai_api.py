@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from specula.runtime.engine.loop import GenerationRequest
 from specula.runtime.core.sampling import SamplingParams
@@ -67,28 +67,32 @@ def sse(obj: dict) -> bytes:
 
 
 class _Strict(BaseModel):
+    """Unknown fields are refused, and so is any value of the wrong JSON type: booleans must be true/false, integers
+    JSON integers, numbers JSON numbers (``"stream": "yes"``, ``"max_tokens": "10"`` or ``"n": true`` are 422s, as
+    ``"max_tokens": "ten"`` is), never coerced."""
+
     model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(_Strict):
-    include_usage: bool | None = Field(False, description="A last chunk with usage and no choices.")
-    include_obfuscation: bool | None = Field(None, description="Accepted, no effect (no obfuscation padding).")
+    include_usage: StrictBool | None = Field(False, description="A last chunk with usage and no choices.")
+    include_obfuscation: StrictBool | None = Field(None, description="Accepted, no effect (no obfuscation padding).")
 
 
 class _Common(_Strict):
     model: str | None = Field(None, description="The served model id (GET /v1/models); null = it.")
-    max_tokens: int | None = Field(None, ge=1, description="New tokens at most.")
-    temperature: float | None = Field(None, ge=0, le=100, description="0 = greedy; default 1.0.")
-    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus mass.")
-    top_k: int | None = Field(None, ge=-1, description="Extension: keep the k most likely tokens; 0 or -1 = off.")
-    min_p: float | None = Field(None, ge=0, lt=1, description="Extension: drop tokens below min_p * max p.")
-    seed: int | None = Field(None, ge=0, lt=2**64, description="Seeds the request's sampler.")
+    max_tokens: StrictInt | None = Field(None, ge=1, description="New tokens at most.")
+    temperature: StrictFloat | None = Field(None, ge=0, le=100, description="0 = greedy; default 1.0.")
+    top_p: StrictFloat | None = Field(None, gt=0, le=1, description="Nucleus mass.")
+    top_k: StrictInt | None = Field(None, ge=-1, description="Extension: keep the k most likely tokens; 0 or -1 = off.")
+    min_p: StrictFloat | None = Field(None, ge=0, lt=1, description="Extension: drop tokens below min_p * max p.")
+    seed: StrictInt | None = Field(None, ge=0, lt=2**64, description="Seeds the request's sampler.")
     stop: str | list[str] | None = Field(None, description="Strings that end the answer (not included).")
-    n: int | None = Field(None, ge=1, description="Choices per request: 1 only.")
-    stream: bool | None = Field(False, description="Server-Sent Events, then data: [DONE].")
+    n: StrictInt | None = Field(None, ge=1, description="Choices per request: 1 only.")
+    stream: StrictBool | None = Field(False, description="Server-Sent Events, then data: [DONE].")
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
     logit_bias: dict[str, Any] | None = None
     user: str | None = Field(None, description="Accepted, no effect.")
     drafter: str | None = Field(None, description="Extension: the drafter to speculate with, by name (GET /v1/models "
@@ -97,17 +101,17 @@ class _Common(_Strict):
 
 class ChatBody(_Common):
     messages: list[Any] = Field(min_length=1, description="The conversation (validated in OpenAIApi._messages).")
-    max_completion_tokens: int | None = Field(None, ge=1, description="New tokens at most (OpenAI's newer name).")
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, description="New tokens at most (OpenAI's newer name).")
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
     response_format: Any = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     metadata: dict[str, Any] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     service_tier: str | None = None
     modalities: Any = None
     audio: Any = None
@@ -122,9 +126,9 @@ class ChatBody(_Common):
 class CompletionBody(_Common):
     prompt: str | list[Any] = Field(description="One text prompt, or one prompt as token ids.")
     logprobs: Any = None
-    echo: bool | None = None
+    echo: StrictBool | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
 
 
 _NOOP = {  # field -> (is it harmless?, what we say)

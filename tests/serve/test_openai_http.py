@@ -309,6 +309,9 @@ _MSG = [{"role": "user", "content": "hi"}]
     ("POST", "/v1/chat/completions", {"messages": _MSG, "logprobs": True}, 400, "logprobs"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "tools": [{"type": "function"}]}, 400, "tools"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "max_tokens": "ten"}, 422, "max_tokens"),
+    ("POST", "/v1/chat/completions", {"messages": _MSG, "stream": "yes"}, 422, "stream"),  # strict, as max_tokens
+    ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": "8"}, 422, "max_tokens"),
+    ("POST", "/generate", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "top_p": 1.5}, 422, "top_p"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "max_tokens": 65}, 400, "max_tokens"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "model": "nope"}, 404, "model"),
