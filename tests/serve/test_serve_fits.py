@@ -41,8 +41,12 @@ def _reap(proc: subprocess.Popen) -> None:
 
 
 def _health(url: str, proc: subprocess.Popen, log: Path) -> bool:
+    """It said it is serving (the application is RUNNING; the ingress may answer a moment before) and /health
+    answers."""
     if proc.poll() is not None:
         raise AssertionError(f"specula serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+    if "specula: serving" not in log.read_text():
+        return False
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
             return r.status == 200
@@ -58,7 +62,8 @@ def test_the_default_config_serves_an_image_question_on_two_cpus(tmp_path):
         proc = _spawn(["--num-cpus", "2", "--port", str(port), "--grpc-port", "0", "--ray-temp-dir", tmp], log, tmp)
         try:
             url = f"http://127.0.0.1:{port}"
-            wait_for("specula serve answering /health", lambda: _health(url, proc, log), START_S, every=1.0)
+            wait_for("specula serve serving and answering /health", lambda: _health(url, proc, log), START_S,
+                     every=1.0)
             up = time.monotonic() - started
             png = base64.b64encode((ROOT / "world" / "assets" / "sample.png").read_bytes()).decode()
             body = {"max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": [
@@ -77,7 +82,7 @@ def test_the_default_config_serves_an_image_question_on_two_cpus(tmp_path):
     assert rc == 0, text[-3000:]
     assert "specula: serving 'specula' (model target, drafter ngram" in text and "cannot place" not in text
     assert text.rstrip().endswith("specula: stopped"), text[-3000:]
-    print(f"\nspecula serve (default config, 2 CPUs): /health answered {up:.0f} s after the start; "
+    print(f"\nspecula serve (default config, 2 CPUs): serving and /health answering {up:.0f} s after start; "
           f"the answer was {answer['choices'][0]['message']['content']!r}")
 
 
