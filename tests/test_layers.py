@@ -3,7 +3,7 @@
 Read from the source with ``ast``, never by importing it, so a violation is found even on a path no test runs:
 
     targets/  world/  zoo/ (the weight store)  protos/  runtime/core/      import nothing else of the project
-    drafters/            targets, runtime/core, the weight store
+    drafters/            targets' types and helpers (never a backend or a loader), runtime/core, the weight store
     runtime/wire/        protos                               (the data-plane protocol: wire and dataplane only)
     runtime/config       runtime/wire (codec names), drafters (drafter names), the weight store (model paths)
     runtime/engine/      core, config, targets, drafters, world, the weight store
@@ -71,6 +71,8 @@ def layer(mod: str) -> str:
     if parts[1] == "runtime":
         if len(parts) > 2 and parts[2] in _RUNTIME_LAYERS:
             return f"specula.runtime.{parts[2]}"
+        if len(parts) > 2 and parts[2].startswith("config"):  # config.py and its helpers (config_*.py)
+            return "specula.runtime.config"
         return "specula.runtime"  # the runtime package's own __init__
     return ".".join(parts[:2])
 
@@ -176,6 +178,17 @@ def test_no_import_cycles():
 
 def _sources_mentioning(needle: str) -> list[str]:
     return [m for m, p in modules().items() if needle in p.read_text()]
+
+
+# what drafters may use of targets/: the records that cross the boundary and the cache / image / tree helpers
+DRAFTER_TARGET_MODULES = {"specula.targets.types", "specula.targets.protocol", "specula.targets.kv",
+                          "specula.targets.images", "specula.targets.tree"}
+
+
+def test_drafters_use_only_the_targets_types_and_helpers():
+    bad = sorted(f"{mod} -> {dep}" for mod, deps in graph().items() if layer(mod) == "specula.drafters"
+                 for dep in deps if layer(dep) == "specula.targets" and dep not in DRAFTER_TARGET_MODULES)
+    assert not bad, "drafters reaching into the target backends:\n" + "\n".join(bad)
 
 
 def test_only_serve_imports_ray():
