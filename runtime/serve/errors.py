@@ -6,8 +6,8 @@ A refused request raises ``RequestError(message, param=..., status=...)``; the H
                "param": "max_tokens", "code": null}}
 
 Statuses (see openai_api.py for which input gets which): 400 bad or unsupported input, 401 no/bad bearer token,
-404 unknown route or model, 405 wrong method, 408 request_timeout_s passed, 413 body too large, 422 a field of the
-wrong type or out of range, 503 over capacity (admission) or the verifier not running, 500 the target failed.
+404 unknown route or model, 405 wrong method, 408 request_timeout_s passed, 413 body too large, 503 over capacity
+(admission) or the verifier not running, 500 the target failed.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ What is accepted (``POST /v1/chat/completions``; ``/v1/completions`` takes ``pro
   ``prediction``, ``reasoning_effort``, ``verbosity``, ``web_search_options``, ``echo``, ``suffix``, ``best_of`` > 1.
   Anything else unknown is a 400 too (a typo never passes silently).
 
-Statuses: 400 not JSON / unknown or unsupported field / bad image / over a limit; 422 a field of the wrong type or
-out of range; 404 unknown ``model`` (code ``model_not_found``); 413 body over ``max_request_bytes``.
+Statuses, as OpenAI's own API answers them: 400 for any request it cannot run (not JSON, an unknown or unsupported
+field, a field of the wrong type or out of range, a bad image, over a limit); 404 unknown ``model`` (code
+``model_not_found``); 413 body over ``max_request_bytes``.
 
 Every answer carries an extension field ``specula``: ``{"finish_reason": "eos" | "stop" | "length",
 "metrics": {tau, alpha, draft_tokens, accepted_tokens, time_s, drafter (the name of the one that drafted), ...},
@@ -68,7 +69,7 @@ def sse(obj: dict) -> bytes:
 
 class _Strict(BaseModel):
     """Unknown fields are refused, and so is any value of the wrong JSON type: booleans must be true/false, integers
-    JSON integers, numbers JSON numbers (``"stream": "yes"``, ``"max_tokens": "10"`` or ``"n": true`` are 422s, as
+    JSON integers, numbers JSON numbers (``"stream": "yes"``, ``"max_tokens": "10"`` or ``"n": true`` are 400s, as
     ``"max_tokens": "ten"`` is), never coerced."""
 
     model_config = ConfigDict(extra="forbid")
@@ -155,7 +156,6 @@ _NOOP = {  # field -> (is it harmless?, what we say)
 }
 _MESSAGE_NOOP = ("tool_calls", "function_call", "refusal", "audio", "tool_call_id")  # fine while empty
 _TYPE_LOC = re.compile(r"^(str|int|float|bool|none|.*\[.*\]|function-.*|constrained-.*|lax-.*|json-.*)$")
-_CLIENT = {"extra_forbidden", "missing", "literal_error", "union_tag_invalid", "union_tag_not_found"}
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class OpenAIApi:
                                f"`{self.engine.model_name}`)", "model", 404, "model_not_found")
 
     def parse(self, kind: str, raw: bytes | str | dict) -> Plan:
-        """A request body -> a Plan; RequestError (400/404/413/422, naming the field) if it cannot run."""
+        """A request body -> a Plan; RequestError (400/404/413, naming the field) if it cannot run."""
         schema = {"chat": ChatBody, "completions": CompletionBody}[kind]
         data = self.engine.load_json(raw)
         try:
@@ -288,8 +288,7 @@ class OpenAIApi:
                 out.append({"role": _ROLES[role], "content": content})
                 continue
             if not isinstance(content, list):
-                raise RequestError(f"{where}.content: must be a string or a list of parts", f"{where}.content",
-                                   status=422)
+                raise RequestError(f"{where}.content: must be a string or a list of parts", f"{where}.content")
             parts = []
             for j, part in enumerate(content):
                 pw = f"{where}.content[{j}]"
@@ -337,7 +336,7 @@ class OpenAIApi:
 
 
 def _validation_error(e: ValidationError) -> RequestError:
-    msgs, first, status = [], None, 422
+    msgs, first = [], None
     for err in e.errors():
         loc = _loc([p for p in err["loc"] if not (isinstance(p, str) and _TYPE_LOC.match(p))])
         text = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
@@ -346,8 +345,7 @@ def _validation_error(e: ValidationError) -> RequestError:
             msgs.append(line)
         if first is None:
             first = loc or None
-            status = 400 if err["type"] in _CLIENT else 422
-    return RequestError("; ".join(msgs[:4]), first, status)
+    return RequestError("; ".join(msgs[:4]), first, 400)
 
 
 def _loc(loc) -> str:

@@ -308,11 +308,11 @@ _MSG = [{"role": "user", "content": "hi"}]
     ("POST", "/v1/chat/completions", {"messages": _MSG, "n": 3}, 400, "n"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "logprobs": True}, 400, "logprobs"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "tools": [{"type": "function"}]}, 400, "tools"),
-    ("POST", "/v1/chat/completions", {"messages": _MSG, "max_tokens": "ten"}, 422, "max_tokens"),
-    ("POST", "/v1/chat/completions", {"messages": _MSG, "stream": "yes"}, 422, "stream"),  # strict, as max_tokens
-    ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": "8"}, 422, "max_tokens"),
+    ("POST", "/v1/chat/completions", {"messages": _MSG, "max_tokens": "ten"}, 400, "max_tokens"),
+    ("POST", "/v1/chat/completions", {"messages": _MSG, "stream": "yes"}, 400, "stream"),  # strict, as max_tokens is
+    ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": "8"}, 400, "max_tokens"),
     ("POST", "/generate", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
-    ("POST", "/v1/chat/completions", {"messages": _MSG, "top_p": 1.5}, 422, "top_p"),
+    ("POST", "/v1/chat/completions", {"messages": _MSG, "top_p": 1.5}, 400, "top_p"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "max_tokens": 65}, 400, "max_tokens"),
     ("POST", "/v1/chat/completions", {"messages": _MSG, "model": "nope"}, 404, "model"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
@@ -321,7 +321,7 @@ _MSG = [{"role": "user", "content": "hi"}]
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "/etc/passwd"}}]}]}, 400, "messages[0].content[0].image_url.url"),
     ("POST", "/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
-    ("POST", "/v1/completions", {"prompt": 5}, 422, "prompt"),
+    ("POST", "/v1/completions", {"prompt": 5}, 400, "prompt"),
     ("POST", "/generate", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ("GET", "/v1/chat/completions", None, 405, None),
     ("POST", "/v1/models", {}, 405, None),
