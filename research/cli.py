@@ -13,7 +13,8 @@ Run from the repository root (research/ is not installed). The flags are the one
 from __future__ import annotations
 
 import argparse
-import sys
+
+from specula.cli.common import run_command, set_threads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,14 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default: the process's arguments) and run the command; a bad input (``ValueError``,
-    ``FileNotFoundError``) is one line on stderr and exit status 2, not a traceback."""
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"research: error: {e}", file=sys.stderr)
-        return 2
+    """Run ``python -m research`` with ``argv``; a bad input is one line on stderr and exit 2."""
+    return run_command(build_parser(), argv)
 
 
 def _probe_source(p) -> None:
@@ -123,36 +118,29 @@ def _probe_output(p, stem: str) -> None:
     p.add_argument("--threads", type=int, default=2)
 
 
-def _set_threads(args) -> None:
-    import torch
-
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-
-
 def run_probe(args) -> int:
-    _set_threads(args)
+    set_threads(args)
     from research.probe import probe_cli
 
     return probe_cli(args)
 
 
 def run_probe_sets(args) -> int:
-    _set_threads(args)
+    set_threads(args)
     from research.set_probe import probe_sets_cli
 
     return probe_sets_cli(args)
 
 
 def run_probe_content(args) -> int:
-    _set_threads(args)
+    set_threads(args)
     from research.content_probe import probe_content_cli
 
     return probe_content_cli(args)
 
 
 def run_probe_charts(args) -> int:
-    _set_threads(args)
+    set_threads(args)
     from research.chart_probe import probe_charts_cli
 
     return probe_charts_cli(args)

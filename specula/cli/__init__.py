@@ -18,9 +18,9 @@ when it runs. The research probes and lane tools are not part of this command: `
 from __future__ import annotations
 
 import argparse
-import sys
 
 from specula.cli import bench, chat, generate, serve, train, world, zoo
+from specula.cli.common import run_command
 
 GROUPS = (generate, world, bench, train, zoo, serve, chat)
 
@@ -38,11 +38,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default: the process's arguments) and run the command; a bad input (``ValueError``,
-    ``FileNotFoundError``) is one line on stderr and exit status 2, not a traceback."""
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"specula: error: {e}", file=sys.stderr)
-        return 2
+    """Run ``specula`` with ``argv`` (default: the process's arguments); a bad input is one line and exit 2."""
+    return run_command(build_parser(), argv)
