@@ -12,10 +12,11 @@ import pytest
 from specula.cli import build_parser, main
 
 COMMANDS = [[], ["generate"], ["world"], ["world", "sample"], ["world", "suites"], ["bench"], ["bench", "target"],
-            ["bench", "spec"], ["bench", "report"], ["bench", "distributed"], ["bench", "outcomes"], ["train"],
-            ["train", "target"], ["train", "text_lm"], ["train", "eagle"], ["train", "msd"], ["train", "flash"],
-            ["train", "aasd"], ["train", "massv"], ["zoo"], ["zoo", "list"], ["zoo", "eval"], ["zoo", "build"],
-            ["zoo", "promote"], ["zoo", "splice"], ["zoo", "refit-projector"], ["zoo", "export"], ["serve"], ["chat"]]
+            ["bench", "spec"], ["bench", "report"], ["bench", "distributed"], ["bench", "outcomes"],
+            ["bench", "reference"], ["train"], ["train", "target"], ["train", "text_lm"], ["train", "eagle"],
+            ["train", "msd"], ["train", "flash"], ["train", "aasd"], ["train", "massv"], ["zoo"], ["zoo", "list"],
+            ["zoo", "eval"], ["zoo", "build"], ["zoo", "promote"], ["zoo", "splice"], ["zoo", "refit-projector"],
+            ["zoo", "export"], ["serve"], ["chat"]]
 GROUPS = ["generate", "world", "bench", "train", "zoo", "serve", "chat"]
 
 
@@ -102,6 +103,7 @@ def _flags_of(add) -> list:
 def test_subjects_with_their_own_flags_are_mounted_not_copied():
     from specula.runtime.bench.distributed import add_arguments as distributed
     from specula.runtime.bench.outcomes import add_arguments as outcomes
+    from specula.runtime.bench.reference import add_arguments as reference
     from specula.runtime.bench.report.args import add_arguments as report
     from specula.runtime.engine.generate import add_generate_arguments
     from specula.runtime.serve.launch import add_serve_arguments
@@ -112,6 +114,7 @@ def test_subjects_with_their_own_flags_are_mounted_not_copied():
     assert leaves[("bench", "report")][0] == _flags_of(report)
     assert leaves[("bench", "distributed")][0] == _flags_of(distributed)
     assert leaves[("bench", "outcomes")][0] == _flags_of(outcomes)
+    assert leaves[("bench", "reference")][0] == _flags_of(reference)
 
 
 def test_drafter_training_commands_come_from_the_training_side():
@@ -137,7 +140,8 @@ def test_zoo_build_runs_drafters_without_the_cli(monkeypatch):
 def test_help_imports_neither_torch_nor_ray():
     code = ("import contextlib, io, json, sys\n"
             "from specula.cli import main\n"
-            "for argv in ([], ['train', 'target'], ['bench', 'outcomes'], ['serve'], ['chat'], ['generate']):\n"
+            "for argv in ([], ['train', 'target'], ['bench', 'outcomes'], ['bench', 'reference'], ['serve'],\n"
+            "             ['chat'], ['generate']):\n"
             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
             "        main(argv + ['--help'])\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "

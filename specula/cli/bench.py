@@ -1,8 +1,8 @@
-"""``specula bench target | spec | report | distributed | outcomes``: the benchmarks (runtime/bench/).
+"""``specula bench target | spec | report | distributed | outcomes | reference``: the benchmarks (runtime/bench/).
 
-``report``, ``distributed`` and ``outcomes`` define their flags beside their code (``add_arguments``), mounted here;
-``target`` and ``spec`` import torch at the top of their modules, so their flags are here and their code is
-imported only when they run.
+``report``, ``distributed``, ``outcomes`` and ``reference`` define their flags beside their code
+(``add_arguments``), mounted here; ``target`` and ``spec`` import torch at the top of their modules, so their flags
+are here and their code is imported only when they run.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from specula.cli.common import set_threads
 from specula.runtime.bench.distributed import add_arguments as distributed_arguments
 from specula.runtime.bench.outcomes import add_arguments as outcomes_arguments
+from specula.runtime.bench.reference import add_arguments as reference_arguments
 from specula.runtime.bench.report.args import add_arguments as report_arguments
 
 
@@ -44,6 +45,13 @@ def register(sub) -> None:
                                      "blocks covered by the top 1 .. m outcomes.")
     outcomes_arguments(op)
     op.set_defaults(func=run_outcomes)
+    fp = bsub.add_parser("reference", help="the shipped target's plain greedy answers on a fixed prompt set (every "
+                                           "suite), written to the file the tests check every runtime against",
+                         description="Decodes the reference prompt set plainly (greedy, no drafter) and writes "
+                                     "tests/data/reference_greedy.json; with --check, decodes the file's prompts "
+                                     "again and prints a diff per prompt whose answer changed (exit 1 if any).")
+    reference_arguments(fp)
+    fp.set_defaults(func=run_reference)
 
 
 def _add_target(bsub) -> None:
@@ -108,5 +116,11 @@ def run_distributed(args) -> int:
 
 def run_outcomes(args) -> int:
     from specula.runtime.bench.outcomes import main
+
+    return main(args)
+
+
+def run_reference(args) -> int:
+    from specula.runtime.bench.reference import main
 
     return main(args)
