@@ -31,11 +31,14 @@ def test_shipped_target_shape_and_training_record():
 
 def test_generate_answers_about_the_sample_image(capsys):
     from specula.cli import main
+    from specula.runtime.engine.generate import DEFAULT_DRAFTER
 
     sample = Path(__file__).resolve().parents[2] / "world" / "assets" / "sample.png"
     rc = main(["generate", "--image", str(sample), "--question", "What colour is the star?",
                "--max-tokens", "4", "--threads", "1", "--json"])
     assert rc == 0
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rec["new_tokens"] >= 1 and rec["tokens_per_s"] > 0 and isinstance(rec["answer"], str)
+    assert rec["new_tokens"] >= 1 and isinstance(rec["answer"], str)
+    assert rec["drafter"] == DEFAULT_DRAFTER and rec["identical"] is True  # speculative by default, checked against plain
+    assert rec["speculative"]["tokens_per_s"] > 0 and rec["plain"]["tokens_per_s"] > 0 and rec["speedup"] > 0
     assert rec["prompt_tokens"] > 144
