@@ -287,39 +287,27 @@ def churn(target, drafter, kv_owner, reqs, gamma: int, plain_steps: tuple[int, .
 # ---------------------------------------------------------------------------------------------- sampling
 
 
-def chi2_same(a: torch.Tensor, b: torch.Tensor) -> float:
-    """p-value of a two-sample chi-square test that token samples a and b share one distribution."""
-    cats = torch.unique(torch.cat([a, b]))
-    ca = torch.stack([(a == c).sum() for c in cats]).double()
-    cb = torch.stack([(b == c).sum() for c in cats]).double()
-    keep = (ca + cb) >= 10
-    rest_a, rest_b = ca[~keep].sum(), cb[~keep].sum()
-    ca, cb = torch.cat([ca[keep], rest_a[None]]), torch.cat([cb[keep], rest_b[None]])
-    if rest_a + rest_b == 0:
-        ca, cb = ca[:-1], cb[:-1]
-    na, nb = ca.sum(), cb.sum()
-    stat = (((ca * (nb / na).sqrt() - cb * (na / nb).sqrt()) ** 2) / (ca + cb)).sum()
-    return float(torch.special.gammaincc(torch.tensor((len(ca) - 1) / 2.0, dtype=torch.double), stat / 2))
+def assert_follows_the_target(model, drafter, base: GenerationRequest, *, target=None, n: int = 4096,
+                              gamma: int = 2, max_tokens: int = 4, min_accepted: int | None = None,
+                              min_rejected: int | None = None, choices: tuple | None = None) -> None:
+    """The shared end-to-end distribution check (tests/runtime/distribution_check.py, docs/design.md): the first
+    k = 3 tokens of n sampled copies of ``base`` through ``drafter`` (T = 1, top_k = 4) against the exact joint law
+    of plain sampling on ``model``, p > 1e-4; drafts must be accepted and rejected (default n / 10 of each) so the
+    check cannot pass on rejections alone. ``max_tokens`` > 3 lets a chain's second draft, or a tree's second
+    level, decide token 3."""
+    import sys
+    from pathlib import Path
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from distribution_check import chi2_test, exact_law, sample_first_tokens
 
-def sample_many(target, drafter, base: GenerationRequest, n: int, seed0: int, top_k: int = 8,
-                chunk: int | None = None) -> tuple[torch.Tensor, int]:
-    """n copies of ``base`` sampled at T = 1 (seeds seed0 ..), 4 tokens each, ``chunk`` requests per generate call
-    (None: all in one). Returns the tokens [n, 4] and the accepted draft count."""
-    eng = SpecEngine(target, drafter, gamma=3, eos_token_ids=[-1])
-    reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                              SamplingParams(temperature=1.0, top_k=top_k, seed=seed0 + i, max_tokens=4))
-            for i in range(n)]
-    res = {}
-    step = chunk or n
-    for i in range(0, n, step):
-        res.update(eng.generate(reqs[i:i + step]))
-    accepted = sum(r.metrics.accepted_tokens for r in res.values())
-    return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
-
-
-def assert_same_law(ref: torch.Tensor, spec: torch.Tensor) -> None:
-    """Tokens 2-4 (decided by the verifier) of speculative sampling follow plain sampling's law; p is no point mass."""
-    assert len(torch.unique(ref[:, 1])) >= 3  # p is not a point mass
-    for pos in (1, 2, 3):
-        assert chi2_same(ref[:, pos], spec[:, pos]) > 1e-3, pos
+    params = SamplingParams(temperature=1.0, top_k=4)
+    law = exact_law(model, base, params, k=3)
+    run = sample_first_tokens(model, drafter, base, params, n, 3, seed0=1_000_000, gamma=gamma,
+                              max_tokens=max_tokens, target=target, choices=choices)
+    result = chi2_test(run.tokens, law)
+    print(f"p={result.p_value:.3g} stat={result.stat:.1f} df={result.df} accepted={run.accepted} "
+          f"rejected={run.rejected}")
+    assert run.accepted >= (n // 10 if min_accepted is None else min_accepted), run.accepted
+    assert run.rejected >= (n // 10 if min_rejected is None else min_rejected), run.rejected
+    assert result.p_value > 1e-4, result

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from drafter_kit import assert_same_law, eos, lively_target, plain, requests
+from drafter_kit import assert_follows_the_target, eos, lively_target, plain, requests
 from transformers import LlamaForCausalLM
 
 from specula.drafters import DraftContext, Drafter, Proposal, Verdict, create
@@ -386,23 +386,11 @@ def test_a_batch_choosing_different_drafters_equals_plain_greedy_decoding(kit):
     assert not target.live_ids and not watch.multi._route  # noqa: SLF001 - every row released everywhere
 
 
+@pytest.mark.statistical
 def test_a_mixed_sampled_batch_follows_plain_sampling(kit):
-    n = 600
+    """The shared distribution check over a batch whose requests choose every drafter in turn (sampled-q chains,
+    one-hot ngram, trees, the default): the rows of one verifier batch, each verified under its own drafter."""
     base = requests(kit, 1, SamplingParams(), start=2)[0]  # text only: ngram finds its matches in the prompt
-
-    def run(drafter, seed0):
-        eng = SpecEngine(load_target(kit["target"]), drafter, gamma=3, eos_token_ids=[-1])
-        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4),
-                                  drafter=CHOICES[i % 5]) for i in range(n)]
-        res = {}
-        for i in range(0, n, 150):
-            res.update(eng.generate(reqs[i:i + 150]))
-        m = [r.metrics for r in res.values()]
-        tokens = torch.tensor([res[f"s{i}"].tokens for i in range(n)])  # [n, 4]
-        return tokens, sum(x.draft_tokens for x in m), sum(x.accepted_tokens for x in m)
-
-    ref, _, _ = run(None, 0)
-    spec, drafted, accepted = run(_multi(kit, load_target(kit["target"])), 10_000)
-    assert drafted > n and accepted > n // 12  # a batch of sampled-q, one-hot (ngram) and tree rows, some accepted
-    assert_same_law(ref, spec)
+    target = load_target(kit["target"])
+    assert_follows_the_target(kit["target"], _multi(kit, target), base, target=target, gamma=3, max_tokens=6,
+                              choices=CHOICES)

@@ -13,8 +13,7 @@ import random
 
 import pytest
 import torch
-from drafter_kit import (assert_equals_plain, assert_same_law, eos, lively_target, node_paths, plain, requests,
-                         sample_many)
+from drafter_kit import (assert_equals_plain, assert_follows_the_target, eos, lively_target, node_paths, plain, requests)
 from transformers import LlamaForCausalLM
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
@@ -263,23 +262,20 @@ def test_bad_config_is_refused(kit, tmp_path):
     with pytest.raises(ValueError, match="vocabulary"):
         create({"kind": "text_lm", "model": small}, target=load_target(kit["target"]))
     kit["target"].save_pretrained(tmp_path / "llava")
-    with pytest.raises(ValueError, match="not a Llama"):
+    with pytest.raises(ValueError, match="not a causal LM"):
         create({"kind": "text_lm", "path": str(tmp_path / "llava"), "image_token_id": 3})
     with pytest.raises(FileNotFoundError):
         create({"kind": "text_lm", "path": str(tmp_path / "nowhere"), "image_token_id": 3})
 
 
 @pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("structure", ["chain", "tree"])
 def test_sampled_tokens_follow_the_target(kit, structure):
-    """Tokens 2-4 (decided by the verifier) under speculative sampling vs plain sampling with other seeds."""
-    n = 1500
-    base = requests(kit, 1, SamplingParams(), start=2)[0]  # a text-only prompt: the drafter is close to p
-
-    def batch(seed0, d):
-        return sample_many(load_target(kit["target"]), d, base, n, seed0)
-
-    ref, _ = batch(0, None)
-    spec, accepted = batch(10_000, drafter(kit, structure=structure, branching=[2, 2, 1], seed=3))
-    assert accepted > n // 2  # q overlaps p: acceptance and rejection both happen often
-    assert_same_law(ref, spec)
+    """The shared distribution check (exact joint of the first 3 tokens) on a text-only prompt, where the drafter
+    is close to p."""
+    base = requests(kit, 1, SamplingParams(), start=2)[0]
+    target = load_target(kit["target"])
+    d = create({"kind": "text_lm", "model": kit["noisy"], "structure": structure, "branching": [2, 1], "seed": 3},
+               target=target)
+    assert_follows_the_target(kit["target"], d, base, target=target, max_tokens=4 if structure == "chain" else 6)

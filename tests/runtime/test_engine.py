@@ -1,33 +1,45 @@
-"""The speculative engine on a small random-weight LLaVA with the world's tokenizer and real world prompts.
+"""The speculative engine on a small LLaVA whose greedy answers vary (drafter_kit's lively tiny target: the world's
+tokenizer, real world prompts, 56 answers of 16 tokens, all different).
 
-Greedy output must equal plain decoding token for token (every drafter, chain and tree, batch 1 and 4); sampled
-output must reproduce with a seed and follow the target's distribution (chi-square against plain sampling).
+Greedy output must equal plain decoding token for token, for product drafters (ngram, text_lm holding the target's
+own LM, chain and tree) and for a noisy script drafter (the plain answer with tokens corrupted at random, so drafts
+are accepted often and rejected often at every depth), batch 1 and 4. Each case asserts a minimum of accepted
+drafts and that rejections happened, so no case passes on rejections alone. Sampled output is checked with power
+in test_end_to_end_distribution.py (pytest -m statistical); here a seed must reproduce it.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from specula.drafters import create
-from specula.runtime.engine.loop import GenerationRequest, SpecEngine
-from specula.runtime.core.sampling import SamplingParams
-from specula.targets import load_target
-from specula.targets.processor import load_processor
-from specula.world import generate
-from specula.runtime.engine.prompts import encode_prompt
-from specula.zoo.store import TOKENIZER_DIR
-from specula.targets.embedded_arch import TargetArch, build_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "drafters"))  # drafter_kit
+
+from drafter_kit import lively_target  # noqa: E402
+
+from specula.drafters import create  # noqa: E402
+from specula.drafters.protocol import DrafterSpec, Proposal  # noqa: E402
+from specula.runtime.engine.loop import GenerationRequest, SpecEngine  # noqa: E402
+from specula.runtime.core.sampling import SamplingParams  # noqa: E402
+from specula.targets import load_target  # noqa: E402
+from specula.targets.processor import load_processor  # noqa: E402
+from specula.world import generate  # noqa: E402
+from specula.runtime.engine.prompts import encode_prompt  # noqa: E402
+from specula.zoo.store import TOKENIZER_DIR  # noqa: E402
 
 SUITES = ["vqa", "caption", "text", "multi_image", "chart", "reasoning", "ocr", "video"]
+N_GREEDY = 56  # 7 prompts from each of the 8 evaluation suites
+MAX_NEAR_TIES = 2  # requests of N_GREEDY allowed to differ through an fp32 argmax tie (0 at these seeds)
 
 
 @pytest.fixture(scope="module")
 def kit():
     torch.manual_seed(0)
     processor = load_processor(TOKENIZER_DIR)
-    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
-    return model, processor
+    return lively_target(processor), processor
 
 
 def requests(kit, n: int, params: SamplingParams, start: int = 0):
@@ -49,7 +61,77 @@ def make_drafter(kind: str, vocab: int, image_token: int):
                    "peaked": 3.0, "banned": [image_token]})
 
 
-def _near_tie(model, processor, req, tokens) -> bool:
+class NoisyScript:
+    """Drafts read from each request's plain greedy answer with every token replaced, with probability ``noise``,
+    by another one (never the image token): deterministic drafts (q None) the target accepts often and rejects
+    often. A tree has two siblings per depth, the script's (maybe corrupted) token and an alternative that is the
+    right token half the times the first is wrong; the next depth hangs under the first sibling."""
+
+    def __init__(self, script: dict[str, list[int]], vocab: int, banned: int, tree: bool, noise: float = 0.3,
+                 seed: int = 0):
+        self.spec = DrafterSpec(kind="noisy_script", structure="tree" if tree else "chain")
+        self.script, self.vocab, self.banned, self.tree, self.noise = script, vocab, banned, tree, noise
+        self.g = torch.Generator().manual_seed(seed)
+        self.done: dict[str, int] = {}
+
+    def begin(self, contexts):
+        for c in contexts:
+            self.done[c.request_id] = 1  # the first token came from prefill
+
+    def _other(self, *avoid: int) -> int:
+        while True:
+            t = int(torch.randint(self.vocab, (1,), generator=self.g))
+            if t != self.banned and t not in avoid:
+                return t
+
+    def propose(self, request_ids, gamma):
+        width = 2 if self.tree else 1
+        tokens = torch.zeros(len(request_ids), gamma * width, dtype=torch.long)  # [B, N]
+        parents = torch.full_like(tokens, -1)  # [B, N]
+        counts = []
+        for b, r in enumerate(request_ids):
+            truth = self.script[r][self.done[r]: self.done[r] + gamma]
+            for d, t in enumerate(truth):
+                wrong = float(torch.rand((), generator=self.g)) < self.noise
+                main = self._other(t) if wrong else t
+                tokens[b, d * width] = main
+                if self.tree:
+                    right_alt = wrong and float(torch.rand((), generator=self.g)) < 0.5
+                    tokens[b, d * width + 1] = t if right_alt else self._other(t, main)
+                    if d > 0:
+                        parents[b, d * width: d * width + 2] = (d - 1) * width
+            counts.append(len(truth) * width)
+        return Proposal(tuple(request_ids), tokens, tuple(counts), parents if self.tree else None)
+
+    def observe(self, verdicts):
+        for v in verdicts:
+            self.done[v.request_id] += len(v.tokens) + 1
+
+    def release(self, ids):
+        for r in ids:
+            self.done.pop(r, None)
+
+
+def greedy_drafter(kind: str, model, target, ref: dict):
+    """The drafter of a greedy case, and the fraction of its drafts that must be accepted (set from a measured
+    run with margin: ngram 21 of 245 drafts, text_lm 120 of 2,418 chain / 123 of 4,546 tree nodes, the noisy
+    script about 0.6 of its chain drafts)."""
+    from transformers import LlamaForCausalLM
+
+    info = target.info
+    if kind == "ngram":
+        return make_drafter("ngram", info.vocab_size, info.image_token_id), 0.04
+    if kind.startswith("text_lm"):  # the target's own LM without the image: exact on text, off on image prompts
+        lm = LlamaForCausalLM(model.config.text_config)
+        lm.model.load_state_dict(model.model.language_model.state_dict())
+        lm.tie_weights()
+        opts = {"structure": "tree", "branching": [2, 2, 1]} if kind == "text_lm_tree" else {}
+        return create({"kind": "text_lm", "model": lm.eval(), **opts}, target=target), 0.02
+    script = {rid: res.tokens for rid, res in ref.items()}
+    return NoisyScript(script, info.vocab_size, info.image_token_id, tree=kind == "noisy_tree"), 0.15
+
+
+def _near_tie(model, req, tokens) -> bool:
     """True if plain and speculative outputs could differ only through an fp32 argmax tie (top-2 gap < 1e-5)."""
     ids = torch.cat([req.input_ids, torch.tensor(tokens[:-1], dtype=torch.long)])[None]
     with torch.no_grad():
@@ -58,27 +140,43 @@ def _near_tie(model, processor, req, tokens) -> bool:
     return bool(((top2[:, 0] - top2[:, 1]) < 1e-5).any())
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-@pytest.mark.parametrize("drafter_kind", ["ngram", "random", "random_tree"])
-def test_greedy_equals_plain_decoding(kit, drafter_kind, batch):
+@pytest.fixture(scope="module")
+def plain_greedy(kit):
     model, processor = kit
-    params = SamplingParams(max_tokens=16)
-    reqs = requests(kit, 56, params)  # 7 prompts from each of the 8 evaluation suites
+    reqs = requests(kit, N_GREEDY, SamplingParams(max_tokens=16))
     plain = SpecEngine(load_target(model), None, eos_token_ids=[processor.tokenizer.eos_token_id])
     ref = {}
-    for i in range(0, len(reqs), batch):
-        ref.update(plain.generate(reqs[i:i + batch]))
+    for i in range(0, len(reqs), 4):
+        ref.update(plain.generate(reqs[i:i + 4]))
+    assert len({tuple(r.tokens) for r in ref.values()}) == N_GREEDY  # every answer differs from every other
+    assert sum(len(set(r.tokens)) for r in ref.values()) > 10 * N_GREEDY  # ... and within itself
+    return reqs, ref
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("drafter_kind", ["ngram", "text_lm", "text_lm_tree", "noisy_chain", "noisy_tree"])
+def test_greedy_equals_plain_decoding(kit, plain_greedy, drafter_kind, batch):
+    model, processor = kit
+    reqs, ref = plain_greedy
     target = load_target(model)
-    info = target.info
-    spec = SpecEngine(target, make_drafter(drafter_kind, info.vocab_size, info.image_token_id), gamma=4,
-                      eos_token_ids=[processor.tokenizer.eos_token_id])
+    drafter, min_rate = greedy_drafter(drafter_kind, model, target, ref)
+    spec = SpecEngine(target, drafter, gamma=4, eos_token_ids=[processor.tokenizer.eos_token_id])
+    accepted = drafted = 0
+    ties = []
     for i in range(0, len(reqs), batch):
         got = spec.generate(reqs[i:i + batch])
         for r in reqs[i:i + batch]:
             a, b = ref[r.request_id].tokens, got[r.request_id].tokens
-            if a != b and _near_tie(model, processor, r, a):
-                pytest.skip(f"{r.request_id}: fp32 argmax tie (top-2 gap < 1e-5)")
+            m = got[r.request_id].metrics
+            accepted, drafted = accepted + m.accepted_tokens, drafted + m.draft_tokens
+            if a != b and _near_tie(model, r, a):
+                ties.append(r.request_id)  # only this request is excused; the others must still match
+                continue
             assert a == b, r.request_id
+    print(f"{drafter_kind} b{batch}: accepted {accepted} of {drafted} drafts, near ties {len(ties)}")
+    assert len(ties) <= MAX_NEAR_TIES, ties
+    assert accepted >= min_rate * drafted > 0, (accepted, drafted)  # accepted often enough to matter
+    assert accepted < drafted  # ... and rejected too
     assert not target.live_ids  # every row released
 
 
@@ -187,22 +285,6 @@ def test_bad_requests_are_refused(kit):
         SpecEngine(load_target(model), None, gamma=-1)
 
 
-def _chi2_same(a: torch.Tensor, b: torch.Tensor) -> float:
-    """p-value of a two-sample chi-square test that token samples a and b share one distribution."""
-    cats = torch.unique(torch.cat([a, b]))
-    ca = torch.stack([(a == c).sum() for c in cats]).double()
-    cb = torch.stack([(b == c).sum() for c in cats]).double()
-    keep = (ca + cb) >= 10
-    rest_a, rest_b = ca[~keep].sum(), cb[~keep].sum()
-    ca, cb = torch.cat([ca[keep], rest_a[None]]), torch.cat([cb[keep], rest_b[None]])
-    if rest_a + rest_b == 0:
-        ca, cb = ca[:-1], cb[:-1]
-    na, nb = ca.sum(), cb.sum()
-    stat = (((ca * (nb / na).sqrt() - cb * (na / nb).sqrt()) ** 2) / (ca + cb)).sum()
-    dof = len(ca) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.double), stat / 2))
-
-
 class ScriptDrafter:
     """Greedy chains read from a script of each request's continuation (deterministic: q None)."""
 
@@ -237,13 +319,7 @@ class ScriptDrafter:
 def test_drafts_accepted_past_eos_do_not_count(kit):
     """A drafter that drafts on past EOS (the target's own continuation, so every draft is accepted) gets credit
     only for the tokens the block emits: tau counts what the user receives, not drafts the engine cuts away."""
-    _, processor = kit
-    model = build_model(TargetArch.from_name("tiny"), processor.tokenizer, seed=1).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # larger LM weights than the init: greedy continuations vary instead of repeating a token
-        for p in model.model.language_model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3, generator=g)
+    model, _ = kit  # the lively target: greedy continuations vary instead of repeating a token
     reqs = requests(kit, 16, SamplingParams(max_tokens=20))
     free = SpecEngine(load_target(model), None, eos_token_ids=[-1]).generate(reqs)  # no EOS: 20 tokens each
     script = {r: res.tokens for r, res in free.items()}
@@ -258,96 +334,6 @@ def test_drafts_accepted_past_eos_do_not_count(kit):
     assert m.blocks == 1 and m.draft_tokens == 4  # one block drafted 4 tokens, all matching the target
     assert m.accepted_tokens == first  # ... of which only the ones up to EOS were emitted (tau = first + 1)
     assert m.tau == first + 1 and m.alpha[first:] == [0.0] * (4 - first)
-
-
-class SelfDrafter:
-    """A drafter that samples from the target model itself at another temperature and top-k, so q overlaps p a
-    lot without equalling it: a wrong q in the engine's wiring then shows up in the output distribution."""
-
-    def __init__(self, model, tree: bool, temperature: float = 1.4, top_k: int = 12, seed: int = 5):
-        from specula.drafters.protocol import DrafterSpec
-
-        self.model, self.tree = model, tree
-        self.spec = DrafterSpec(kind="self", structure="tree" if tree else "chain", needs=frozenset({"pixels"}))
-        self.params = SamplingParams(temperature=temperature, top_k=top_k)
-        self.g = torch.Generator().manual_seed(seed)
-        self.seq, self.pix = {}, {}
-
-    def begin(self, contexts):
-        for c in contexts:
-            self.seq[c.request_id] = c.prompt_ids.tolist() + [c.first_token]
-            self.pix[c.request_id] = c.pixel_values
-
-    @torch.no_grad()
-    def _q(self, ids, rows):  # rows share one prompt image here (the test's requests)
-        lens = torch.tensor([len(s) for s in ids])
-        x = torch.zeros((len(ids), int(lens.max())), dtype=torch.long)  # [B, L] right-padded (causal: harmless)
-        for b, s in enumerate(ids):
-            x[b, : len(s)] = torch.tensor(s)
-        pix = self.pix[rows[0]].repeat(len(ids), 1, 1, 1)
-        logits = self.model(input_ids=x, pixel_values=pix).logits[torch.arange(len(ids)), lens - 1]  # [B, V]
-        from specula.runtime.core.sampling import logits_to_probs
-
-        return logits_to_probs(logits, self.params)
-
-    def propose(self, request_ids, gamma):
-        from specula.drafters.protocol import Proposal
-        from specula.runtime.core.sampling import sample, sample_without_replacement
-
-        rows = list(request_ids)
-        seqs = [list(self.seq[r]) for r in rows]
-        B = len(rows)
-        if not self.tree:
-            toks, qs = [], []
-            for _ in range(gamma):
-                q = self._q(seqs, rows)
-                t = sample(q, self.g)
-                toks.append(t)
-                qs.append(q)
-                seqs = [s + [int(v)] for s, v in zip(seqs, t)]
-            return Proposal(tuple(rows), torch.stack(toks, 1), (gamma,) * B, None, torch.stack(qs, 1))
-        q0 = self._q(seqs, rows)
-        kids = sample_without_replacement(q0, 2, self.g)  # [B, 2]
-        qa = self._q([s + [int(k)] for s, k in zip(seqs, kids[:, 0])], rows)
-        qb = self._q([s + [int(k)] for s, k in zip(seqs, kids[:, 1])], rows)
-        ga, gb = sample(qa, self.g), sample(qb, self.g)
-        tokens = torch.stack([kids[:, 0], kids[:, 1], ga, gb], 1)  # [B, 4]
-        parents = torch.tensor([[-1, -1, 0, 1]] * B)
-        return Proposal(tuple(rows), tokens, (4,) * B, parents, torch.stack([q0, q0, qa, qb], 1))
-
-    def observe(self, verdicts):
-        for v in verdicts:
-            self.seq[v.request_id].extend(list(v.tokens) + [v.next_token])
-
-    def release(self, ids):
-        for r in ids:
-            self.seq.pop(r, None)
-            self.pix.pop(r, None)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_sampled_tokens_follow_the_target(kit, tree):
-    """Tokens 2-4 (decided by the verifier) under speculative sampling vs plain sampling with other seeds."""
-    model, _ = kit
-    n = 500
-    base = requests(kit, 1, SamplingParams())[0]
-
-    def batch(seed0, drafter):
-        eng = SpecEngine(load_target(model), drafter, gamma=3, eos_token_ids=[-1])
-        reqs = [GenerationRequest(f"s{i}", base.input_ids, base.pixel_values,
-                                  SamplingParams(temperature=1.0, top_k=8, seed=seed0 + i, max_tokens=4))
-                for i in range(n)]
-        res = eng.generate(reqs)
-        accepted = sum(r.metrics.accepted_tokens for r in res.values())
-        return torch.tensor([res[f"s{i}"].tokens for i in range(n)]), accepted  # [n, 4]
-
-    plain, _ = batch(0, None)
-    spec, accepted = batch(10_000, SelfDrafter(model, tree))
-    assert accepted > n // 2  # the drafter's q overlaps p, so acceptance and rejection both happen often
-    assert len(torch.unique(plain[:, 1])) >= 3  # p is not a point mass
-    for pos in (1, 2, 3):
-        assert _chi2_same(plain[:, pos], spec[:, pos]) > 1e-3, pos
 
 
 class _SeeingDrafter(ScriptDrafter):
