@@ -4,7 +4,8 @@
     python -m specula.runtime.bench.overhead --arch tiny --rounds 5 --steps 32
 
 Builds a random LLaVA of the zoo architecture (``TargetArch``) with the zoo tokenizer, saves it to a temporary
-directory and loads it twice: as our target (``load_target``) and as a stock ``LlavaForConditionalGeneration``.
+directory and loads it twice: as our target (``load_target``) and as its stock HF class
+(``LlavaForConditionalGeneration``, the class ``load_target`` picked).
 One image prompt, batch 1, greedy, EOS disabled on both sides so every run emits exactly ``--new-tokens``.
 
 Measured round robin (so drift on a shared machine hits every number alike), medians:
@@ -59,12 +60,12 @@ def _prompt(processor):
 
     sample = Path(specula.world.__file__).parent / "assets" / "sample.png"
     return encode_prompt(processor, "<image>What colour is the star? Answer with one word.",
-                         [Image.open(sample).convert("RGB")])
+                         [Image.open(sample).convert("RGB")])  # the checkpoint's chat template
 
 
 def run(arch: str = "embedded", new_tokens: int = 64, gamma: int = 5, rounds: int = 7, steps: int = 24,
         warmup: int = 1, log=print) -> dict:
-    from transformers import DynamicCache, LlavaForConditionalGeneration
+    from transformers import DynamicCache
 
     from specula.runtime.engine.loop import GenerationRequest, SpecEngine
     from specula.runtime.core.sampling import SamplingParams
@@ -76,8 +77,7 @@ def run(arch: str = "embedded", new_tokens: int = 64, gamma: int = 5, rounds: in
     processor = load_processor(path)
     ids, pix = _prompt(processor)
     target = load_target(str(path))
-    hf = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32,
-                                                       attn_implementation="sdpa").eval()
+    hf = type(target).hf_class.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa").eval()
     hf.generation_config.eos_token_id = None  # emit exactly new_tokens on both sides
     n_params = sum(p.numel() for p in hf.parameters())
     engine = SpecEngine(target, None, eos_token_ids=())

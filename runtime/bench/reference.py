@@ -72,14 +72,12 @@ def sample_prompt(suite: str, index: int, seed: int = SEED):
 def requests(processor, entries, params) -> list:
     """The entries' prompts as GenerationRequests (request id = entry id), encoded as ``specula generate`` and the
     benches encode them."""
-    from specula.runtime.engine.loop import GenerationRequest
     from specula.runtime.engine.prompts import encode_prompt
 
     out = []
     for e in entries:
         s = sample_prompt(e["suite"], e["index"], e["seed"])
-        ids, pix = encode_prompt(processor, s.prompt, s.images)  # ids [L], pix [N_img, 3, S, S] | None
-        out.append(GenerationRequest(e["id"], ids, pix, params))
+        out.append(encode_prompt(processor, s.prompt, s.images).request(e["id"], params))  # the checkpoint's template
     return out
 
 

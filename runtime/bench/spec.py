@@ -3,7 +3,7 @@
 For every prompt (evaluation suites, batch 1, greedy by default) the configurations run one after another, round
 robin, so machine drift hits them alike:
   plain      our engine with no drafter (gamma 0): the reference output and the time every speedup divides
-  hf         HF ``generate`` on the same model (greedy)
+  hf         HF ``generate`` on the same checkpoint, loaded as its own stock class (greedy)
   <drafter>  our engine with each drafter at each gamma
   hf_assisted  HF assisted generation (``assistant_model``) with the text_lm drafter's model, when it can run
 Speedup = plain wall time / configuration wall time over the same prompts. Greedy outputs are checked against
@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.engine.metrics import aggregate
+from specula.runtime.engine.prompts import eos_ids
 from specula.runtime.bench.plots import bar_chart, line_chart
 from specula.runtime.core.sampling import SamplingParams
 
@@ -47,8 +48,9 @@ class BenchConfig:
     extra: dict = field(default_factory=dict)
 
 
-def bench_prompts(processor, suites, n, seed):
-    """``n`` evaluation-split prompts per suite: ``[(suite, prompt_id, input_ids [L], pixel_values | None)]``."""
+def encoded_prompts(processor, suites, n, seed):
+    """``n`` evaluation-split prompts per suite through the checkpoint's chat template and processor
+    (runtime/engine/prompts.py): ``[(suite, prompt_id, EncodedPrompt)]``."""
     from specula.runtime.engine.prompts import encode_prompt
     from specula.world import generate
 
@@ -56,9 +58,14 @@ def bench_prompts(processor, suites, n, seed):
     for suite in suites:
         for i in range(n):
             s = generate(suite, "eval", BENCH_OFFSET + i, seed)
-            ids, pix = encode_prompt(processor, s.prompt, s.images)
-            out.append((suite, f"{suite}-{i}", ids, pix))
+            out.append((suite, f"{suite}-{i}", encode_prompt(processor, s.prompt, s.images)))
     return out
+
+
+def bench_prompts(processor, suites, n, seed):
+    """``encoded_prompts`` as ``[(suite, prompt_id, input_ids [L], pixel_values | None)]`` (LLaVA targets: a
+    Qwen2.5-VL prompt also needs its ``image_grid_thw``, which only ``encoded_prompts`` keeps)."""
+    return [(suite, pid, *p) for suite, pid, p in encoded_prompts(processor, suites, n, seed)]
 
 
 _prompts = bench_prompts  # the name earlier callers used
@@ -89,15 +96,16 @@ def _hf_assistant(drafters):
 def load(model: str, device: str = "cpu"):
     """(path, processor, our target, the stock HF model) for ``model`` (a zoo name or a local directory), both
     models on ``device``."""
-    from transformers import LlavaForConditionalGeneration
-
     from specula.targets import load_target
     from specula.targets.processor import load_processor
     from specula.zoo.store import resolve
 
     path = resolve(model)
-    hf_model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
-    return path, load_processor(path), load_target(str(path), device=device), hf_model
+    target = load_target(str(path), device=device)
+    # the checkpoint's own HF class (LlavaForConditionalGeneration, Qwen2_5_VLForConditionalGeneration), as
+    # load_target picked it from config.json's model_type
+    hf_model = type(target).hf_class.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
+    return path, load_processor(path), target, hf_model
 
 
 def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
@@ -110,15 +118,15 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
     path, processor, target, hf_model = loaded if loaded is not None else load(cfg.model, cfg.device)
     tok = processor.tokenizer
     drafters = [(d, make_drafter(d, target, tok)) for d in cfg.drafters]
-    eos = [tok.eos_token_id]
+    eos = eos_ids(tok, target)
     engines = {"plain": SpecEngine(target, None, eos_token_ids=eos)}
     for d, drafter in drafters:
         for g in cfg.gammas:
             engines[f"{config_label(d)}@{g}"] = SpecEngine(target, drafter, gamma=g, eos_token_ids=eos)
     assistant, assisted_reason = _hf_assistant([x for _, x in drafters])
-    prompts = bench_prompts(processor, cfg.suites, cfg.n_per_suite, cfg.seed)
+    prompts = encoded_prompts(processor, cfg.suites, cfg.n_per_suite, cfg.seed)
     params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed, max_tokens=cfg.max_tokens)
-    hf_kw = dict(max_new_tokens=cfg.max_tokens, do_sample=False, eos_token_id=eos[0], pad_token_id=tok.pad_token_id)
+    hf_kw = dict(max_new_tokens=cfg.max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)
 
     times: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # config -> suite -> s
     tokens_out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -127,14 +135,15 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
     reference: dict[str, list[int]] = {}
 
     # warm-up: one request through every configuration (first calls allocate and pick kernels)
-    _, wid, wids, wpix = prompts[0]
+    _, wid, warm = prompts[0]
     for name, eng in engines.items():
-        eng.generate([GenerationRequest(f"warm-{name}", wids, wpix, params)])
+        eng.generate([warm.request(f"warm-{name}", params)])
     with torch.no_grad():
-        for suite, pid, ids, pix in tqdm(prompts, desc="bench spec", unit="prompt", mininterval=2.0):
+        for suite, pid, prompt in tqdm(prompts, desc="bench spec", unit="prompt", mininterval=2.0):
+            ids = prompt.input_ids  # [L]
             for name, eng in engines.items():
                 t0 = time.perf_counter()
-                res = eng.generate([GenerationRequest(f"{pid}-{name}", ids, pix, params)])
+                res = eng.generate([prompt.request(f"{pid}-{name}", params)])
                 dt = time.perf_counter() - t0
                 r = next(iter(res.values()))
                 times[name][suite] += dt
@@ -145,15 +154,15 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
                 else:
                     exact[name].append(r.tokens == reference[pid])
             if cfg.hf_baselines:
-                kw = {"pixel_values": pix.to(cfg.device)} if pix is not None else {}
+                kw = prompt.hf_inputs(cfg.device)  # input_ids [1, L], pixels, Qwen's grid and mm_token_type_ids
                 t0 = time.perf_counter()
-                out = hf_model.generate(input_ids=ids[None].to(cfg.device), **kw, **hf_kw)
+                out = hf_model.generate(**kw, **hf_kw)
                 times["hf"][suite] += time.perf_counter() - t0
                 tokens_out["hf"][suite] += out.shape[1] - len(ids)
                 if assistant is not None:
                     try:
                         t0 = time.perf_counter()
-                        out = hf_model.generate(input_ids=ids[None], assistant_model=assistant, **kw, **hf_kw)
+                        out = hf_model.generate(assistant_model=assistant, **kw, **hf_kw)
                         times["hf_assisted"][suite] += time.perf_counter() - t0
                         tokens_out["hf_assisted"][suite] += out.shape[1] - len(ids)
                     except Exception as e:  # record exactly why HF could not do it, and go on

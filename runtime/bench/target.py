@@ -10,22 +10,22 @@ import torch
 
 
 def world_prompts(target, processor, n_text_suffix: str = "What colour is the star? Answer with one word."):
-    """One real prompt: the bundled sample image and a world question, through the model's own processor."""
+    """One real prompt: the bundled sample image and a world question, through the checkpoint's own chat template
+    and processor (runtime/engine/prompts.py), so LLaVA-1.5 and Qwen2.5-VL get their own formats."""
     from PIL import Image
 
     import specula.world
     from specula.runtime.engine.prompts import encode_prompt
-    from specula.targets import PrefillRequest
 
     sample = Path(specula.world.__file__).parent / "assets" / "sample.png"
-    ids, pix = encode_prompt(processor, "<image>" + n_text_suffix, [Image.open(sample).convert("RGB")])
-    return [PrefillRequest("bench-0", ids, pix)]
+    prompt = encode_prompt(processor, "<image>" + n_text_suffix, [Image.open(sample).convert("RGB")])
+    return [prompt.prefill("bench-0")]
 
 
 def main(args) -> int:
     from specula.targets import load_target
     from specula.runtime.bench.target_timing import bench_target, render_markdown
-    from specula.targets.processor import load_processor
+    from specula.targets.processor import load_processor, processor_kind
     from specula.zoo.store import resolve
 
     if args.max_gamma < 1:
@@ -35,7 +35,7 @@ def main(args) -> int:
     path = resolve(args.model)
     target = load_target(str(path), device=args.device)
     prompts_fn = None
-    if target.model.config.model_type == "llava" and (path / "processor_config.json").exists():
+    if processor_kind(path) is not None:  # a checkpoint with its processor: the real prompt, else synthetic ones
         processor = load_processor(path)
         prompts_fn = lambda: world_prompts(target, processor)  # noqa: E731
     result = bench_target(target, prompts_fn=prompts_fn, gammas=range(1, args.max_gamma + 1), repeats=args.repeats)

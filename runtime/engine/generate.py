@@ -27,8 +27,13 @@ DEFAULT_GAMMA = 5  # draft tokens per block, as in that report
 def add_generate_arguments(p) -> None:
     """The ``specula generate`` flags on argparse parser ``p``."""
     p.add_argument("--image", action="append", default=[], help="image file (repeat for several images)")
-    p.add_argument("--question", required=True, help="the user's question; one <image> per image is added in front")
-    p.add_argument("--model", default="target", help="zoo entry name or local checkpoint directory (default: target)")
+    p.add_argument("--question", required=True,
+                   help="the user's question; '<image>' marks where each image goes (default: images first)")
+    p.add_argument("--system", default="", help="a system message before the question (default: none; the "
+                                                "checkpoint's chat template may add its own)")
+    p.add_argument("--model", "--target", dest="model", default="target",
+                   help="zoo entry name or local HF checkpoint directory (LLaVA-1.5, Qwen2.5-VL or ours); the prompt "
+                        "is built by its own processor and chat template (default: target)")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER,
                    help=f"drafter kind (specula.drafters.kinds(), with its shipped weights) or none for plain "
                         f"decoding only (default: {DEFAULT_DRAFTER})")
@@ -80,11 +85,10 @@ class Timed:
                 "prefill_s": round(self.result.metrics.time["prefill"], 4)}
 
 
-def _run(engine, request_id: str, ids, pix, params) -> Timed:
-    from specula.runtime.engine.loop import GenerationRequest
-
+def _run(engine, request_id: str, prompt, params) -> Timed:
+    """``prompt``: an ``EncodedPrompt`` (runtime/engine/prompts.py)."""
     t0 = time.perf_counter()
-    res = engine.generate([GenerationRequest(request_id, ids, pix, params)])[request_id]
+    res = engine.generate([prompt.request(request_id, params)])[request_id]
     return Timed(res, time.perf_counter() - t0)
 
 
@@ -113,7 +117,7 @@ def main(args) -> int:
     from specula.runtime.core.sampling import SamplingParams
     from specula.runtime.engine.local_drafter import build_local_drafter
     from specula.runtime.engine.loop import SpecEngine
-    from specula.runtime.engine.prompts import encode_prompt
+    from specula.runtime.engine.prompts import encode_prompt, eos_ids
     from specula.targets import load_target
     from specula.targets.processor import load_processor
     from specula.zoo.store import resolve
@@ -126,23 +130,24 @@ def main(args) -> int:
     processor = load_processor(path)
     tok = processor.tokenizer
     target = load_target(str(path), device=args.device)
-    ids, pix = encode_prompt(processor, "<image>" * len(images) + args.question, images)  # ids [L]
-    kw = dict(eos_token_ids=[tok.eos_token_id], decode=lambda t: tok.decode(t, skip_special_tokens=True))
+    prompt = encode_prompt(processor, args.question, images, system=args.system)  # the checkpoint's template
+    ids = prompt.input_ids  # [L]
+    kw = dict(eos_token_ids=eos_ids(tok, target), decode=lambda t: tok.decode(t, skip_special_tokens=True))
     plain = SpecEngine(target, None, **kw)
     if kind is None:
-        return _report(args, path, ids, _run(plain, "plain", ids, pix, params), None, None)
+        return _report(args, path, ids, _run(plain, "plain", prompt, params), None, None)
     try:
         drafter = build_local_drafter({"kind": kind}, target, tok)
     except ValueError as e:
         raise ValueError(f"drafter {kind!r} cannot draft for {path}: {e} (--drafter none decodes plainly)") from None
     spec = SpecEngine(target, drafter, gamma=args.gamma, **kw)
     if args.no_compare:
-        return _report(args, path, ids, None, _run(spec, "spec", ids, pix, params), kind)
+        return _report(args, path, ids, None, _run(spec, "spec", prompt, params), kind)
     for name, engine in (("plain", plain), ("spec", spec)):  # first calls allocate and pick kernels
-        _run(engine, f"warm-{name}", ids, pix, params)
+        _run(engine, f"warm-{name}", prompt, params)
     base, fast = None, None
     for i in range(args.repeats):  # round robin, so load on a shared machine hits both alike; the fastest counts
-        b, f = _run(plain, f"plain-{i}", ids, pix, params), _run(spec, f"spec-{i}", ids, pix, params)
+        b, f = _run(plain, f"plain-{i}", prompt, params), _run(spec, f"spec-{i}", prompt, params)
         if args.temperature == 0 and f.result.tokens != b.result.tokens:
             raise LosslessnessError(f"speculative decoding with {kind} changed the greedy output: losslessness "
                                     f"broke\n  plain:       {b.result.text!r}\n  speculative: {f.result.text!r}")

@@ -154,15 +154,11 @@ class IngressEngine:
         self.check_max_tokens(params.max_tokens)
         if self.image_parts_first:
             messages = image_parts_first(messages)
-        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        if images:
-            enc = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
-        else:
-            enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
-        ids = enc["input_ids"][0]  # [L] int64
-        self.check_prompt_tokens(ids.numel(), where)
-        return GenerationRequest(request_id, ids, enc.get("pixel_values"), params, enc.get("image_grid_thw"),
-                                 drafter=drafter)
+        from specula.runtime.engine.prompts import encode_messages
+
+        prompt = encode_messages(self.processor, messages, images)  # the one prompt path (engine/prompts.py)
+        self.check_prompt_tokens(prompt.input_ids.numel(), where)
+        return prompt.request(request_id, params, drafter=drafter)
 
     def prepare_text(self, prompt: str | list[int], params: SamplingParams, request_id: str,
                      where: str = "prompt", drafter: str | None = None) -> GenerationRequest:

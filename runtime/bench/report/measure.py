@@ -34,7 +34,11 @@ class Prompt:
     group: str  # suite name, "k=3" (images per prompt), ...
     pid: str  # unique per prompt
     input_ids: torch.Tensor  # [L] int64, image tokens expanded
-    pixel_values: torch.Tensor | None = None  # [N_img, 3, S, S]
+    pixel_values: torch.Tensor | None = None  # LLaVA [N_img, 3, S, S]; Qwen2.5-VL flattened patches
+    image_grid_thw: torch.Tensor | None = None  # [N_img, 3] Qwen2.5-VL only
+
+    def request(self, request_id: str, params: SamplingParams) -> GenerationRequest:
+        return GenerationRequest(request_id, self.input_ids, self.pixel_values, params, self.image_grid_thw)
 
 
 @dataclass
@@ -62,16 +66,14 @@ def round_robin(engines: dict, prompts: Sequence[Prompt], params: SamplingParams
         if warmup and prompts:  # first calls allocate and pick kernels; not timed
             p = prompts[0]
             for name in names:
-                engines[name].generate([GenerationRequest(f"warm-{desc}-{name}", p.input_ids, p.pixel_values,
-                                                          dataclasses.replace(params, max_tokens=2))])
+                engines[name].generate([p.request(f"warm-{desc}-{name}", dataclasses.replace(params, max_tokens=2))])
         for i, p in enumerate(tqdm(prompts, desc=desc or "bench", unit="prompt", mininterval=2.0, leave=False)):
             runs.groups[p.pid] = p.group
             pp = prompt_params(params, i)
             order = names[i % len(names):] + names[: i % len(names)]
             for name in order:
                 t0 = time.perf_counter()
-                res = engines[name].generate([GenerationRequest(f"{desc}-{p.pid}-{name}", p.input_ids,
-                                                                p.pixel_values, pp)])
+                res = engines[name].generate([p.request(f"{desc}-{p.pid}-{name}", pp)])
                 dt = time.perf_counter() - t0
                 r = next(iter(res.values()))
                 runs.seconds[name][p.group] += dt

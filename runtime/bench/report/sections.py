@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.bench.report.measure import Prompt, prompt_params, round_robin, stats, summarize
 from specula.runtime.core.sampling import SamplingParams
 
@@ -83,9 +83,10 @@ def not_measured(reason: str, **extra) -> dict:
 
 
 def suite_prompts(ctx: Ctx, suites, n: int) -> list[Prompt]:
-    from specula.runtime.bench.spec import bench_prompts
+    from specula.runtime.bench.spec import encoded_prompts
 
-    return [Prompt(s, pid, ids, pix) for s, pid, ids, pix in bench_prompts(ctx.processor, suites, n, ctx.cfg.seed)]
+    return [Prompt(s, pid, p.input_ids, p.pixel_values, p.image_grid_thw)
+            for s, pid, p in encoded_prompts(ctx.processor, suites, n, ctx.cfg.seed)]
 
 
 def visual(suites) -> list[str]:
@@ -153,8 +154,8 @@ def multi_image_prompts(ctx: Ctx, k: int, n: int) -> list[Prompt]:
     out = []
     for i in range(n):
         s = make_multi(random.Random(f"specula-report/multi/{k}/{i}/{ctx.cfg.seed}"), "multi_image", "caption", k=k)
-        ids, pix = encode_prompt(ctx.processor, s.prompt, s.images)
-        out.append(Prompt(f"k={k}", f"k{k}-{i}", ids, pix))
+        p = encode_prompt(ctx.processor, s.prompt, s.images)
+        out.append(Prompt(f"k={k}", f"k{k}-{i}", p.input_ids, p.pixel_values, p.image_grid_thw))
     return out
 
 
@@ -185,7 +186,7 @@ def concurrency(ctx: Ctx) -> dict:
             reqs = []
             for j, p in enumerate(batch):
                 counter += 1
-                reqs.append(GenerationRequest(f"conc-{counter}", p.input_ids, p.pixel_values, prompt_params(params, j)))
+                reqs.append(p.request(f"conc-{counter}", prompt_params(params, j)))
             t0 = time.perf_counter()
             res = engines[name].generate(reqs)
             dt = time.perf_counter() - t0
