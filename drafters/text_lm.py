@@ -1,8 +1,11 @@
 """``text_lm``: a small LM over the target's tokenizer drafts from the prompt with the images removed.
 
-The text-only drafter of IbED / MASSV and the model HF assisted generation uses: a stock ``LlamaForCausalLM``
-(``training/drafters/text_lm_config.py``; the shipped one is distilled from the target by ``training/drafters/text_lm.py``) that sees
-the request's prompt with every image token dropped, then the committed tokens.
+The text-only drafter of IbED / MASSV and the model HF assisted generation uses (the draft-model method): any
+``AutoModelForCausalLM`` checkpoint (Llama, Qwen2, Mistral, ...; the shipped one is a stock ``LlamaForCausalLM``,
+``training/drafters/text_lm_config.py``, distilled from the target by ``training/drafters/text_lm.py``) that sees
+the request's prompt with every image token dropped, then the committed tokens. Its tokenizer must be the target's
+or a prefix of it (``drafters/vocab.py``): it drafts only ids both have, its q is 0 on the others (padded to the
+target's vocabulary, or cut to it and renormalised), and a target id it lacks is fed to it as its unk token.
 
 Drafting. ``structure="chain"``: ``gamma`` tokens, each drawn from q = softmax(logits / T) given the ones before
 (T = the request's temperature; T = 0 takes the argmax and q is one-hot). ``structure="tree"``: ``branching``
@@ -52,12 +55,14 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from specula.drafters import lean_llama, stopping
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registration import register
 from specula.drafters.seeding import request_generator
+from specula.drafters.vocab import VocabMap, as_tokenizer, check_vocab
 from specula.runtime.core.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
 from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
 
@@ -125,8 +130,9 @@ class _Tree:
 
 @register("text_lm")
 class TextLMDrafter:
-    """Options: ``path`` (zoo name or directory of a LlamaForCausalLM, default "text_lm") or ``model`` (an
-    instance); ``structure`` "chain" | "tree"; for trees ``branching`` children per node for ``depth`` levels, or
+    """Options: ``path`` (zoo name or directory of an ``AutoModelForCausalLM`` checkpoint, with its tokenizer,
+    default "text_lm") or ``model`` (an instance, then of the target's vocabulary size); ``structure`` "chain" |
+    "tree"; for trees ``branching`` children per node for ``depth`` levels, or
     a list of widths per level (then ``depth`` is unused);
     ``seed``; ``image_token_id`` (default: the target's, else the model dir's specula.json); ``kv_policy``;
     ``device`` / ``dtype``; ``lean`` (default true: draft steps run ``drafters/lean_llama.py``, the same math as
@@ -134,13 +140,16 @@ class TextLMDrafter:
     ``stop_token_ids`` (default: the target's EOS ids, else the model's ``eos_token_id``; ``[]`` = never stop):
     a drafted stop token ends its branch, since a generation that accepts it is over and anything drafted after
     it could never be used (short answers then cost two or three draft steps instead of gamma).
-    Resources: ``target`` (checks the vocabulary, gives the image token), ``tokenizer``."""
+    ``vocab_size``: the target's vocabulary, the width of q (default the target's; needed without one).
+    Resources: ``target`` (its vocabulary and image token), ``tokenizer`` (the target's: checked against the
+    drafter's own, ``drafters/vocab.py``; a tokenizer, a processor or a directory)."""
 
     def __init__(self, path: str | Path = "text_lm", model: nn.Module | None = None, structure: str = "chain",
                  branching: int | Sequence[int] = 2, depth: int = 3, seed: int = 0,
                  image_token_id: int | None = None, kv_policy: KVPolicy | None = None, device: str | None = None,
                  dtype: str | None = None, attn_implementation: str = "sdpa", lean: bool = True,
-                 stop_token_ids: Sequence[int] | None = None, target=None, tokenizer=None, **unknown):
+                 stop_token_ids: Sequence[int] | None = None, vocab_size: int | None = None, target=None,
+                 tokenizer=None, **unknown):
         if unknown:
             raise ValueError(f"text_lm: unknown options {sorted(unknown)}")
         self.spec = DrafterSpec(kind="text_lm", structure=structure)
@@ -161,9 +170,10 @@ class TextLMDrafter:
         if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             raise ValueError(f"text_lm: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
         dtype = getattr(torch, str(dtype)) if dtype is not None else None
-        info = {}
+        info, own_tok = {}, None
         if model is None:
             model, info = _load(path, dtype, attn_implementation)
+            own_tok = _own_tokenizer(path)
         elif dtype is not None:
             model.to(dtype)
         if device is not None:
@@ -178,20 +188,27 @@ class TextLMDrafter:
         self.image_token_id = int(image_token_id)
         self.stop_ids = stopping.stop_ids("text_lm", stop_token_ids, target, model.config.eos_token_id)  # [n_stop]
         self._stop_set = frozenset(self.stop_ids.tolist())
-        self._body, self._head = model.model, model.get_output_embeddings()
-        self.vocab_size = self._head.out_features
-        if target is not None and target.info.vocab_size != self.vocab_size:
-            raise ValueError(f"text_lm: drafter vocabulary {self.vocab_size} != target's {target.info.vocab_size}")
+        self._body, head = model.base_model, model.get_output_embeddings()
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                       or vocab_size < 1):
+            raise ValueError(f"text_lm: vocab_size must be an integer >= 1, got {vocab_size!r}")
+        width = target.info.vocab_size if target is not None else vocab_size
+        if target is not None and vocab_size is not None and vocab_size != width:
+            raise ValueError(f"text_lm: vocab_size {vocab_size} != the target's vocabulary {width}")
         cfg = model.config
+        self.vocab = check_vocab("text_lm", head.weight.shape[0], width, own_tok, as_tokenizer(tokenizer),
+                                 getattr(cfg, "pad_token_id", None))
+        self.vocab_size = self.vocab.width  # V of every q: the target's vocabulary
+        self._head = head if self.vocab.identity else _VocabHead(head, self.vocab)
         self._attn = cfg._attn_implementation
         if not isinstance(lean, bool):
             raise ValueError(f"text_lm: lean must be true or false, got {lean!r}")
-        self._lean = lean and lean_llama.supported(cfg)
+        self._lean = lean and cfg.model_type in LEAN_TYPES and lean_llama.supported(cfg)
         if self._attn not in ("sdpa", "eager"):
             raise ValueError(f"text_lm: attention {self._attn!r} cannot take custom masks; use 'sdpa' or 'eager'")
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self._kv = BatchedKV(lambda: DynamicCache(config=cfg), kv_policy or KVPolicy())
+        self._kv = BatchedKV(lambda: _full_cache(cfg), kv_policy or KVPolicy())
         self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv
         self._seeder = torch.Generator().manual_seed(seed)  # for requests without a seed
 
@@ -537,7 +554,10 @@ class TextLMDrafter:
         return request_generator("text_lm", self.seed, c.seed, self._seeder)
 
     def _forward(self, tokens, allowed, pos, cache) -> torch.Tensor:
-        """tokens [B, T], allowed [B, 1, T, S + T] bool, pos [B, T] -> final hidden [B, T, H]."""
+        """tokens [B, T], allowed [B, 1, T, S + T] bool, pos [B, T] -> final hidden [B, T, H]. Target ids the
+        drafter lacks (>= ``vocab.shared``) are fed as ``vocab.substitute``."""
+        if not self.vocab.identity:
+            tokens = torch.where(tokens < self.vocab.shared, tokens, self.vocab.substitute)
         if self._lean:  # the same math without HF's per-call overhead (drafters/lean_llama.py)
             return lean_llama.model_forward(self._body, allowed.to(self.device), pos.to(self.device), cache,
                                             input_ids=tokens.to(self.device))
@@ -786,15 +806,63 @@ def _compact(tokens, parents, q, cols, ok):
     return tokens, par, q, cols, counts
 
 
-def _load(path, dtype, attn_implementation):
-    from transformers import AutoConfig, LlamaForCausalLM
+# model types whose decoder layers are Llama's op for op (no attention / MLP bias: Qwen2's q/k/v bias is not)
+LEAN_TYPES = frozenset({"llama", "mistral"})
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class _VocabHead(nn.Module):
+    """The drafter's LM head, its logits put on the target's vocabulary: ids >= ``shared`` are -inf (q = 0 there)
+    and the width is the target's, padded with -inf or cut. hidden [..., H] -> logits [..., V] fp32."""
+
+    def __init__(self, head: nn.Module, vocab: VocabMap):
+        super().__init__()
+        self.head, self.vocab = head, vocab
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)[..., : self.vocab.shared].float()  # [..., shared]
+        pad = logits.new_full((*logits.shape[:-1], self.vocab.width - self.vocab.shared), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)  # [..., V]
+
+
+def _full_cache(config) -> DynamicCache:
+    """A cache of full-attention layers: ``targets.kv.BatchedKV`` keeps every slot, so a sliding-window layer
+    (Mistral's ``sliding_window``) would drop the ones its masks still name; the drafter attends its whole context."""
+    cache = DynamicCache(config=config)
+    if all(type(layer) is DynamicLayer for layer in cache.layers):
+        return cache
+    return DynamicCache()  # layers made on first use, all DynamicLayer
+
+
+def _own_tokenizer(path):
+    """The tokenizer saved beside the drafter's weights, or None when the directory has none. A tokenizer.json is
+    read as it is (``AutoTokenizer`` would pick the class of the model type, e.g. Qwen2's, which adds its own
+    special tokens to whatever the file holds)."""
+    from transformers import PreTrainedTokenizerFast
 
     from specula.zoo.store import resolve
 
     d = resolve(path)
-    if AutoConfig.from_pretrained(d, local_files_only=True).model_type != "llama":
-        raise ValueError(f"text_lm: {d} is not a Llama causal LM checkpoint")
-    model = LlamaForCausalLM.from_pretrained(d, dtype=dtype or "auto", attn_implementation=attn_implementation,
-                                             local_files_only=True)
+    if (d / "tokenizer.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(d, local_files_only=True)
+    if not any((d / f).exists() for f in TOKENIZER_FILES):
+        return None
+    return as_tokenizer(str(d))
+
+
+def _load(path, dtype, attn_implementation):
+    """Any causal LM transformers knows, from a local directory (no remote code) -> (model, its specula.json)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from specula.zoo.store import resolve
+
+    d = resolve(path)
+    kind = AutoConfig.from_pretrained(d, local_files_only=True).model_type
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"text_lm: {d} holds a {kind!r} model, not a causal LM checkpoint (Llama, Qwen2, Mistral, "
+                         "...; AutoModelForCausalLM)")
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype or "auto", attn_implementation=attn_implementation,
+                                                 local_files_only=True)
     meta = d / "specula.json"
     return model, (json.loads(meta.read_text()) if meta.exists() else {})
