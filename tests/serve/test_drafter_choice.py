@@ -200,7 +200,8 @@ def test_grpc_unknown_drafter_is_invalid_argument(grpc_client):
 
 def _pass_through_eagle(model_dir, target):
     """An eagle head that passes h_i through (as in test_overlap.py): it drafts the target's last choice, so on
-    the init-weight target (answers repeat one token) its blocks are accepted whole and it drafts ahead."""
+    the init-weight target (answers repeat one token) its blocks are accepted whole and it drafts ahead
+    (``repetitive_model_dir``)."""
     from transformers import LlavaForConditionalGeneration
 
     from specula.drafters import create
@@ -216,7 +217,7 @@ def _pass_through_eagle(model_dir, target):
     return create({"kind": "eagle", "head": head.eval()}, target=target)
 
 
-def test_requests_whose_drafter_drafts_ahead_overlap_and_the_others_draft_in_turn(model_dir, processor):
+def test_requests_whose_drafter_drafts_ahead_overlap_and_the_others_draft_in_turn(repetitive_model_dir, processor):
     """Overlap is per session, on the chosen drafter's pipeline: eagle (a Lookahead chain) drafts ahead, the random
     tree cannot; batched together through one MultiDrafter replica, both give plain decoding's tokens."""
     from specula.drafters import create
@@ -227,15 +228,15 @@ def test_requests_whose_drafter_drafts_ahead_overlap_and_the_others_draft_in_tur
 
     from serve_kit import world_requests
 
-    target = load_target(model_dir)
+    target = load_target(repetitive_model_dir)
     V = target.info.vocab_size
-    multi = MultiDrafter({"eagle": _pass_through_eagle(model_dir, load_target(model_dir)),
+    multi = MultiDrafter({"eagle": _pass_through_eagle(repetitive_model_dir, load_target(repetitive_model_dir)),
                           "rtree": create({"kind": "random", "vocab_size": V, "structure": "tree", "seed": 3})},
                          default="eagle")
     assert multi.spec.needs == {"hidden"} and multi.spec.structure == "tree"
     reqs = [replace(r, drafter=("eagle", "rtree")[i % 2])
             for i, r in enumerate(world_requests(processor, 4, SamplingParams(max_tokens=24), start=2))]
-    plain = SpecEngine(load_target(model_dir), None)
+    plain = SpecEngine(load_target(repetitive_model_dir), None)
     want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
     verifier = VerifierEngine(target, RemoteDrafter(vocab_size=V, propose_timeout_s=120.0), gamma=GAMMA)
     got = {}

@@ -1,6 +1,6 @@
 """Post-verify overlap (PEARL) on the data plane: a DrafterServer drafts block n+1 while the verifier verifies block n.
 
-Real gRPC on 127.0.0.1, tiny random LLaVA targets with the world's tokenizer. Two targets: ``model_dir`` (init
+Real gRPC on 127.0.0.1, tiny random LLaVA targets with the world's tokenizer. Two targets: ``repetitive_model_dir`` (init
 weights: every answer repeats one token, so blocks are accepted whole and pre-drafted blocks are used) and
 ``lively`` (large weights: answers vary, drafts are mostly rejected, pre-drafted blocks are dropped). Greedy output
 must equal plain decoding for every drafter that drafts ahead (ngram, text_lm, eagle chains and trees, the IbED ensemble), batched; with a seed, ngram
@@ -142,9 +142,9 @@ def _run_batch(verifier, reqs, address) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["ngram", "text_lm", "eagle", "eagle_tree", "ensemble"])
-def test_greedy_overlap_equals_plain_decoding_batched(model_dir, lively, processor, kind):
+def test_greedy_overlap_equals_plain_decoding_batched(repetitive_model_dir, lively, processor, kind):
     settled = 0
-    for d in (model_dir, lively):
+    for d in (repetitive_model_dir, lively):
         reqs = world_requests(processor, 3, SamplingParams(max_tokens=20))
         plain = SpecEngine(load_target(d), None)
         want = {r.request_id: plain.generate([r])[r.request_id].tokens for r in reqs}
@@ -238,9 +238,10 @@ def test_early_begin_drafts_the_first_block_during_the_prefill(lively, processor
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle_tree"])
-def test_repetitive_answers_use_blocks_drafted_ahead_and_rejections_drop_them(model_dir, lively, processor, kind):
+def test_repetitive_answers_use_blocks_drafted_ahead_and_rejections_drop_them(repetitive_model_dir, lively, processor,
+                                                                             kind):
     req = world_requests(processor, 1, SamplingParams(max_tokens=30), start=2)[0]
-    for d, want_used in ((model_dir, True), (lively, False)):
+    for d, want_used in ((repetitive_model_dir, True), (lively, False)):
         verifier = _verifier(d)
         try:
             with DrafterServer(DRAFTERS[kind](d), overlap=True) as server:
@@ -269,9 +270,9 @@ def test_overlap_off_is_sequential_and_gives_the_same_tokens(lively, processor):
                for g in out[False].values())
 
 
-def test_seeded_sampling_is_identical_with_overlap_on_and_off_for_ngram(model_dir, lively, processor):
+def test_seeded_sampling_is_identical_with_overlap_on_and_off_for_ngram(repetitive_model_dir, lively, processor):
     """ngram drafts a function of the committed tokens: same drafts, same verifier draws, same tokens."""
-    for d in (model_dir, lively):
+    for d in (repetitive_model_dir, lively):
         reqs = world_requests(processor, 3, SamplingParams(temperature=1.0, seed=11, max_tokens=24))
         single = SpecEngine(load_target(d), create({"kind": "ngram", "max_n": 3}), gamma=4)
         want = {r.request_id: single.generate([r])[r.request_id] for r in reqs}
@@ -320,15 +321,15 @@ class _Recorder:
 
 
 @pytest.mark.parametrize("offers", [False, True])
-def test_sampled_blocks_drafted_ahead_carry_their_true_q(model_dir, processor, offers):
+def test_sampled_blocks_drafted_ahead_carry_their_true_q(repetitive_model_dir, processor, offers):
     """Every block's q (pre-drafted or not, asked for or taken as an Offer) equals softmax(LM(committed context +
     earlier drafts) / T)."""
     T = 0.1  # peaked enough on the init-weight model that guesses hit, still a real sample
-    drafter = _text_lm(model_dir)
+    drafter = _text_lm(repetitive_model_dir)
     image = drafter.image_token_id
     lm = drafter.model
     reqs = world_requests(processor, 2, SamplingParams(temperature=T, seed=5, max_tokens=24), start=1)
-    target = _SlowVerify(load_target(model_dir), 0.03 if offers else 0.0)  # slowed: offers come before the verdict
+    target = _SlowVerify(load_target(repetitive_model_dir), 0.03 if offers else 0.0)  # slowed: offers come before the verdict
     remote = RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=30.0, offers=offers)
     engine = SpecEngine(target, None, gamma=4)
     rec = _Recorder(remote, engine.rows)

@@ -1,5 +1,6 @@
 """The application on a real (local, 2-CPU) Ray Serve: four deployments built by build_app, one request through the
-HTTP ingress, and the answer must equal the in-process engines' (LocalApp) token for token, streamed or not; and a
+HTTP ingress, and the answer must equal plain greedy decoding of the target and the in-process engines' (LocalApp)
+token for token, streamed or not, on a model whose answers vary (tests/serve/conftest.py); and a
 verifier that fails mid-answer reaches the HTTP client as an error (500, or an error record with no "finished").
 
 Ray 2.60 turns token authentication on for a new local cluster (and writes ~/.ray/auth_token) unless RAY_AUTH_MODE
@@ -19,7 +20,9 @@ import urllib.request
 
 import pytest
 
+from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import LocalApp, VerifierEngine
+from specula.targets import load_target
 
 from ray_kit import init_ray
 from serve_kit import make_config, world_body
@@ -111,10 +114,13 @@ def test_http_generate_equals_the_in_process_app(served):
     body = world_body(0, max_tokens=16)  # a VQA prompt with one image
     with LocalApp.from_config(cfg) as local:
         want = local.generate(body)
+        req = local.ingress.prepare(local.ingress.parse(body), "plain")
+    plain = SpecEngine(load_target(cfg.model.path), None).generate([req])["plain"].tokens
+    assert len(set(plain)) > 8  # an answer that varies, not one token repeated
     status, raw = _post(f"{url}/generate", body)
     assert status == 200, raw[:500]
     got = json.loads(raw)
-    assert got["tokens"] == want["tokens"] and got["text"] == want["text"]
+    assert got["tokens"] == plain == want["tokens"] and got["text"] == want["text"]
     assert got["finish_reason"] == want["finish_reason"]
     assert got["drafter"] == "ok"  # drafts came from the DrafterEnsemble replica over gRPC
     assert got["metrics"]["accepted_tokens"] == want["metrics"]["accepted_tokens"]
