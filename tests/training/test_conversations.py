@@ -344,3 +344,15 @@ def test_conversations_are_frozen():
     conv = Conversation("x", (), (Turn("user", "hi"), Turn("assistant", "yo")))
     with pytest.raises(dataclasses.FrozenInstanceError):
         conv.id = "y"  # type: ignore[misc]
+
+
+def test_text_that_is_not_utf8_is_named(tmp_path):
+    good = json.dumps({"id": "ok", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]})
+    lines = tmp_path / "d.jsonl"
+    lines.write_bytes(f"{good}\n".encode() + b'{"id": "latin", "value": "caf\xe9"}\n' + f"{good}\n".encode())
+    with pytest.raises(DataError, match=r"record 1 \(line 2\), no id: line 2 is not UTF-8 text"):
+        read_conversations(lines, progress=False)
+    listed = tmp_path / "d.json"
+    listed.write_bytes(b"[" + (good + ",\n").encode() * 3 + b'{"id": "caf\xe9"}]')
+    with pytest.raises(DataError, match="is not UTF-8 text"):
+        read_conversations(listed, progress=False)

@@ -131,13 +131,8 @@ def _records(path: Path, out: _Problems, progress: bool) -> Iterator[tuple[int, 
     if path.is_dir():
         out.add(Problem(file, None, None, "is a folder, not a file", "give the .json / .jsonl file inside it"))
         return
-    with open(path, encoding="utf-8-sig", errors="strict") as f:
-        try:
-            head = f.read(4096)
-        except UnicodeDecodeError as e:
-            out.add(Problem(file, None, None, f"is not UTF-8 text ({e.reason} at byte {e.start})",
-                            "a conversation file is UTF-8 JSON"))
-            return
+    with open(path, encoding="utf-8-sig", errors="replace") as f:  # bad bytes are found where they are, below
+        head = f.read(4096)
     first = head.lstrip()[:1]
     if not first:
         out.add(Problem(file, None, None, "is empty", "a conversation file holds a JSON list of records or JSONL"))
@@ -167,7 +162,18 @@ def _bar(path: Path, progress: bool) -> tqdm:
                 mininterval=2.0, disable=not progress)
 
 
+class _Stop(Exception):
+    """A JSON list that cannot be read further (the problem is already recorded)."""
+
+
 def _json_list(path: Path, out: _Problems, progress: bool) -> Iterator[tuple[int, int, object]]:
+    try:
+        yield from _json_list_records(path, out, progress)
+    except _Stop:
+        return
+
+
+def _json_list_records(path: Path, out: _Problems, progress: bool) -> Iterator[tuple[int, int, object]]:
     """A JSON list read record by record (``raw_decode`` on a buffer refilled as it is consumed), so a 1 GB file is
     never one string. ``line`` is always the line of ``buf[pos]``."""
     dec = json.JSONDecoder()
@@ -183,7 +189,12 @@ def _json_list(path: Path, out: _Problems, progress: bool) -> Iterator[tuple[int
         def more() -> bool:  # appends a chunk, dropping what was consumed; False at the end of the file
             nonlocal buf, pos, eof
             if not eof:
-                got = f.read(chunk)
+                try:
+                    got = f.read(chunk)
+                except UnicodeDecodeError as e:
+                    out.add(Problem(file, None, None, f"is not UTF-8 text ({e.reason}, after line {line})",
+                                    "a conversation file is UTF-8 JSON"))
+                    raise _Stop from None
                 bar.update(max(0, min(f.buffer.tell(), bar.total) - bar.n))
                 buf, pos, eof = buf[pos:] + got, 0, not got
             return not eof
@@ -243,7 +254,13 @@ def _jsonl(path: Path, out: _Problems, progress: bool) -> Iterator[tuple[int, in
     with open(path, "rb") as f, _bar(path, progress) as bar:
         for line_no, raw in enumerate(f, start=1):
             bar.update(len(raw))
-            text = raw.decode("utf-8", errors="replace")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                out.add(Problem(file, index, None, f"line {line_no} is not UTF-8 text ({e.reason} at byte {e.start})",
+                                "a conversation file is UTF-8 JSON", line_no))
+                index += 1
+                continue
             if line_no == 1:
                 text = text.removeprefix("\ufeff")
             if not text.strip():
@@ -279,7 +296,8 @@ def _whole_object(path: Path) -> Problem | None:
                    hint)
 
 
-def _parse(rec: object, index: int, line: int, file: str, files: _Files, out: _Problems) -> tuple[Conversation | None, bool]:
+def _parse(rec: object, index: int, line: int, file: str, files: _Files,
+           out: _Problems) -> tuple[Conversation | None, bool]:
     """The record as a Conversation (None if anything is wrong: each problem goes to ``out``), and whether an
     unanswered last user turn was dropped."""
     rid: str | None = None
