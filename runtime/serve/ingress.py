@@ -126,22 +126,16 @@ class IngressEngine:
 
     def prepare(self, body: GenerateBody, request_id: str) -> GenerationRequest:
         """Chat template + tokens + pixels; the request the verifier runs (visual features come later)."""
+        from specula.runtime.engine.prompts import IMAGE_MARK, prompt_messages
+
         images = [self.images.from_base64(s, f"images[{i}]") for i, s in enumerate(body.images)]
-        parts = body.prompt.split(self.image_token)
-        if len(parts) > 1 and len(parts) - 1 != len(images):
-            raise RequestError(f"the prompt has {len(parts) - 1} '{self.image_token}' markers for {len(images)} "
-                               "images", "prompt")
-        content: list[dict] = []
-        if len(parts) == 1:
-            content += [{"type": "image"}] * len(images) + [{"type": "text", "text": body.prompt}]
-        else:
-            for i, text in enumerate(parts):
-                if i:
-                    content.append({"type": "image"})
-                if text:
-                    content.append({"type": "text", "text": text})
+        # '<image>' marks the images whatever the checkpoint spells them (Qwen2.5-VL: <|vision_start|>...)
+        marks = body.prompt.count(IMAGE_MARK)
+        if marks and marks != len(images):
+            raise RequestError(f"the prompt has {marks} '{IMAGE_MARK}' markers for {len(images)} images", "prompt")
+        (message,) = prompt_messages(body.prompt, len(images))
         params = SamplingParams(temperature=body.temperature, seed=body.seed, max_tokens=body.max_tokens)
-        return self.prepare_chat([{"role": "user", "content": content}], images, params, request_id, "prompt",
+        return self.prepare_chat([message], images, params, request_id, "prompt",
                                  drafter=self.check_drafter(body.drafter))
 
     def prepare_chat(self, messages: list[dict], images: list, params: SamplingParams, request_id: str,

@@ -139,3 +139,25 @@ def test_hf_inputs_drive_the_stock_qwen_model_to_our_target_s_greedy_tokens(qwen
                           pad_token_id=processor.tokenizer.pad_token_id)
     ours = SpecEngine(target, None, eos_token_ids=()).generate([p.request("q", SamplingParams(max_tokens=6))])["q"]
     assert out[0, p.input_ids.numel():].tolist() == ours.tokens
+
+
+@pytest.mark.parametrize("fixture", ["llava15_dir", "qwen25vl_dir", None])
+def test_the_serving_front_door_builds_the_same_prompt(fixture, request):
+    """POST /generate's body (``<image>`` marks) and an OpenAI chat message through IngressEngine give the tokens,
+    pixels and grid that ``encode_prompt`` gives (``specula generate``, the benches)."""
+    import base64
+
+    from specula.runtime.config import LimitsConfig
+    from specula.runtime.serve.ingress import IngressEngine
+
+    path = request.getfixturevalue(fixture) if fixture else resolve("target")
+    processor = load_processor(path)
+    ingress = IngressEngine(processor, LimitsConfig())
+    want = encode_prompt(processor, "<image>" + QUESTION, [sample()])
+    body = ingress.parse({"prompt": "<image>" + QUESTION, "images": [base64.b64encode(SAMPLE.read_bytes()).decode()],
+                          "max_tokens": 4})
+    got = ingress.prepare(body, "r")
+    assert torch.equal(got.input_ids, want.input_ids) and torch.equal(got.pixel_values, want.pixel_values)
+    assert (got.image_grid_thw is None) == (want.image_grid_thw is None)
+    if want.image_grid_thw is not None:
+        assert torch.equal(got.image_grid_thw, want.image_grid_thw)
