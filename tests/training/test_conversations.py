@@ -356,3 +356,17 @@ def test_text_that_is_not_utf8_is_named(tmp_path):
     listed.write_bytes(b"[" + (good + ",\n").encode() * 3 + b'{"id": "caf\xe9"}]')
     with pytest.raises(DataError, match="is not UTF-8 text"):
         read_conversations(listed, progress=False)
+
+
+def test_image_paths_are_relative_to_the_image_root(tmp_path, images):
+    (tmp_path / "elsewhere").mkdir()
+    data = _write(tmp_path / "elsewhere" / "d.json", RECORDS, jsonl=False)
+    with pytest.raises(DataError, match="image 'coco/a.png' is not found"):  # default root: the file's folder
+        read_conversations(data, progress=False)
+    assert read_conversations(data, image_root=images, progress=False)[0].images == (images / "coco" / "a.png",)
+    assert len(read_conversations(data, check_files=False, progress=False)) == 3
+    with pytest.raises(DataError, match="the image root .*nowhere is not a folder"):
+        read_conversations(data, image_root=tmp_path / "nowhere", progress=False)
+    absolute = _write(tmp_path / "elsewhere" / "abs.json", [{**RECORDS[0], "image": str(images / "coco" / "a.png")}],
+                      jsonl=False)
+    assert read_conversations(absolute, progress=False)[0].images == (images / "coco" / "a.png",)
