@@ -98,14 +98,14 @@ def coverage(ranks: list[int], top: int) -> dict[str, float]:
 
 def measure(target, drafter, prompts, gamma: int, max_tokens: int, top: int, eos_token_ids=()) -> dict:
     """Run every prompt greedily through ``SpecEngine(target, OutcomeRecorder(drafter))``; the coverage curves."""
-    from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+    from specula.runtime.engine.loop import SpecEngine
     from specula.runtime.core.sampling import SamplingParams
 
     rec = OutcomeRecorder(drafter, top)
     engine = SpecEngine(target, rec, gamma=gamma, eos_token_ids=list(eos_token_ids))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    for _suite, pid, ids, pix in prompts:
-        engine.generate([GenerationRequest(pid, ids, pix, params)])
+    for _suite, pid, prompt in prompts:  # (suite, id, EncodedPrompt), as bench.spec.encoded_prompts gives them
+        engine.generate([prompt.request(pid, params)])
     ranks = [r for r, _ in rec.ranks]
     later = [r for r, first in rec.ranks if not first]
     return {"blocks": len(ranks), "first_blocks": len(ranks) - len(later), "requests": len(prompts),
@@ -115,7 +115,8 @@ def measure(target, drafter, prompts, gamma: int, max_tokens: int, top: int, eos
 
 def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, top: int, seed: int = 0) -> dict:
     from specula.runtime.bench.distributed import _make_drafter
-    from specula.runtime.bench.spec import _prompts
+    from specula.runtime.bench.spec import encoded_prompts
+    from specula.runtime.engine.prompts import eos_ids
     from specula.targets import load_target
     from specula.targets.processor import load_processor
     from specula.zoo.store import resolve
@@ -123,9 +124,9 @@ def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, 
     path = resolve(model)
     processor = load_processor(path)
     target = load_target(path)
-    prompts = _prompts(processor, suites, n, seed)
+    prompts = encoded_prompts(processor, suites, n, seed)
     r = measure(target, _make_drafter(drafter, str(path), target), prompts, gamma, max_tokens, top,
-                [processor.tokenizer.eos_token_id])
+                eos_ids(processor.tokenizer, target))
     r["config"] = {"model": str(path), "drafter": drafter, "gamma": gamma, "suites": list(suites), "n_per_suite": n,
                    "max_tokens": max_tokens, "top": top, "seed": seed}
     return r
