@@ -150,9 +150,10 @@ def _cores() -> set[int]:
 
 
 def _run(model, drafter, gamma, suites, n, max_tokens, temperature, seed, log, predraft, pinned) -> dict:
-    from specula.runtime.bench.spec import _prompts
+    from specula.runtime.bench.spec import encoded_prompts
+    from specula.runtime.engine.prompts import eos_ids
     from specula.runtime.dataplane import RemoteDrafter
-    from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+    from specula.runtime.engine.loop import SpecEngine
     from specula.runtime.core.sampling import SamplingParams
     from specula.runtime.serve.verifier import VerifierEngine
     from specula.targets import load_target
@@ -162,8 +163,8 @@ def _run(model, drafter, gamma, suites, n, max_tokens, temperature, seed, log, p
     path = resolve(model)
     processor = load_processor(path)
     target = load_target(path)
-    eos = [processor.tokenizer.eos_token_id]
-    prompts = _prompts(processor, suites, n, seed)
+    eos = eos_ids(processor.tokenizer, target)
+    prompts = encoded_prompts(processor, suites, n, seed)  # [(suite, id, EncodedPrompt)], the checkpoint's template
     params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
     child = _DrafterProcess(drafter, str(path), predraft=predraft, core=pinned[1] if pinned else None)
     cores = {"verifier": sorted(_cores()), "drafter": child.cores, "pinned": bool(pinned)}
@@ -176,9 +177,9 @@ def _run(model, drafter, gamma, suites, n, max_tokens, temperature, seed, log, p
             remote = RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=60.0, **settings)
             engines[name] = VerifierEngine(target, remote, gamma=gamma, eos_token_ids=eos)
 
-        def once(name, rid, ids, pix):
+        def once(name, rid, prompt):
             """(seconds, seconds to the first token, (tokens, metrics, dataplane)) of one request."""
-            eng, req = engines[name], GenerationRequest(rid, ids, pix, params)
+            eng, req = engines[name], prompt.request(rid, params)
             t0 = time.perf_counter()
             first = None
             if isinstance(eng, VerifierEngine):
@@ -197,13 +198,13 @@ def _run(model, drafter, gamma, suites, n, max_tokens, temperature, seed, log, p
             t1 = time.perf_counter()
             return t1 - t0, (first if first is not None else t1) - t0, res
 
-        _, wid, wids, wpix = prompts[0]
+        _, wid, warm = prompts[0]
         for name in CONFIGS:  # warm-up: first calls allocate and pick kernels
-            once(name, f"warm-{name}", wids, wpix)
+            once(name, f"warm-{name}", warm)
         seconds, rows, reference = defaultdict(float), defaultdict(list), {}
-        for i, (suite, pid, ids, pix) in enumerate(prompts):
+        for i, (suite, pid, prompt) in enumerate(prompts):
             for name in CONFIGS:
-                dt, ttft, (tokens, metrics, dp) = once(name, f"{pid}-{name}", ids, pix)
+                dt, ttft, (tokens, metrics, dp) = once(name, f"{pid}-{name}", prompt)
                 seconds[name] += dt
                 if name == "plain":
                     reference[pid] = tokens
@@ -228,10 +229,9 @@ def _wire_bytes(target, prompt, gamma: int) -> dict:
     and one block's (Verdict), taken from a real prefill of the first prompt."""
     from specula.runtime.wire import WireError, encode_message, pb
     from specula.runtime.wire.frames import Message
-    from specula.targets.types import PrefillRequest
-
-    _, _, ids, pix = prompt
-    out = target.prefill([PrefillRequest("wire-probe", ids, pix)])
+    _, _, encoded = prompt
+    ids = encoded.input_ids  # [L]
+    out = target.prefill([encoded.prefill("wire-probe")])
     target.release(["wire-probe"])
     hidden = out.features.hidden[0, : out.features.lengths[0]].float().cpu()  # [L, H]
     block = hidden[-(gamma + 1):].contiguous()  # [1 + gamma, H] a whole block accepted
