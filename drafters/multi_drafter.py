@@ -81,8 +81,9 @@ class MultiDrafter:
         self.lookahead = all(supports_lookahead(d) for d in subs)
         self.tree_lookahead = self.lookahead  # each request drafts ahead as its own sub-drafter does
         self.predraft = self.lookahead and all(supports_predraft(d) for d in subs)
-        if not all(supports_lockstep(d) for d in subs):
-            self.grow = None  # instance attribute: ``supports_lockstep`` reads the MultiDrafter as not growing
+        # not growing as a whole unless every sub-drafter does; ``grow`` stays, since the DraftBatcher calls it for
+        # the sessions whose own sub-drafter grows (BatchedView reads that sub-drafter's capabilities)
+        self.lockstep = all(supports_lockstep(d) for d in subs)
         self._route: dict[str, str] = {}  # request id -> the name it drafts with (begin .. release)
 
     @property

@@ -168,8 +168,11 @@ def supports_lockstep(drafter) -> bool:
     """True when a ``Predraft`` drafter can also grow every open chain of a row at once: ``grow(request_ids)`` ->
     per row [(outcome, token, q)], outcome None for the main chain or the (k, t) of the branch the node extends
     (text_lm, eagle and msd chains and the IbED family's: ``TextLMDrafter.grow``, ``EagleDrafter.grow``,
-    ``EnsembleDrafter.grow``). The overlap then opens its branches first and drafts them side by side."""
-    return supports_predraft(drafter) and callable(getattr(drafter, "grow", None))
+    ``EnsembleDrafter.grow``). The overlap then opens its branches first and drafts them side by side. A drafter
+    whose ``grow`` serves only some of its requests (``MultiDrafter``) sets ``lockstep = False``: it keeps ``grow``
+    for the batcher to route, and is not read as growing as a whole."""
+    return supports_predraft(drafter) and callable(getattr(drafter, "grow", None)) \
+        and bool(getattr(drafter, "lockstep", True))
 
 
 def supports_predraft(drafter) -> bool:

@@ -107,16 +107,17 @@ def stream_records(url: str, body: dict, timeout: float = 60) -> Iterator[dict]:
 def init_ray(attempts: int = 3, **kwargs):
     """``ray.init`` that retries a head node that did not register in time.
 
-    Ray waits a fixed 30 s for its raylet to register with the GCS; on a loaded 2-core machine (a full test run,
-    Ray processes of an earlier module still exiting) that wait sometimes runs out ("The current node timed out
-    during startup"). That is the machine, not the code under test: shut down what started and try again."""
+    Ray waits a fixed 30 s for its raylet to register with the GCS (and for the GCS's port file); on a loaded 2-core
+    machine (a full test run, Ray processes of an earlier module still exiting) that wait sometimes runs out ("The
+    current node timed out during startup", "Timed out waiting for file .../gcs_server_port_..."). That is the
+    machine, not the code under test: shut down what started and try again."""
     import ray
 
     for attempt in range(attempts):
         try:
             return ray.init(**kwargs)
         except Exception as e:  # Ray raises a bare Exception for this
-            if "timed out during startup" not in str(e) or attempt == attempts - 1:
+            if not _startup_timeout(e) or attempt == attempts - 1:
                 raise
             ray.shutdown()
             time.sleep(2.0)
