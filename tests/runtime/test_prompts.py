@@ -13,7 +13,7 @@ from PIL import Image
 from specula.cli import main
 from specula.runtime.engine.prompts import encode_messages, encode_prompt, marked_parts, prompt_messages
 from specula.targets.processor import load_processor
-from specula.world.tokenizer import format_turns
+from specula.world.tokenizer import CHAT_TEMPLATE, format_turns
 from specula.zoo.store import resolve
 
 SAMPLE = Path(__file__).resolve().parents[2] / "world" / "assets" / "sample.png"  # 168 x 168
@@ -71,6 +71,7 @@ def test_qwen25vl_renders_chatml_with_the_grid_s_image_pads(qwen25vl_dir):
 
 def test_embedded_target_renders_what_format_turns_did():
     processor = load_processor(resolve("target"))
+    assert processor.chat_template == CHAT_TEMPLATE  # shipped in the target's own directory, as a hub copy ships it
     tok = processor.tokenizer
     p = encode_messages(processor, CONVERSATION, [sample()])
     expected = f"<s><|system|>{SYSTEM}<|user|>" + "<image>" * 144 + f"{QUESTION}<|assistant|>"
@@ -103,6 +104,12 @@ def test_generate_on_a_stock_checkpoint_is_lossless(fixture, request, capsys):
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["identical"] is True and r["new_tokens"] > 0 and isinstance(r["answer"], str)
     assert r["prompt_tokens"] == encode_prompt(load_processor(path), QUESTION, [sample()]).input_ids.numel()
+    # a system message goes through the template too
+    rc = main(["generate", "--model", str(path), "--image", str(SAMPLE), "--question", QUESTION, "--system", SYSTEM,
+               "--drafter", "none", "--max-tokens", "2", "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["prompt_tokens"] == encode_prompt(load_processor(path), QUESTION, [sample()], SYSTEM).input_ids.numel()
     # the old flag name still works, and plain decoding prints its answer
     rc = main(["generate", "--target", str(path), "--image", str(SAMPLE), "--question", QUESTION, "--drafter", "none",
                "--max-tokens", "8", "--threads", "2"])
