@@ -505,6 +505,14 @@ class SpeculaConfig(_Strict):
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Bearer-token auth (HTTP and gRPC).")
     deployments: Deployments = Field(default_factory=Deployments, description="Placement and scaling.")
 
+    @model_validator(mode="after")
+    def _drafters_fit_the_model(self) -> SpeculaConfig:
+        from specula.runtime.config_records import record_mismatches
+
+        if problems := record_mismatches(self.model.path, self.drafter):
+            raise ValueError("; ".join(problems))
+        return self
+
 
 def load_config(source: SpeculaConfig | dict | str | os.PathLike) -> SpeculaConfig:
     """A validated ``SpeculaConfig`` from a YAML file path, a dict, or a config (returned as is).

@@ -111,3 +111,52 @@ def list_cli(args) -> int:
     problems = verify()
     print("manifest: ok" if not problems else "manifest problems:\n  " + "\n  ".join(problems))
     return 0 if not problems else 1
+
+
+def weights_fingerprint(model_dir: str | Path) -> str:
+    """sha256 over the sha256 of each ``*.safetensors`` file of a checkpoint, in name order: what a drafter's record
+    (``specula.json``'s ``target_sha256``) names its target by, and what cached training answers are keyed by.
+
+    Hashing a large checkpoint takes a while, so each file's digest is cached by (absolute path, size, mtime) in
+    ``$SPECULA_CACHE`` (default ``~/.cache/specula``)/fingerprints.json; a changed file is hashed again."""
+    import os
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights to fingerprint")
+    cache_file = Path(os.environ.get("SPECULA_CACHE", Path.home() / ".cache" / "specula")) / "fingerprints.json"
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    digests, changed = [], False
+    for f in files:
+        st = f.stat()
+        key = f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        if key not in cache:
+            cache[key], changed = sha256(f), True
+        digests.append(cache[key])
+    if changed:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache))
+            tmp.replace(cache_file)
+        except OSError:
+            pass  # a read-only home: the fingerprint is still right, only not cached
+    return hashlib.sha256("".join(digests).encode()).hexdigest()
+
+
+def drafter_record(drafter_dir: str | Path) -> dict:
+    """The record (``specula.json``) of a trained drafter's directory: at least its ``kind``; ``target_sha256`` names
+    the target it was trained for. {} when the directory has none."""
+    meta = Path(drafter_dir) / "specula.json"
+    if not meta.is_file():
+        return {}
+    try:
+        rec = json.loads(meta.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{meta}: not valid JSON ({e})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{meta}: must be a JSON object")
+    return rec

@@ -1,6 +1,7 @@
 """``specula serve [--config cfg.yaml]``: start Ray (local, or join one) and Serve, deploy the application, block.
 
     specula serve                                          # the shipped embedded target, HTTP :8000 + gRPC :50051
+    specula serve /models/llava-1.5-7b --drafter runs/eagle-llava --gamma 5   # flags like vLLM's (config_front_door)
     specula serve --config specula.yaml                    # a local Ray on this machine
     specula serve --config specula.yaml --address auto     # join a running cluster (e.g. the head of cluster.yaml)
 
@@ -37,6 +38,19 @@ CLUSTER_PLACEMENT_TIMEOUT_S = 900.0
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL_DIR",
+                   help="the target: a local LLaVA / Qwen2.5-VL checkpoint directory or a shipped zoo entry "
+                        "(overrides the config's model.path; default: the config's, else the embedded target)")
+    p.add_argument("--drafter", default=None, metavar="KIND|DIR",
+                   help="a trained drafter's directory (its specula.json names the kind and the target it was "
+                        "trained for), a shipped drafter (flash, eagle, ... for the embedded target) or a kind "
+                        "without weights (ngram); default: the config's drafter")
+    p.add_argument("--gamma", type=int, default=None, metavar="N",
+                   help="draft tokens per block (0 = plain decoding); default: the config's drafter.gamma")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="vLLM-style JSON: method (ngram, draft_model, eagle, eagle3 or a Specula kind), model "
+                        "(drafter dir), num_speculative_tokens, prompt_lookup_max, or any drafter.* field of the "
+                        "config (overlap, predraft, ...)")
     p.add_argument("--config", default=None,
                    help="YAML config (see specula.runtime.config; unknown keys are errors); default: the shipped "
                         "embedded target with the config's defaults (HTTP 127.0.0.1:8000, gRPC 127.0.0.1:50051)")
@@ -57,8 +71,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def serve_cli(args: argparse.Namespace) -> int:
     from specula.runtime.config import load_config
+    from specula.runtime.config_front_door import apply_flags
 
-    cfg = load_config(args.config if args.config is not None else {})
+    cfg = load_config(args.config if args.config is not None else {})  # a bad config: one line, exit 2
+    flags = (args.model, args.drafter, args.gamma, args.speculative_config)
+    if any(f is not None for f in flags):
+        cfg = load_config(apply_flags(cfg.model_dump(mode="json", exclude_unset=True), *flags))
     http = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if http or args.grpc_port is not None:
         raw = cfg.model_dump(mode="json")

@@ -21,7 +21,6 @@ Layout of a data folder (written by ``make_answers``, resumable):
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,10 +84,9 @@ def pixels(processor, answer: Answer, seed: int) -> torch.Tensor | None:
 
 def target_fingerprint(target_dir: Path) -> str:
     """sha256 over the target's weight files: cached answers belong to exactly these weights."""
-    from specula.zoo import store as manifest
+    from specula.zoo.store import weights_fingerprint
 
-    files = sorted(Path(target_dir).glob("*.safetensors"))
-    return hashlib.sha256("".join(manifest.sha256(f) for f in files).encode()).hexdigest()
+    return weights_fingerprint(target_dir)
 
 
 @torch.no_grad()
