@@ -74,12 +74,21 @@ def encode(processor, sample) -> tuple[torch.Tensor, torch.Tensor | None]:
     return processor.tokenizer([text], return_tensors="pt", add_special_tokens=False)["input_ids"][0], None
 
 
-def pixels(processor, answer: Answer, seed: int) -> torch.Tensor | None:
-    """Re-render an answer's images: pixel_values [N_img, 3, S, S] or None. Checks the prompt still matches."""
-    ids, pix = encode(processor, world_sample(answer.split, answer.index, seed))
-    if not torch.equal(ids, answer.prompt):
-        raise ValueError(f"{answer.split} prompt {answer.index} no longer matches the world (seed {seed})")
-    return pix
+def prompt_of(processor, answer: Answer, seed: int, source=None):
+    """Re-render an answer's prompt from its source (default: the world): an ``EncodedPrompt`` (pixels, Qwen's grid).
+    Checks the prompt still matches the stored ids."""
+    from specula.training.data.sources import WorldSource
+
+    src = source if source is not None else WorldSource(processor, seed)
+    enc = src.get(answer.split, answer.index).prompt
+    if not torch.equal(enc.input_ids, answer.prompt):
+        raise ValueError(f"{answer.split} prompt {answer.index} no longer matches its source ({src.key})")
+    return enc
+
+
+def pixels(processor, answer: Answer, seed: int, source=None) -> torch.Tensor | None:
+    """Re-render an answer's images: pixel_values [N_img, 3, S, S] (Qwen2.5-VL: patches) or None."""
+    return prompt_of(processor, answer, seed, source).pixel_values
 
 
 def target_fingerprint(target_dir: Path) -> str:
@@ -131,18 +140,22 @@ def cut_at_image_token(response: torch.Tensor, image_token_id: int | None) -> to
 
 
 def _answer(target, processor, split: str, indices: list[int], seed: int, max_new_tokens: int,
-            gen_batch: int) -> list[Answer]:
-    from specula.targets import PrefillRequest
+            gen_batch: int, source=None, answers: str = "target") -> list[Answer]:
+    from specula.training.data.sources import WorldSource
 
+    src = source if source is not None else WorldSource(processor, seed)
+    got = [src.get(split, i) for i in indices]
+    if answers == "data":  # the file's own answers, as the chat template ends them
+        return [Answer(split, i, g.prompt.input_ids, g.answer_ids[:max_new_tokens]) for i, g in zip(indices, got)]
     eos = set(target.info.eos_token_ids) | {processor.tokenizer.eos_token_id}
-    encoded = [encode(processor, world_sample(split, i, seed)) for i in indices]
-    order = sorted(range(len(encoded)), key=lambda j: len(encoded[j][0]))  # similar lengths batch together
-    out: list[Answer | None] = [None] * len(encoded)
+    order = sorted(range(len(got)), key=lambda j: len(got[j].prompt.input_ids))  # similar lengths batch together
+    out: list[Answer | None] = [None] * len(got)
     for g in range(0, len(order), gen_batch):
         group = order[g:g + gen_batch]
-        reqs = [PrefillRequest(f"{split}-{indices[j]}", *encoded[j]) for j in group]
+        reqs = [got[j].prompt.prefill(f"{split}-{indices[j]}") for j in group]
         for j, resp in zip(group, greedy_answers(target, reqs, max_new_tokens, eos)):
-            out[j] = Answer(split, indices[j], encoded[j][0], cut_at_image_token(resp, target.info.image_token_id))
+            out[j] = Answer(split, indices[j], got[j].prompt.input_ids,
+                            cut_at_image_token(resp, target.info.image_token_id))
     return out
 
 
@@ -185,13 +198,26 @@ def same_data(old: dict, new: dict) -> bool:
 
 def make_answers(folder: Path, target, processor, *, key: dict, n: int, eval_n: int = 0, start: int = 0,
                  seed: int = 0, max_new_tokens: int = 96, chunk: int = 64, gen_batch: int = 16,
-                 desc: str = "target answers", log=print, split: str = "train") -> Path:
+                 desc: str = "target answers", log=print, split: str = "train", source=None,
+                 answers: str = "target") -> Path:
     """Generate (or finish generating) ``n`` training answers (prompts ``start .. start + n - 1`` of ``split``, see
     ``world_sample``; files ``<split>-<first>.safetensors``) and ``eval_n`` held-out ones into ``folder``; ``key``
     (what defines the answers, with the target's fingerprint) is recorded in meta.json and must match on a rerun.
-    Several splits may share a folder (and its eval answers)."""
+    Several splits may share a folder (and its eval answers). ``source``: where the prompts come from
+    (``training/data/sources.py``; default the world); ``answers``: "target" (its greedy answers, self-distillation)
+    or "data" (the source's own answers)."""
     if split not in TRAIN_SPLITS:
         raise ValueError(f"split must be one of {TRAIN_SPLITS}, got {split!r}")
+    if answers not in ("target", "data"):
+        raise ValueError(f"answers must be 'target' or 'data', got {answers!r}")
+    if source is not None:
+        for part, want in ((split, start + n), ("eval", eval_n)):
+            have = source.size(part)
+            if have is not None and want > have:
+                raise ValueError(f"{want} {part} prompts asked for, the data has {have} (ask fewer: --samples)")
+        key = {**key, **source.key} if source.key.get("source") != "world" else key
+    if answers == "data":
+        key = {**key, "answers": "data"}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     full_key = {**key, "start": start, "seed": seed, "max_new_tokens": max_new_tokens, "chunk": chunk}
@@ -206,8 +232,8 @@ def make_answers(folder: Path, target, processor, *, key: dict, n: int, eval_n: 
     if eval_n and (not (folder / "eval.safetensors").exists()
                    or len(read_answers(folder / "eval.safetensors")) < eval_n):
         write_answers(folder / "eval.safetensors",
-                      _answer(target, processor, "eval", list(range(eval_n)), seed, max_new_tokens, gen_batch),
-                      full_key)
+                      _answer(target, processor, "eval", list(range(eval_n)), seed, max_new_tokens, gen_batch,
+                              source, answers), full_key)
 
     def complete(s: int) -> bool:  # a shorter last chunk of a smaller earlier run is made again
         f = folder / f"{split}-{s:08d}.safetensors"
@@ -223,9 +249,9 @@ def make_answers(folder: Path, target, processor, *, key: dict, n: int, eval_n: 
     bar = tqdm(total=n, initial=done, unit="sample", desc=desc, mininterval=5.0)
     for s in todo:
         m = min(chunk, n - s)
-        answers = _answer(target, processor, split, list(range(start + s, start + s + m)), seed, max_new_tokens,
-                          gen_batch)
-        write_answers(folder / f"{split}-{s:08d}.safetensors", answers, full_key)
+        made = _answer(target, processor, split, list(range(start + s, start + s + m)), seed, max_new_tokens,
+                       gen_batch, source, answers)
+        write_answers(folder / f"{split}-{s:08d}.safetensors", made, full_key)
         bar.update(m)
     bar.close()
     return folder
