@@ -505,8 +505,10 @@ def test_pipeline_branch_hit_sends_what_a_sequential_drafter_would(lockstep):
 def _prompt_rows(processor, n: int, text_only: bool) -> list:
     from specula.runtime.core.sampling import SamplingParams as _SP
 
+    from specula.runtime.engine.prompts import EncodedPrompt
+
     reqs = [r for r in world_requests(processor, 4 * n, _SP(max_tokens=16)) if (r.pixel_values is None) == text_only]
-    return [("s", r.request_id, r.input_ids, r.pixel_values) for r in reqs[:n]]
+    return [("s", r.request_id, EncodedPrompt(r.input_ids, r.pixel_values)) for r in reqs[:n]]
 
 
 def test_outcome_ceiling_of_an_exact_drafter_is_its_guess(lively, processor):

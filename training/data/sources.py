@@ -52,7 +52,7 @@ def answer_tokens(processor, messages: list[dict], answer: str) -> torch.Tensor:
 
 
 class WorldSource:
-    """The embedded world's prompts (``distill_data.world_sample``), rendered by the target's processor."""
+    """The embedded world's prompts (``world_prompts.world_sample``), rendered by the target's processor."""
 
     def __init__(self, processor, seed: int = 0):
         self.processor, self.seed = processor, seed
@@ -62,7 +62,7 @@ class WorldSource:
         return None  # unbounded
 
     def get(self, split: str, index: int) -> SourcePrompt:
-        from specula.training.drafters.distill_data import world_sample
+        from specula.training.data.world_prompts import world_sample
 
         s = world_sample(split, index, self.seed)
         prompt = encode_prompt(self.processor, s.prompt, s.images, s.system)

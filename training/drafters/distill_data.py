@@ -30,12 +30,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from specula.training.data.world_prompts import EVAL_OFFSET, EVAL_SUITES, TRAIN_SPLITS, world_sample  # noqa: F401
+
 DATA_FORMAT = "specula-distill-answers/1"
-EVAL_SUITES = ("caption", "vqa", "reasoning", "chart", "ocr", "multi_image", "video", "text")
-EVAL_OFFSET = 20_000  # eval prompts are the evaluation suites' samples from this index on
-
-
-TRAIN_SPLITS = ("train", "text", "vision")  # what make_answers can draw training prompts from (world_sample)
 
 
 @dataclass(frozen=True)
@@ -44,23 +41,6 @@ class Answer:
     index: int
     prompt: torch.Tensor  # [Lp] int64, image tokens expanded
     response: torch.Tensor  # [Lr] int64, the target's greedy answer (EOS included when reached)
-
-
-def world_sample(split: str, index: int, seed: int):
-    """The world prompt behind an answer: "train" the index-th sample of the world's training mix (``train_stream``);
-    "text" the text-only conversations of that mix (the ``text`` suite's training split); "vision" the training mix
-    without them (every prompt has images); "eval" the evaluation suites, round robin."""
-    from specula.world.suites import generate, train_stream
-
-    if split == "train":
-        return next(train_stream(seed=seed, start=index))
-    if split == "text":
-        return generate("text", "train", index, seed)
-    if split == "vision":
-        return next(train_stream(seed=seed, start=index, weights={"text": 0.0}))
-    if split == "eval":
-        return generate(EVAL_SUITES[index % len(EVAL_SUITES)], "eval", EVAL_OFFSET + index, seed)
-    raise ValueError(f"split must be one of {TRAIN_SPLITS + ('eval',)}, got {split!r}")
 
 
 def encode(processor, sample) -> tuple[torch.Tensor, torch.Tensor | None]:
