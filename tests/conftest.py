@@ -24,3 +24,12 @@ def llava15_dir(tmp_path_factory):
 def qwen25vl_dir(tmp_path_factory):
     """A tiny Qwen/Qwen2.5-VL-7B-Instruct-layout checkpoint directory (window ViT, mrope, image_grid_thw)."""
     return build_qwen25vl(tmp_path_factory.mktemp("qwen25vl"))
+
+
+@pytest.fixture(scope="session")
+def conversations_file(tmp_path_factory):
+    """A user's conversation file with PNGs beside it (tests/user_data.py): one-image, two-image and text-only
+    records; image paths relative to the file's folder."""
+    from user_data import build_conversations
+
+    return build_conversations(tmp_path_factory.mktemp("user_data"))

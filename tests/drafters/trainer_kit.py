@@ -25,10 +25,15 @@ from specula.zoo.store import TOKENIZER_DIR, ZOO_DIR
 
 def save_lively_target(tmp_path_factory, name: str) -> Path:
     """``drafter_kit.lively_target`` (answers vary instead of repeating one token) saved under a fresh temporary
-    directory ``name``: returns its ``target`` folder."""
+    directory ``name`` with the embedded tokenizer, chat template and processor (zoo/weights/tokenizer): returns its ``target``
+    folder."""
+    import shutil
+
     model = lively_target(load_processor(TOKENIZER_DIR))
     d = tmp_path_factory.mktemp(name) / "target"
     model.save_pretrained(d)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json"):
+        shutil.copy(TOKENIZER_DIR / f, d / f)  # its tokenizer and processor beside it, as a checkpoint has them
     return d
 
 

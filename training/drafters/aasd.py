@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from specula.drafters.aasd_head import AasdHead, context_kv
-from specula.training.drafters.distill_data import load_answers, make_answers
+from specula.training.drafters.common import data_count
+from specula.training.drafters.distill_data import load_answers
 from specula.training.drafters.eagle import (Batch, EagleTrainConfig, common_cli_config, epoch_order, export_head, fit,
-                                         new_head, open_run)
+                                         new_head, open_run, vision_kwargs)
 from specula.targets.kv import attention_mask
 from specula.zoo.store import ZOO_DIR
 
@@ -71,9 +72,8 @@ class AasdTrainConfig(EagleTrainConfig):
 def target_kv(model, batch: Batch, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One frozen target forward: final-norm hidden states [B, L, H] fp32 and its last layer's cached keys / values
     [B, H_kv, L, D] (post-RoPE, what the HF target's cache holds)."""
-    pix = batch.pixel_values.to(device, next(model.parameters()).dtype) if batch.pixel_values is not None else None
     out = model.model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                      pixel_values=pix, use_cache=True)
+                      use_cache=True, **vision_kwargs(model, batch, device))
     layer = out.past_key_values.layers[-1]
     return out.last_hidden_state.float(), layer.keys, layer.values
 
@@ -152,14 +152,11 @@ def aasd_step(head: AasdHead, model, batch: Batch, cfg: EagleTrainConfig,
 def train(cfg: AasdTrainConfig, log=print, stop_at: int | None = None) -> Path:
     """Make the answers (resumable), then train (resumable); returns the checkpoint folder. ``stop_at``: stop with a
     checkpoint once that many samples are done."""
-    run = open_run(cfg)
+    run = open_run(cfg, log)
     data_dir = Path(cfg.data_dir) if cfg.data_dir else run.dir / "data"
-    make_answers(data_dir, run.target, run.processor, key={**cfg.data_key(), "target_sha256": run.fingerprint},
-                 n=cfg.data_samples, eval_n=cfg.eval_samples, start=cfg.data_start, seed=cfg.seed,
-                 max_new_tokens=cfg.max_new_tokens, chunk=cfg.chunk, gen_batch=cfg.gen_batch, desc="aasd data",
-                 log=log)
-    data = load_answers(data_dir, "train", cfg.data_samples)
-    held_out = load_answers(data_dir, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    run.answers(cfg, data_dir, desc="aasd data", log=log)
+    data = load_answers(data_dir, "train", data_count(run.source, "train", cfg.data_samples, lambda _m: None))
+    held_out = load_answers(data_dir, "eval", data_count(run.source, "eval", cfg.eval_samples, lambda _m: None))
     head = new_head(AasdHead, run, cfg, kv_tokens=cfg.kv_tokens)
     if cfg.init_from_target:
         head.init_from_target(run.target.model)

@@ -115,8 +115,20 @@ def _init_from_arg(p, kind: str) -> None:
 def _distill_args(p, kind: str, data: int, samples: int) -> None:
     """Arguments shared by the drafter recipes that distil from the target's own answers."""
     p.add_argument("--run-dir", default=f"runs/{kind}", help=f"data, checkpoints and log (default: runs/{kind})")
-    p.add_argument("--target", default="target", help="zoo entry or local target directory (default: target)")
-    p.add_argument("--data-samples", type=int, default=data, help=f"target answers to distil from (default: {data})")
+    p.add_argument("--target", default="target",
+                   help="zoo entry or checkpoint directory of the target (a LLaVA-1.5 or Qwen2.5-VL one of yours); "
+                        "prompts are rendered with its own processor and chat template (default: target)")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="your conversations, LLaVA-Instruct / ShareGPT4V format (a JSON list or JSONL; "
+                        "docs/training-data.md): one training prompt per assistant turn, the last records held out; "
+                        "every record is checked before anything trains (default: the embedded world's prompts)")
+    p.add_argument("--image-root", default=None, metavar="DIR",
+                   help="where --data's image paths resolve (default: the data file's folder)")
+    p.add_argument("--answers", default="target", choices=["target", "data"],
+                   help="what the drafter learns to predict: 'target' = the target's own greedy answers to each "
+                        "prompt (self-distillation, as the papers train; default), 'data' = the file's answers")
+    p.add_argument("--data-samples", type=int, default=data,
+                   help=f"target answers to distil from; with --data at most the file's prompts (default: {data})")
     p.add_argument("--samples", type=int, default=samples, help=f"training samples in all (default: {samples})")
     p.add_argument("--max-new-tokens", type=int, default=96, help="longest target answer kept (default: 96)")
     p.add_argument("--seed", type=int, default=0)

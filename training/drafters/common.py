@@ -87,3 +87,50 @@ class Cadence:
         if now - self.last_ckpt > self.ckpt_every_s:
             save()
             self.last_ckpt = time.time()
+
+
+def check_data_fields(cfg) -> None:
+    """The data fields every recipe config shares (``data_file``, ``image_root``, ``answers``)."""
+    name = type(cfg).__name__
+    if cfg.answers not in ("target", "data"):
+        raise ValueError(f"{name}.answers must be 'target' or 'data', got {cfg.answers!r}")
+    if cfg.answers == "data" and not cfg.data_file:
+        raise ValueError(f"{name}.answers = 'data' needs a data_file (--data FILE): the world's answers are not "
+                         "the target's")
+    if cfg.image_root and not cfg.data_file:
+        raise ValueError(f"{name}.image_root is for a data_file (--data FILE)")
+
+
+def recipe_processor(cfg, target_dir: Path):
+    """The processor a recipe renders prompts with: ``cfg.tokenizer_dir`` when set, else the target's own."""
+    from specula.targets.processor import load_processor
+
+    return load_processor(cfg.tokenizer_dir or target_dir)
+
+
+def data_source(cfg, processor, tokens_per_image: int = 0, log=print):
+    """Where a recipe's prompts come from: the user's conversation file (``cfg.data_file``, every record checked
+    before anything is trained) or, without one, the embedded world (``training/data/sources.py``)."""
+    from specula.training.data.sources import ConversationSource, WorldSource
+
+    if not cfg.data_file:
+        return WorldSource(processor, cfg.seed)
+    src = ConversationSource(cfg.data_file, cfg.image_root or None, processor, tokens_per_image=tokens_per_image)
+    log(f"data: {cfg.data_file}: {src.size('train')} training prompts ({src.size('text')} text-only, "
+        f"{src.size('vision')} with images), {src.size('eval')} held out")
+    return src
+
+
+def data_count(source, split: str, asked: int, log=print) -> int:
+    """How many prompts of ``split`` a recipe uses: ``asked``, or all of a conversation file's when it holds
+    fewer (the world has no end)."""
+    have = source.size(split)
+    if have is None or asked <= have:
+        return asked
+    log(f"data: {have} {split} prompts in the file (asked for {asked}): using all {have}")
+    return have
+
+
+def data_start(cfg, source) -> int:
+    """The first prompt index of a recipe's training split: the recipe's world offset, 0 in a conversation file."""
+    return cfg.data_start if not cfg.data_file else 0

@@ -47,11 +47,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from specula.training.drafters.distill_data import Answer, load_answers, make_answers, pixels, target_fingerprint
+from specula.training.drafters.distill_data import Answer, load_answers, make_answers, prompt_of, target_fingerprint
 from specula.drafters.eagle_head import EagleHead, save_head
-from specula.training.drafters.common import Cadence, epoch_order, save_checkpoint, warmup_cosine
+from specula.training.drafters.common import (Cadence, check_data_fields, data_count, data_source, data_start, epoch_order,
+                                              recipe_processor, save_checkpoint, warmup_cosine)
 from specula.training.drafters.warm_start import lineage_samples, warm_start
-from specula.zoo.store import TOKENIZER_DIR, ZOO_DIR, sibling_ref
+from specula.zoo.store import ZOO_DIR, sibling_ref
 
 EAGLE_DIR = ZOO_DIR / "eagle"
 
@@ -60,8 +61,11 @@ EAGLE_DIR = ZOO_DIR / "eagle"
 class EagleTrainConfig:
     run_dir: str = "runs/eagle"
     target: str = "target"  # zoo name or directory of the target
-    tokenizer_dir: str = str(TOKENIZER_DIR)  # processor: tokenizer + image processor
+    tokenizer_dir: str = ""  # processor: tokenizer + image processor; "" = the target's own (its directory)
     # data
+    data_file: str = ""  # a conversation file (docs/training-data.md); "" = the embedded world's prompts
+    image_root: str = ""  # where data_file's image paths resolve; "" = data_file's folder
+    answers: str = "target"  # "target": its greedy answers (self-distillation); "data": data_file's own answers
     data_samples: int = 10_000
     data_start: int = 2_000_000  # first train_stream index (the target trained on 0 .. ~60k)
     eval_samples: int = 128
@@ -109,6 +113,7 @@ class EagleTrainConfig:
                 raise ValueError(f"{type(self).__name__}.{name} must be >= 0, got {v!r}")
         if not 0.0 <= self.soft <= 1.0:
             raise ValueError(f"{type(self).__name__}.soft must be in [0, 1], got {self.soft!r}")
+        check_data_fields(self)
 
     def data_key(self) -> dict:
         """What defines the cached answers besides the target's weights."""
@@ -122,25 +127,43 @@ class EagleTrainConfig:
 class Batch:
     input_ids: torch.Tensor  # [B, L] int64, prompt then answer, right-padded
     attention_mask: torch.Tensor  # [B, L] int64
-    pixel_values: torch.Tensor | None  # [N_img, 3, S, S] the rows' images in order
+    pixel_values: torch.Tensor | None  # LLaVA [N_img, 3, S, S] / Qwen2.5-VL [P, C*tp*p*p]: the rows' images in order
     rows: torch.Tensor  # [M] int64, row of each scored position
     cols: torch.Tensor  # [M] int64, pair index i (the head's output there drafts x_{i+2})
+    image_grid_thw: torch.Tensor | None = None  # [N_img, 3] int64, Qwen2.5-VL only
 
 
-def collate(items: list[Answer], processor, seed: int, pad_id: int) -> Batch:
+def collate(items: list[Answer], processor, seed: int, pad_id: int | None, source=None) -> Batch:
+    """Right-padded prompt + answer rows, their images re-rendered from ``source`` (default the world)."""
     seqs = [torch.cat([a.prompt, a.response]) for a in items]
-    ids = torch.full((len(items), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    ids = torch.full((len(items), max(len(s) for s in seqs)), pad_id or 0, dtype=torch.long)
     mask = torch.zeros_like(ids)
-    rows, cols, pix = [], [], []
+    rows, cols, pix, grids = [], [], [], []
     for b, (a, s) in enumerate(zip(items, seqs)):
         ids[b, : len(s)], mask[b, : len(s)] = s, 1
         lp, n = len(a.prompt), len(s)
         rows.append(torch.full((max(n - lp - 1, 0),), b, dtype=torch.long))
         cols.append(torch.arange(lp - 1, n - 2))
-        p = pixels(processor, a, seed)
-        if p is not None:
-            pix.append(p)
-    return Batch(ids, mask, torch.cat(pix) if pix else None, torch.cat(rows), torch.cat(cols))
+        enc = prompt_of(processor, a, seed, source)
+        if enc.pixel_values is not None:
+            pix.append(enc.pixel_values)
+            if enc.image_grid_thw is not None:
+                grids.append(enc.image_grid_thw)
+    return Batch(ids, mask, torch.cat(pix) if pix else None, torch.cat(rows), torch.cat(cols),
+                 torch.cat(grids) if grids else None)
+
+
+def vision_kwargs(model, batch: Batch, device) -> dict:
+    """The HF model's image inputs for a batch: ``pixel_values`` in the model's dtype and, on Qwen2.5-VL, its
+    ``image_grid_thw`` and the ``mm_token_type_ids`` its mrope positions are built from (1 at image tokens)."""
+    kw = {}
+    if batch.pixel_values is not None:
+        kw["pixel_values"] = batch.pixel_values.to(device, next(model.parameters()).dtype)
+    if getattr(model.config, "model_type", "").startswith("qwen"):
+        kw["mm_token_type_ids"] = (batch.input_ids == model.config.image_token_id).int().to(device)  # [B, L]
+        if batch.image_grid_thw is not None:
+            kw["image_grid_thw"] = batch.image_grid_thw.to(device)
+    return kw
 
 
 def token_budget_batches(items: list[Answer], budget: int) -> list[list[Answer]]:
@@ -174,9 +197,8 @@ def target_features(model, batch: Batch, device, embeds: bool = False) -> tuple[
 
     hook = model.model.language_model.register_forward_pre_hook(grab, with_kwargs=True) if embeds else None
     try:
-        pix = batch.pixel_values.to(device, next(model.parameters()).dtype) if batch.pixel_values is not None else None
         out = model.model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                          pixel_values=pix)
+                          **vision_kwargs(model, batch, device))
     finally:
         if hook is not None:
             hook.remove()
@@ -239,16 +261,17 @@ def eagle_step(head: EagleHead, model, batch: Batch, cfg: EagleTrainConfig,
 
 @torch.no_grad()
 def evaluate(head: EagleHead, target, processor, answers: list[Answer], cfg: EagleTrainConfig,
-             engine_n: int = 0, step: Callable | None = None) -> dict[str, float]:
+             engine_n: int = 0, step: Callable | None = None, source=None) -> dict[str, float]:
     """Teacher-forced agreement / CE on held-out answers, and tau of greedy chain drafting on ``engine_n`` of them.
-    ``step``: the recipe's batch losses (default ``eagle_step``)."""
+    ``step``: the recipe's batch losses (default ``eagle_step``); ``source``: where the answers' prompts come from
+    (default the world)."""
     was = head.training
     head.eval()
     tot = {"feat": 0.0, "hard": 0.0, "agree": 0.0}
     n = 0
     plain = replace(cfg, noise=0.0)
     for group in token_budget_batches(answers, cfg.token_budget):
-        batch = collate(group, processor, cfg.seed, processor.tokenizer.pad_token_id)
+        batch = collate(group, processor, cfg.seed, processor.tokenizer.pad_token_id, source)
         m = len(batch.rows)
         if not m:
             continue
@@ -258,24 +281,24 @@ def evaluate(head: EagleHead, target, processor, answers: list[Answer], cfg: Eag
         n += m
     res = {f"eval_{k}": round(v / max(n, 1), 4) for k, v in tot.items()}
     if engine_n:
-        res["eval_tau_g4"] = round(engine_tau(head, target, processor, answers[:engine_n], cfg), 3)
+        res["eval_tau_g4"] = round(engine_tau(head, target, processor, answers[:engine_n], cfg, source=source), 3)
     head.train(was)
     return res
 
 
 def engine_tau(head: EagleHead, target, processor, answers: list[Answer], cfg: EagleTrainConfig,
-               gamma: int = 4) -> float:
+               gamma: int = 4, source=None) -> float:
     """Mean accepted length of greedy chain drafting through the real engine (answers cut at max_new_tokens), with
     the head's own drafter kind (``head.KIND``)."""
     from specula.drafters import create
-    from specula.runtime.engine.loop import GenerationRequest, SpecEngine
+    from specula.runtime.engine.loop import SpecEngine
     from specula.runtime.core.sampling import SamplingParams
 
     drafter = create({"kind": head.KIND, "head": head, "structure": "chain"}, target=target)
-    eng = SpecEngine(target, drafter, gamma=gamma, eos_token_ids=[processor.tokenizer.eos_token_id])
+    eos = sorted(set(target.info.eos_token_ids) | {processor.tokenizer.eos_token_id})
+    eng = SpecEngine(target, drafter, gamma=gamma, eos_token_ids=eos)
     params = SamplingParams(max_tokens=cfg.max_new_tokens)
-    reqs = [GenerationRequest(f"e{i}", a.prompt, pixels(processor, a, cfg.seed), params)
-            for i, a in enumerate(answers)]
+    reqs = [prompt_of(processor, a, cfg.seed, source).request(f"e{i}", params) for i, a in enumerate(answers)]
     emitted = blocks = 0
     for i in range(0, len(reqs), 8):
         for r in eng.generate(reqs[i:i + 8]).values():
@@ -299,11 +322,24 @@ class Run:
     processor: object
     target: object  # a specula.targets Target, frozen
     fingerprint: str  # sha256 of the target's weights
+    source: object = None  # where the prompts come from (training/data/sources.py; None = the world)
+    start: int = 0  # first training prompt index of the source
+
+    def answers(self, cfg: EagleTrainConfig, folder: Path, *, desc: str, log=print, split: str = "train",
+                n: int | None = None, eval_n: int | None = None, key: dict | None = None) -> Path:
+        """``make_answers`` for this run's source: ``n`` (default ``cfg.data_samples``) prompts of ``split`` and
+        ``eval_n`` (default ``cfg.eval_samples``) held-out ones, each at most what a conversation file holds."""
+        n = data_count(self.source, split, cfg.data_samples if n is None else n, log)
+        eval_n = data_count(self.source, "eval", cfg.eval_samples if eval_n is None else eval_n, log)
+        return make_answers(folder, self.target, self.processor,
+                            key={**(key or cfg.data_key()), "target_sha256": self.fingerprint}, n=n, eval_n=eval_n,
+                            start=self.start, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens, chunk=cfg.chunk,
+                            gen_batch=cfg.gen_batch, desc=desc, log=log, split=split, source=self.source,
+                            answers=cfg.answers)
 
 
-def open_run(cfg: EagleTrainConfig) -> Run:
+def open_run(cfg: EagleTrainConfig, log=print) -> Run:
     from specula.targets import load_target
-    from specula.targets.processor import load_processor
     from specula.zoo.store import resolve
 
     torch.set_num_threads(cfg.threads)
@@ -312,7 +348,9 @@ def open_run(cfg: EagleTrainConfig) -> Run:
     target_dir = resolve(cfg.target)
     target = load_target(target_dir, device=cfg.device)
     target.model.requires_grad_(False)
-    return Run(run, load_processor(cfg.tokenizer_dir), target, target_fingerprint(target_dir))
+    processor = recipe_processor(cfg, target_dir)
+    source = data_source(cfg, processor, log=log)
+    return Run(run, processor, target, target_fingerprint(target_dir), source, data_start(cfg, source))
 
 
 def new_head(head_cls: type[EagleHead], run: Run, cfg: EagleTrainConfig, **config) -> EagleHead:
@@ -328,14 +366,10 @@ def new_head(head_cls: type[EagleHead], run: Run, cfg: EagleTrainConfig, **confi
 def train(cfg: EagleTrainConfig, log=print, stop_at: int | None = None) -> Path:
     """Make the answers (resumable), then train (resumable); returns the checkpoint folder. ``stop_at``: stop with a
     checkpoint once that many samples are done (a time-boxed or interrupted run; a rerun goes on from there)."""
-    run = open_run(cfg)
-    data_dir = make_answers(run.dir / "data", run.target, run.processor,
-                            key={**cfg.data_key(), "target_sha256": run.fingerprint}, n=cfg.data_samples,
-                            eval_n=cfg.eval_samples, start=cfg.data_start, seed=cfg.seed,
-                            max_new_tokens=cfg.max_new_tokens, chunk=cfg.chunk, gen_batch=cfg.gen_batch,
-                            desc="eagle data", log=log)
-    data = load_answers(data_dir, "train", cfg.data_samples)
-    held_out = load_answers(data_dir, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    run = open_run(cfg, log)
+    data_dir = run.answers(cfg, run.dir / "data", desc="eagle data", log=log)
+    data = load_answers(data_dir, "train", data_count(run.source, "train", cfg.data_samples, lambda _m: None))
+    held_out = load_answers(data_dir, "eval", data_count(run.source, "eval", cfg.eval_samples, lambda _m: None))
     head = new_head(EagleHead, run, cfg)
     perm: dict = {}
     return fit(cfg, run, head, lambda j: data[epoch_order(j, len(data), cfg.seed, perm)], held_out,
@@ -381,7 +415,8 @@ def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], 
 
     def run_eval() -> None:
         if held_out:
-            res = evaluate(head, target, processor, held_out, cfg, cfg.eval_engine, step)
+            res = evaluate(head, target, processor, held_out, cfg, min(cfg.eval_engine, len(held_out)), step,
+                           run.source)
             res.update(samples=state["samples"], minutes=round(state["elapsed_s"] / 60, 1),
                        **(status(state["samples"]) if status else {}),
                        **{f"loss_{k}": round(v, 4) for k, v in ema.items()})
@@ -402,7 +437,7 @@ def fit(cfg: EagleTrainConfig, run: Run, head: EagleHead, pick: Callable[[int], 
             lr = lr_at(state["samples"], cfg)
             for g in opt.param_groups:
                 g["lr"] = lr
-            batch = collate(group, processor, cfg.seed, pad)
+            batch = collate(group, processor, cfg.seed, pad, run.source)
             if len(batch.rows):
                 noise = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state["steps"])
                 parts = step(head, model, batch, cfg, noise)
@@ -479,4 +514,10 @@ def common_cli_config(args) -> dict:
     return dict(run_dir=args.run_dir, target=args.target, data_samples=args.data_samples, total_samples=args.samples,
                 max_new_tokens=args.max_new_tokens, seed=args.seed, threads=args.threads, device=args.device,
                 ckpt_every_s=args.ckpt_every, eval_every_s=args.eval_every,
-                init_from=getattr(args, "init_from", None) or "")
+                init_from=getattr(args, "init_from", None) or "", **data_cli_config(args))
+
+
+def data_cli_config(args) -> dict:
+    """The config's data fields from ``--data``, ``--image-root`` and ``--answers`` (``commands._distill_args``)."""
+    return dict(data_file=getattr(args, "data", None) or "", image_root=getattr(args, "image_root", None) or "",
+                answers=getattr(args, "answers", None) or "target")

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specula.training.drafters.distill_data import load_answers, make_answers
+from specula.training.drafters.common import data_count
+from specula.training.drafters.distill_data import load_answers
 from specula.drafters.flash_head import FlashHead, draft_inputs, layout
 from specula.training.drafters.eagle import (Batch, EagleTrainConfig, common_cli_config, epoch_order, export_head, fit,
                                          new_head, open_run, target_features)
@@ -130,14 +131,11 @@ def flash_step(head: FlashHead, model, batch: Batch, cfg: EagleTrainConfig,
 def train(cfg: FlashTrainConfig, log=print, stop_at: int | None = None) -> Path:
     """Make the answers (resumable), then train (resumable); returns the checkpoint folder. ``stop_at``: stop with a
     checkpoint once that many samples are done."""
-    run = open_run(cfg)
+    run = open_run(cfg, log)
     data_dir = Path(cfg.data_dir) if cfg.data_dir else run.dir / "data"
-    make_answers(data_dir, run.target, run.processor, key={**cfg.data_key(), "target_sha256": run.fingerprint},
-                 n=cfg.data_samples, eval_n=cfg.eval_samples, start=cfg.data_start, seed=cfg.seed,
-                 max_new_tokens=cfg.max_new_tokens, chunk=cfg.chunk, gen_batch=cfg.gen_batch, desc="flash data",
-                 log=log)
-    data = load_answers(data_dir, "train", cfg.data_samples)
-    held_out = load_answers(data_dir, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    run.answers(cfg, data_dir, desc="flash data", log=log)
+    data = load_answers(data_dir, "train", data_count(run.source, "train", cfg.data_samples, lambda _m: None))
+    held_out = load_answers(data_dir, "eval", data_count(run.source, "eval", cfg.eval_samples, lambda _m: None))
     t = getattr(run.target.model.config, "image_seq_length", None)
     m = cfg.visual_tokens if t is None else min(cfg.visual_tokens, int(t))
     head = new_head(FlashHead, run, cfg, tokens_per_pass=cfg.tokens_per_pass, visual_tokens=m)

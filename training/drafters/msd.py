@@ -39,7 +39,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specula.training.drafters.distill_data import Answer, load_answers, make_answers
+from specula.training.drafters.common import data_count
+from specula.training.drafters.distill_data import Answer, load_answers
 from specula.drafters.msd_head import MsdHead
 from specula.training.drafters.eagle import (EagleTrainConfig, common_cli_config, epoch_order, export_head, fit,
                                          new_head, open_run)
@@ -127,7 +128,7 @@ class Schedule:
 def train(cfg: MsdTrainConfig, log=print, stop_at: int | None = None) -> Path:
     """Make D_text, D_vis and the held-out answers (resumable), then train both stages (resumable); returns the
     checkpoint folder. ``stop_at``: stop with a checkpoint once that many samples are done."""
-    run = open_run(cfg)
+    run = open_run(cfg, log)
     ckpt = run.dir / "ckpt"
     if (ckpt / "state.json").exists():
         old = json.loads((ckpt / "state.json").read_text())["config"]
@@ -136,15 +137,15 @@ def train(cfg: MsdTrainConfig, log=print, stop_at: int | None = None) -> Path:
             raise ValueError(f"{ckpt} was trained with {theirs}; this run asks for {cfg.resume_key()}: use another "
                              f"run_dir")
     data_dir = Path(cfg.data_dir) if cfg.data_dir else run.dir / "data"
-    common = dict(key={**cfg.data_key(), "target_sha256": run.fingerprint}, start=cfg.data_start, seed=cfg.seed,
-                  max_new_tokens=cfg.max_new_tokens, chunk=cfg.chunk, gen_batch=cfg.gen_batch, log=log)
-    make_answers(data_dir, run.target, run.processor, n=cfg.text_samples, eval_n=cfg.eval_samples, split="text",
-                 desc="msd data (text)", **common)
-    make_answers(data_dir, run.target, run.processor, n=cfg.data_samples, split="vision", desc="msd data (vision)",
-                 **common)
-    text = load_answers(data_dir, "text", cfg.text_samples)
-    vision = load_answers(data_dir, "vision", cfg.data_samples)
-    held_out = load_answers(data_dir, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    quiet = lambda _m: None  # noqa: E731  (the counts were logged as the answers were made)
+    run.answers(cfg, data_dir, n=cfg.text_samples, split="text", desc="msd data (text)", log=log)
+    run.answers(cfg, data_dir, split="vision", desc="msd data (vision)", log=log)
+    text = load_answers(data_dir, "text", data_count(run.source, "text", cfg.text_samples, quiet))
+    vision = load_answers(data_dir, "vision", data_count(run.source, "vision", cfg.data_samples, quiet))
+    held_out = load_answers(data_dir, "eval", data_count(run.source, "eval", cfg.eval_samples, quiet))
+    if not text or not vision:
+        raise ValueError(f"msd trains on text-only and image prompts both; the data has {len(text)} text-only and "
+                         f"{len(vision)} with images")
 
     head = new_head(MsdHead, run, cfg, decoupled=cfg.decoupled)
     sched = Schedule(cfg.total_samples, cfg.stage1_samples)
