@@ -4,7 +4,9 @@
 # 1. tests/runtime/test_cuda.py: greedy speculative decoding on the GPU equals plain decoding (ngram, random chain
 #    and tree drafters, drafts made on the CPU), sampled output reproducible per seed, verification of drafts from
 #    another device; and the target trainer's joint stage on CUDA (tests/training/test_train_target.py), its checkpoint
-#    resumed on the CPU;
+#    resumed on the CPU; an eagle head trained on the GPU for tiny LLaVA-1.5 and Qwen2.5-VL checkpoints in the stock
+#    layouts from a conversation file, then served in-process on the GPU, greedy answers equal to plain decoding
+#    (tests/training/test_your_model_cuda.py);
 # 2. bench spec on cuda with the candidate zoo (zoo/candidates, when there is one) or else the shipped one: its
 #    target with ngram, eagle, flash and msd (tau, speedup vs plain, exactness), JSON +
 #    markdown into OUT_DIR (default reports/cuda).
@@ -16,7 +18,8 @@ OUT=${1:-$R/reports/cuda}
 mkdir -p "$OUT"
 . "$R/.ci/specula_cmd.sh"
 (cd /tmp && python3 -m pytest -q -p no:cacheprovider -o addopts="" "$R/tests/runtime/test_cuda.py" \
-  "$R/tests/training/test_train_target.py::test_joint_stage_trains_on_cuda_and_checkpoints_on_the_cpu")
+  "$R/tests/training/test_train_target.py::test_joint_stage_trains_on_cuda_and_checkpoints_on_the_cpu" \
+  "$R/tests/training/test_your_model_cuda.py")
 cd "$R"
 Z=zoo/candidates; [ -d $Z/target ] || Z=zoo/weights
 DR=()
