@@ -7,7 +7,12 @@ robin, so machine drift hits them alike:
   <drafter>  our engine with each drafter at each gamma
   hf_assisted  HF assisted generation (``assistant_model``) with the text_lm drafter's model, when it can run
 Speedup = plain wall time / configuration wall time over the same prompts. Greedy outputs are checked against
-plain decoding token for token (``exact`` in the report). Writes JSON, markdown and PNG plots.
+plain decoding token for token (``greedy_exact`` per configuration, ``exact`` per prompt row). Writes JSON, markdown
+and PNG plots.
+
+Prompts: ``n_per_suite`` world prompts of each suite, and/or the user's own (``--prompts FILE``: a prompts file or a
+conversation file, runtime/bench/prompt_file.py), the first ``n_per_suite`` of each of the file's suite labels. With
+``hf_baselines`` off (``--no-hf``) nothing is loaded but the target (the report's ``loaded`` says what was).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class BenchConfig:
     out: str = "reports/bench-spec"
     seed: int = 0
     device: str = "cpu"  # the target's (and by default the drafters') device: cpu, cuda or cuda:N
+    prompts: str = ""  # the user's prompts file ('' = none); its prompts run besides ``suites``
+    image_root: str = ""  # where the prompts file's relative image paths start ('' = the file's folder)
     extra: dict = field(default_factory=dict)
 
 
@@ -93,29 +100,66 @@ def _hf_assistant(drafters):
     return None, "no text_lm drafter in this run (HF assisted generation needs a small LM with the same tokenizer)"
 
 
-def load(model: str, device: str = "cpu"):
+def load(model: str, device: str = "cpu", hf: bool = True):
     """(path, processor, our target, the stock HF model) for ``model`` (a zoo name or a local directory), both
-    models on ``device``."""
+    models on ``device``; without ``hf`` the HF model is None (not loaded)."""
     from specula.targets import load_target
     from specula.targets.processor import load_processor
     from specula.zoo.store import resolve
 
     path = resolve(model)
     target = load_target(str(path), device=device)
+    if not hf:
+        return path, load_processor(path), target, None
     # the checkpoint's own HF class (LlavaForConditionalGeneration, Qwen2_5_VLForConditionalGeneration), as
     # load_target picked it from config.json's model_type
     hf_model = type(target).hf_class.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
     return path, load_processor(path), target, hf_model
 
 
-def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
-    """Measure ``cfg``; ``loaded`` is ``load(cfg.model)`` when the caller already holds the models."""
+def all_prompts(cfg: BenchConfig, processor, user_prompts=None) -> list[tuple]:
+    """``[(suite, prompt_id, EncodedPrompt)]``: the world suites' and the user's (``user_prompts``, or
+    ``cfg.prompts`` read as a prompts file), ids unique."""
+    from specula.runtime.bench import prompt_file
+
+    if user_prompts is None and cfg.prompts:
+        if prompt_file.file_kind(cfg.prompts) == "conversations":
+            raise ValueError(f"{cfg.prompts} is a conversation file: read it with specula.cli.bench.read_user_prompts "
+                             "and pass user_prompts (runtime/ does not import the training data reader)")
+        user_prompts = prompt_file.read_prompts(cfg.prompts, cfg.image_root or None)
+    prompts = encoded_prompts(processor, cfg.suites, cfg.n_per_suite, cfg.seed)
+    prompts += prompt_file.encode_user_prompts(processor, prompt_file.first_per_suite(user_prompts or [],
+                                                                                      cfg.n_per_suite))
+    if not prompts:
+        raise ValueError("bench spec: no prompts (give --suite, --prompts, or --n of at least 1)")
+    ids = [pid for _, pid, _ in prompts]
+    if clash := sorted({x for x in ids if ids.count(x) > 1}):
+        raise ValueError(f"bench spec: prompt id(s) {clash} appear more than once (a prompts file's ids must differ "
+                         "from each other and from the world prompts' <suite>-<i>)")
+    return prompts
+
+
+def _n_images(prompt) -> int:
+    """Images in an EncodedPrompt: Qwen2.5-VL's grid rows, else LLaVA's pixel batch."""
+    if prompt.image_grid_thw is not None:
+        return int(prompt.image_grid_thw.shape[0])  # [N_img, 3]
+    return 0 if prompt.pixel_values is None else int(prompt.pixel_values.shape[0])  # [N_img, 3, S, S]
+
+
+def run(cfg: BenchConfig, log=print, loaded=None, user_prompts=None) -> dict:
+    """Measure ``cfg``; ``loaded`` is ``load(cfg.model)`` when the caller already holds the models;
+    ``user_prompts``: ``UserPrompt``s (runtime/bench/prompt_file.py) run besides the world suites."""
     labels = [config_label(d) for d in cfg.drafters]
     clash = sorted({x for x in labels if labels.count(x) > 1})
     if clash:  # their rows would overwrite each other in every table
         raise ValueError(f"bench spec: drafter configs {clash} appear more than once under the same name; give each a "
                          f"\"label\" (e.g. {{\"kind\": \"text_lm\", \"lean\": false, \"label\": \"text_lm-stock\"}})")
-    path, processor, target, hf_model = loaded if loaded is not None else load(cfg.model, cfg.device)
+    path, processor, target, hf_model = (loaded if loaded is not None else
+                                         load(cfg.model, cfg.device, hf=cfg.hf_baselines))
+    if cfg.hf_baselines and hf_model is None:
+        raise ValueError("bench spec: hf_baselines needs the stock HF model (load(..., hf=True))")
+    prompts = all_prompts(cfg, processor, user_prompts)
+    suites = list(dict.fromkeys([*cfg.suites, *(s for s, _, _ in prompts)]))
     tok = processor.tokenizer
     drafters = [(d, make_drafter(d, target, tok)) for d in cfg.drafters]
     eos = eos_ids(tok, target)
@@ -124,7 +168,6 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
         for g in cfg.gammas:
             engines[f"{config_label(d)}@{g}"] = SpecEngine(target, drafter, gamma=g, eos_token_ids=eos)
     assistant, assisted_reason = _hf_assistant([x for _, x in drafters])
-    prompts = encoded_prompts(processor, cfg.suites, cfg.n_per_suite, cfg.seed)
     params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed, max_tokens=cfg.max_tokens)
     hf_kw = dict(max_new_tokens=cfg.max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)
 
@@ -133,6 +176,7 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
     metrics: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     exact: dict[str, list[bool]] = defaultdict(list)
     reference: dict[str, list[int]] = {}
+    rows: dict[str, dict] = {}  # prompt id -> its row in the report
 
     # warm-up: one request through every configuration (first calls allocate and pick kernels)
     _, wid, warm = prompts[0]
@@ -141,6 +185,8 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
     with torch.no_grad():
         for suite, pid, prompt in tqdm(prompts, desc="bench spec", unit="prompt", mininterval=2.0):
             ids = prompt.input_ids  # [L]
+            row = rows[pid] = {"id": pid, "suite": suite, "prompt_tokens": int(ids.numel()),
+                               "images": _n_images(prompt), "exact": {}}
             for name, eng in engines.items():
                 t0 = time.perf_counter()
                 res = eng.generate([prompt.request(f"{pid}-{name}", params)])
@@ -151,8 +197,10 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
                 metrics[name][suite].append(r.metrics)
                 if name == "plain":
                     reference[pid] = r.tokens
+                    row["plain_tokens"] = len(r.tokens)
                 else:
                     exact[name].append(r.tokens == reference[pid])
+                    row["exact"][name] = r.tokens == reference[pid]
             if cfg.hf_baselines:
                 kw = prompt.hf_inputs(cfg.device)  # input_ids [1, L], pixels, Qwen's grid and mm_token_type_ids
                 t0 = time.perf_counter()
@@ -168,12 +216,14 @@ def run(cfg: BenchConfig, log=print, loaded=None) -> dict:
                     except Exception as e:  # record exactly why HF could not do it, and go on
                         assisted_reason = f"{type(e).__name__}: {e}"
                         assistant = None
-    return _summarize(cfg, path, times, tokens_out, metrics, exact, assisted_reason)
+    loaded_models = {"target": type(target).__name__,
+                     "hf_baseline": type(hf_model).__name__ if cfg.hf_baselines else None}
+    result = _summarize(cfg, path, suites, times, tokens_out, metrics, exact, assisted_reason)
+    return {**result, "loaded": loaded_models, "prompts": list(rows.values())}
 
 
-def _summarize(cfg, path, times, tokens_out, metrics, exact, assisted_reason) -> dict:
-    suites = list(cfg.suites)
-    result = {"config": asdict(cfg), "model": str(path), "machine": {
+def _summarize(cfg, path, suites, times, tokens_out, metrics, exact, assisted_reason) -> dict:
+    result = {"config": asdict(cfg), "model": str(path), "suites": suites, "machine": {
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "python": platform.python_version()}, "configs": {}, "hf_assisted_note": assisted_reason}
     plain_total = sum(times["plain"].values())
@@ -203,7 +253,7 @@ def _summarize(cfg, path, times, tokens_out, metrics, exact, assisted_reason) ->
 
 
 def render_markdown(r: dict) -> str:
-    suites = list(r["config"]["suites"])
+    suites = list(r.get("suites", r["config"]["suites"]))
     lines = [f"# Specula bench: speculative vs plain decoding", "",
              f"Model `{r['model']}`, {r['machine']['cpu_count']} CPUs, {r['machine']['torch_threads']} torch threads, "
              f"torch {r['machine']['torch']}; {r['config']['n_per_suite']} prompts per suite, max_tokens "
@@ -224,6 +274,13 @@ def render_markdown(r: dict) -> str:
             lines.append(f"- {name}: " + ", ".join(f"{a:.2f}" for a in c["alpha"]))
     if r.get("hf_assisted_note"):
         lines += ["", f"HF assisted generation: {r['hf_assisted_note']}"]
+    if r.get("prompts"):
+        lines += ["", "## prompts", "", "| id | suite | prompt tokens | images | plain tokens | greedy output == plain |",
+                  "| --- | --- | ---: | ---: | ---: | --- |"]
+        for p in r["prompts"]:
+            same = all(p["exact"].values()) if p["exact"] and r["config"]["temperature"] == 0 else "-"
+            lines.append(f"| {p['id']} | {p['suite']} | {p['prompt_tokens']} | {p['images']} | "
+                         f"{p.get('plain_tokens', '-')} | {same} |")
     return "\n".join(lines) + "\n"
 
 
@@ -232,7 +289,7 @@ def write_report(r: dict, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_spec.json").write_text(json.dumps(r, indent=1) + "\n")
     (out / "bench_spec.md").write_text(render_markdown(r))
-    suites = list(r["config"]["suites"])
+    suites = list(r.get("suites", r["config"]["suites"]))
     spec = {n: c for n, c in r["configs"].items() if c["tau"] is not None and n != "plain"}
     if spec:
         bar_chart(out / "tau_per_suite.png", "tau per suite", suites,
@@ -253,13 +310,17 @@ def write_report(r: dict, out: str | Path) -> Path:
     return out
 
 
-def main(args) -> int:
+def main(args, user_prompts=None) -> int:
+    """``specula bench spec``; ``user_prompts``: the ``--prompts`` file as ``UserPrompt``s (the CLI reads it)."""
     drafters = tuple(json.loads(d) if d.strip().startswith("{") else {"kind": d} for d in (args.drafter or ["ngram"]))
-    cfg = BenchConfig(model=args.model, drafters=drafters, suites=tuple(args.suite or BenchConfig.suites),
+    prompts = getattr(args, "prompts", None) or ""
+    suites = tuple(args.suite) if args.suite else (() if prompts else BenchConfig.suites)  # --prompts alone: the file
+    cfg = BenchConfig(model=args.model, drafters=drafters, suites=suites,
                       n_per_suite=args.n, gammas=tuple(args.gamma or [5]), max_tokens=args.max_tokens,
                       temperature=args.temperature, hf_baselines=not args.no_hf, out=args.out,
-                      device=getattr(args, "device", "cpu"))
-    r = run(cfg)
+                      device=getattr(args, "device", "cpu"), prompts=str(prompts),
+                      image_root=str(getattr(args, "image_root", None) or ""))
+    r = run(cfg, user_prompts=user_prompts)
     out = write_report(r, cfg.out)
     print(render_markdown(r))
     print(f"wrote {out}")

@@ -4,13 +4,19 @@ With a drafter (``DEFAULT_DRAFTER`` unless ``--drafter`` names another) the answ
 unless ``--no-compare``, plain decoding of the same question runs in the same process: one warm-up of each, then
 ``--repeats`` timed runs of each, round robin (the fastest of each counts). Greedy outputs must be identical
 (lossless), and the run prints tau and the speedup over plain decoding.
-``--drafter none`` decodes plainly and prints tokens/s only. ``add_generate_arguments`` is the command's flags;
-parsing them imports neither torch nor the drafters.
+``--drafter none`` decodes plainly and prints tokens/s only. ``--drafter`` takes what ``specula serve --drafter``
+takes (runtime/config_front_door.py ``drafter_from_ref``): a trained drafter's directory, a shipped drafter or a
+kind; a drafter whose record (``specula.json``) names other target weights than the model's is refused naming both
+fingerprints (runtime/config_records.py). The default drafter's shipped weights are the embedded target's: on any
+other model, without ``--drafter``, it drafts with ``FALLBACK_DRAFTER`` (the serving config's default) and says so
+on stderr. ``add_generate_arguments`` is the command's flags; parsing them imports neither torch nor the drafters.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +27,16 @@ from PIL import Image, UnidentifiedImageError
 # (reports/2026-12-02-linux-x86_64-2c: flash 1.19x over plain decoding, captions 2.08x; next text_lm and pooled
 # 1.11x). The serving config's default (runtime/config.py DrafterConfig.kind) is ngram, which needs no weights.
 DEFAULT_DRAFTER = "flash"
+FALLBACK_DRAFTER = "ngram"  # the default on a model the default drafter was not trained for: needs no weights
 DEFAULT_GAMMA = 5  # draft tokens per block, as in that report
+
+
+class _Chosen(argparse.Action):
+    """Stores ``--drafter`` and notes that it was given (the default alone may fall back to ``FALLBACK_DRAFTER``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.drafter_given = True
 
 
 def add_generate_arguments(p) -> None:
@@ -34,9 +49,12 @@ def add_generate_arguments(p) -> None:
     p.add_argument("--model", "--target", dest="model", default="target",
                    help="zoo entry name or local HF checkpoint directory (LLaVA-1.5, Qwen2.5-VL or ours); the prompt "
                         "is built by its own processor and chat template (default: target)")
-    p.add_argument("--drafter", default=DEFAULT_DRAFTER,
-                   help=f"drafter kind (specula.drafters.kinds(), with its shipped weights) or none for plain "
-                        f"decoding only (default: {DEFAULT_DRAFTER})")
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER, action=_Chosen, metavar="KIND|DIR",
+                   help=f"a trained drafter's directory (its specula.json names the kind and the target weights it "
+                        f"was trained for, checked against --model's), a drafter kind (specula.drafters.kinds(), "
+                        f"with its shipped weights), or none for plain decoding only (default: {DEFAULT_DRAFTER}, "
+                        f"whose weights are the embedded target's; on another model {FALLBACK_DRAFTER})")
+    p.set_defaults(drafter_given=False)
     p.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
                    help=f"draft tokens per block (default: {DEFAULT_GAMMA})")
     p.add_argument("--no-compare", action="store_true",
@@ -92,25 +110,59 @@ def _run(engine, request_id: str, prompt, params) -> Timed:
     return Timed(res, time.perf_counter() - t0)
 
 
-def _check_args(args) -> str | None:
-    """The drafter kind ``args`` asks for (None = plain decoding), after checking the numbers."""
+def _check_args(args) -> bool:
+    """Whether ``args`` asks for a drafter (``--drafter none``: plain decoding), after checking the numbers."""
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be at least 1")
     if args.drafter.lower() == "none":
-        return None
+        return False
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
     if args.gamma < 1:
         raise ValueError("--gamma must be at least 1 (--drafter none decodes plainly)")
+    return True
+
+
+def _drafter_spec(ref: str) -> dict:
+    """``{"kind", "options"}`` of a drafter directory, shipped drafter or kind, as ``specula serve`` reads it."""
+    from specula.runtime.config import ConfigError
+    from specula.runtime.config_front_door import drafter_from_ref
     from specula.runtime.engine.local_drafter import check_kind
 
-    check_kind(args.drafter)
-    return args.drafter
+    try:
+        return drafter_from_ref(ref)
+    except ConfigError:
+        if not Path(ref).exists():
+            check_kind(ref)  # not a kind either: the known kinds by name, and none
+        raise
+
+
+def choose_drafter(args, model_path) -> tuple[str, dict]:
+    """(kind, options) of the drafter ``args`` asks for, its record checked against ``model_path``'s weights
+    (runtime/config_records.py, as ``specula serve`` checks it); the default drafter falls back to
+    ``FALLBACK_DRAFTER`` with a note on stderr where its record names other weights."""
+    from specula.runtime.config import DrafterConfig
+    from specula.runtime.config_records import record_mismatches
+
+    spec = _drafter_spec(args.drafter)
+    problems = record_mismatches(str(model_path), DrafterConfig(**spec))
+    if problems and not getattr(args, "drafter_given", True):
+        print(f"specula generate: the default drafter {args.drafter!r} was trained for another target than "
+              f"{model_path}; drafting with {FALLBACK_DRAFTER!r} (--drafter KIND|DIR chooses another)",
+              file=sys.stderr)
+        return FALLBACK_DRAFTER, {}
+    if problems:
+        raise ValueError("; ".join(problems) + f" (--drafter {FALLBACK_DRAFTER} needs no weights)")
+    return spec["kind"], dict(spec.get("options") or {})
 
 
 def main(args) -> int:
-    kind = _check_args(args)
+    speculative = _check_args(args)
     images = load_images(args.image)
+    from specula.zoo.store import resolve
+
+    path = resolve(args.model)
+    kind, options = choose_drafter(args, path) if speculative else (None, {})
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -120,13 +172,11 @@ def main(args) -> int:
     from specula.runtime.engine.prompts import encode_prompt, eos_ids
     from specula.targets import load_target
     from specula.targets.processor import load_processor
-    from specula.zoo.store import resolve
 
     hf_logging.disable_progress_bar()  # the weight-loading bar would sit between the command and its answer
     if args.threads:
         torch.set_num_threads(args.threads)
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
-    path = resolve(args.model)
     processor = load_processor(path)
     tok = processor.tokenizer
     target = load_target(str(path), device=args.device)
@@ -137,12 +187,12 @@ def main(args) -> int:
     if kind is None:
         return _report(args, path, ids, _run(plain, "plain", prompt, params), None, None)
     try:
-        drafter = build_local_drafter({"kind": kind}, target, tok)
+        drafter = build_local_drafter({"kind": kind, **options}, target, tok)
     except ValueError as e:
         raise ValueError(f"drafter {kind!r} cannot draft for {path}: {e} (--drafter none decodes plainly)") from None
     spec = SpecEngine(target, drafter, gamma=args.gamma, **kw)
     if args.no_compare:
-        return _report(args, path, ids, None, _run(spec, "spec", prompt, params), kind)
+        return _report(args, path, ids, None, _run(spec, "spec", prompt, params), kind, options.get("path"))
     for name, engine in (("plain", plain), ("spec", spec)):  # first calls allocate and pick kernels
         _run(engine, f"warm-{name}", prompt, params)
     base, fast = None, None
@@ -153,15 +203,18 @@ def main(args) -> int:
                                     f"broke\n  plain:       {b.result.text!r}\n  speculative: {f.result.text!r}")
         base = b if base is None or b.seconds < base.seconds else base
         fast = f if fast is None or f.seconds < fast.seconds else fast
-    return _report(args, path, ids, base, fast, kind)
+    return _report(args, path, ids, base, fast, kind, options.get("path"))
 
 
-def _report(args, path, ids, base: Timed | None, fast: Timed | None, kind: str | None) -> int:
-    """Print the answer and the figures of the runs made (``base`` plain, ``fast`` speculative)."""
+def _report(args, path, ids, base: Timed | None, fast: Timed | None, kind: str | None,
+            drafter_path: str | None = None) -> int:
+    """Print the answer and the figures of the runs made (``base`` plain, ``fast`` speculative); ``drafter_path``:
+    the drafter's weights (a directory or a zoo entry), None for a kind without weights."""
     shown = fast or base
     res = shown.result
     record = {"answer": res.text, "new_tokens": len(res.tokens), "model": str(path), "prompt_tokens": int(ids.numel()),
-              "finish_reason": res.finish_reason, "drafter": kind, "gamma": args.gamma if kind else None,
+              "finish_reason": res.finish_reason, "drafter": kind, "drafter_path": drafter_path,
+              "gamma": args.gamma if kind else None,
               "tau": round(fast.result.metrics.tau, 3) if fast else None,
               "alpha": [round(a, 3) for a in fast.result.metrics.alpha] if fast else None,
               "speculative": fast.to_dict() if fast else None, "plain": base.to_dict() if base else None,

@@ -69,17 +69,28 @@ def _add_target(bsub) -> None:
 
 def _add_spec(bsub) -> None:
     sp = bsub.add_parser("spec", help="speculative vs plain decoding (our engine, HF generate, HF assisted) per suite",
-                         description="Runs every configuration round robin on the same prompts and writes JSON, "
-                                     "markdown and PNG plots (tau per suite, alpha_n, speedup vs gamma).")
+                         description="Runs every configuration round robin on the same prompts (the world's "
+                                     "evaluation suites and/or your own, --prompts) and writes JSON, markdown and "
+                                     "PNG plots (tau per suite, alpha_n, speedup vs gamma, one row per prompt).")
     sp.add_argument("--model", default="target", help="zoo entry or local checkpoint directory (default: target)")
     sp.add_argument("--drafter", action="append", default=[],
                     help='drafter kind or JSON config, repeatable (default: ngram), e.g. --drafter \'{"kind": "ngram", "max_n": 3}\'')
     sp.add_argument("--gamma", action="append", type=int, default=[], help="draft length, repeatable (default: 5)")
-    sp.add_argument("--suite", action="append", default=[], help="evaluation suite, repeatable (default: all)")
-    sp.add_argument("--n", type=int, default=6, help="prompts per suite (default: 6)")
+    sp.add_argument("--suite", action="append", default=[],
+                    help="evaluation suite, repeatable (default: all of them, or none with --prompts)")
+    sp.add_argument("--prompts", default=None, metavar="FILE",
+                    help="your own prompts: a JSONL of {\"id\", \"prompt\", \"images\": [...], \"system\", "
+                         "\"suite\"} records, or a LLaVA-Instruct / ShareGPT4V conversation file (each exchange one "
+                         "prompt); rendered by the checkpoint's own chat template (docs/benchmarks.md)")
+    sp.add_argument("--image-root", default=None, metavar="DIR",
+                    help="where --prompts' relative image paths start (default: the file's folder)")
+    sp.add_argument("--n", type=int, default=6,
+                    help="prompts per suite: per world suite, and the first N of each suite label of --prompts "
+                         "(default: 6)")
     sp.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt at most (default: 64)")
     sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    sp.add_argument("--no-hf", action="store_true", help="skip the HF generate / assisted baselines")
+    sp.add_argument("--no-hf", action="store_true",
+                    help="skip the HF generate / assisted baselines (the stock HF copy of the model is not loaded)")
     sp.add_argument("--out", default="reports/bench-spec", help="output directory (default: reports/bench-spec)")
     sp.add_argument("--threads", type=int, default=2)
     sp.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the target's and the drafters' device "
@@ -98,7 +109,29 @@ def run_spec(args) -> int:
     set_threads(args)
     from specula.runtime.bench.spec import main
 
-    return main(args)
+    user = read_user_prompts(args.prompts, args.image_root) if args.prompts else None
+    return main(args, user_prompts=user)
+
+
+def read_user_prompts(path: str, image_root: str | None = None) -> list:
+    """``--prompts FILE`` as ``UserPrompt``s (runtime/bench/prompt_file.py), the format told by its content: a
+    conversation file (LLaVA-Instruct / ShareGPT4V) through the training data reader, one prompt per exchange (the
+    turns before each answer), else a prompts file. Bad records: one ValueError naming each."""
+    from specula.runtime.bench.prompt_file import DEFAULT_SUITE, UserPrompt, file_kind, read_prompts
+
+    if file_kind(path) == "prompts":
+        return read_prompts(path, image_root)
+    from specula.training.data import exchanges, read_conversations
+
+    out = []
+    for conv in read_conversations(path, image_root, progress=False):  # every image must exist (DataError)
+        for k, ex in enumerate(exchanges(conv)):
+            where = f"{path}: record {conv.index}, id {conv.id!r}, exchange {k}"
+            out.append(UserPrompt(f"{conv.id}/{k}", DEFAULT_SUITE, tuple(ex.messages), conv.images[: ex.n_images],
+                                  where))
+    if not out:
+        raise ValueError(f"{path}: no exchange to prompt with")
+    return out
 
 
 def run_report(args) -> int:
