@@ -16,11 +16,20 @@ KINDS = ("text_lm", "eagle", "msd", "massv", "flash", "aasd")
 def add_drafter_parsers(tsub) -> None:
     """One sub-parser per drafter kind on ``tsub`` (the ``train`` group's sub-parsers), each with its handler."""
     x = tsub.add_parser("text_lm", help="distil the text-only drafter LM from the target's own answers (resumable)",
-                        description="Stage 1 asks the target (with the image) for greedy answers on world training "
-                                    "prompts and keeps its top-k log-probs; stage 2 trains a small Llama on the "
-                                    "prompts without their images. Both stages resume from --run-dir.")
+                        description="Stage 1 asks the target (with the images) for greedy answers on the training "
+                                    "prompts (the world's, or --data's rendered with the target's chat template) and "
+                                    "keeps its top-k log-probs; stage 2 trains a small LM over the target's tokenizer "
+                                    "on each prompt as the served drafter reads it: the target's prompt tokens with "
+                                    "the image tokens dropped. --answers data trains on the file's answers instead "
+                                    "(plain cross-entropy: no target log-probs). Both stages resume from --run-dir.")
     _distill_args(x, "text_lm", data=30_000, samples=240_000)
-    x.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="drafter size (tiny: for tests)")
+    x.add_argument("--arch", default="embedded", choices=["embedded", "tiny"],
+                   help="size of a fresh Llama drafter over the target's vocabulary (embedded: 2 layers, d256; tiny: "
+                        "for tests); unused with --init-lm")
+    x.add_argument("--init-lm", default=None, metavar="DIR",
+                   help="train this small causal LM (a transformers AutoModelForCausalLM directory with its "
+                        "tokenizer, which must be the target's or a prefix of it) instead of a fresh --arch Llama "
+                        "(default: fresh)")
     x.set_defaults(func=_run_text_lm)
 
     e = tsub.add_parser("eagle", help="train the EAGLE head on the target's hidden states (resumable)",

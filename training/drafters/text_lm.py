@@ -3,34 +3,45 @@
 Recipe (the text-only drafter of IbED / MASSV):
 
 1. Data. Prompts of the world's training split (``train_stream(seed, start=data_start)``: the TRAIN_MIX weights,
-   indices past the target's own training samples). The *target* answers each one greedily, with its images, up to
-   EOS or ``max_new_tokens`` (the answers the drafter must predict at temperature 0), and at every answer position
-   we keep its top-``topk`` log-probabilities at temperature 1. Written under ``<run_dir>/data/`` as safetensors
-   chunks of ``chunk`` samples (written whole, then renamed: a rerun skips the chunks it has), plus
-   ``eval.safetensors``: the same for ``eval_samples`` prompts of the evaluation suites. ``data/meta.json`` records
-   what defines the answers (settings + sha256 of the target's weights); a rerun that differs is refused.
-2. Training. The text LM reads the prompt *with the image tokens removed*, then the answer; on every answer
-   position the loss is
+   indices past the target's own training samples), or of the user's conversation file (``data_file``,
+   ``training/data/sources.py``: one prompt per assistant turn, rendered by the target's own processor and chat
+   template, Qwen2.5-VL's ``image_grid_thw`` with it). The *target* answers each one greedily, with its images, up
+   to EOS or ``max_new_tokens`` (the answers the drafter must predict at temperature 0), and at every answer
+   position we keep its top-``topk`` log-probabilities at temperature 1. ``answers="data"`` (a file only) takes the
+   file's own answers instead: there are no target log-probs then, so each position's "top-k" is the data's token
+   alone (k = 1, log-prob 0) and the loss below is plain cross-entropy on the data (hard targets).
+   Written under ``<run_dir>/data/`` as safetensors chunks of ``chunk`` samples (written whole, then renamed: a
+   rerun skips the chunks it has), plus ``eval.safetensors``: the same for ``eval_samples`` held-out prompts (the
+   world's evaluation suites, or the file's held-out records). ``data/meta.json`` records what defines the answers
+   (settings, the file's sha256 + sha256 of the target's weights); a rerun that differs is refused.
+2. Training. The text LM reads the prompt as the served drafter does (``text_view``: the target's prompt ids with
+   every image token dropped, ``drafters/text_lm.py`` ``begin``), then the answer; on every answer position the
+   loss is
        (1 - kd_weight) * CE(the target's greedy token) + kd_weight * soft CE(the target's top-k, renormalized).
    The first term is sequence-level distillation (Kim & Rush 2016): what greedy acceptance needs. The second
    teaches the shape of p, which sampled acceptance (sum of min(p, q)) needs; top-k keeps the files small.
+   The LM is a fresh Llama (``arch``) over the target's tokenizer with one logit per target vocabulary id, or an
+   existing causal LM (``init_lm``, any ``AutoModelForCausalLM`` whose tokenizer is the target's or a prefix of it,
+   ``drafters/vocab.py``); its logits are cut to the ids it shares with the target, as the served drafter's q is.
    AdamW, warmup then cosine decay; epochs over the data in a seeded order, a pool of ``pool`` samples at a time,
    split into token-budget batches.
-3. Checkpoints: ``<run_dir>/ckpt`` (fp32 safetensors, optimizer via ``torch.save`` loadable with
-   ``weights_only=True``, state.json) every ``ckpt_every_s`` seconds and at the end; a rerun resumes, and the data
-   order is a pure function of the sample counter, so a resumed run sees the same batches.
+3. Checkpoints: ``<run_dir>/ckpt`` (fp32 safetensors + the LM's config.json, optimizer via ``torch.save`` loadable
+   with ``weights_only=True``, state.json) every ``ckpt_every_s`` seconds and at the end; a rerun resumes, and the
+   data order is a pure function of the sample counter, so a resumed run sees the same batches.
    Evaluation on the held-out answers: top-1 agreement with the target and ``tau_g4``, the mean accepted length
    greedy chain drafting with gamma 4 would get on them (exact: with teacher forcing the committed prefix *is* the
    target's greedy output).
-4. ``export_text_lm``: fp16 ``save_pretrained`` + the tokenizer + ``specula.json``, then the zoo manifest.
+4. ``export_text_lm``: fp16 ``save_pretrained`` + the target's tokenizer (what the served drafter checks its
+   vocabulary against) + ``specula.json`` (kind, target_sha256: checked at serve start), then the manifest of
+   ``out.parent``.
 
     cfg = TextLMTrainConfig(run_dir="runs/text_lm", target="target")
     export_text_lm(train(cfg), out=Path("zoo/weights/text_lm"))
+    cfg = TextLMTrainConfig(run_dir="runs/my", target="/models/llava-1.5-7b-hf", data_file="data.jsonl")
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -41,11 +52,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from specula.training.drafters.distill_data import same_data
-from specula.training.drafters.common import Cadence, chunks_to_make, epoch_order, save_checkpoint, warmup_cosine
+from specula.training.drafters.distill_data import cut_at_image_token, same_data
+from specula.training.drafters.common import (Cadence, check_data_fields, chunks_to_make, data_count, data_source,
+                                              epoch_order, recipe_processor, save_checkpoint, warmup_cosine)
 from specula.zoo import store as manifest
-from specula.zoo.store import TOKENIZER_DIR, ZOO_DIR, sibling_ref
-from specula.training.drafters.text_lm_config import TextLMArch, build_model, matmul_macs_per_token
+from specula.zoo.store import ZOO_DIR, sibling_ref
+from specula.training.drafters.text_lm_config import TextLMArch, build_model, lm_macs_per_token
 
 TEXT_LM_DIR = ZOO_DIR / "text_lm"
 DATA_FORMAT = "specula-text-lm-data/1"
@@ -55,12 +67,16 @@ EVAL_SUITES = ("caption", "vqa", "reasoning", "chart", "ocr", "multi_image", "vi
 @dataclass(frozen=True)
 class TextLMTrainConfig:
     run_dir: str = "runs/text_lm"
-    target: str = "target"  # zoo name or directory of the target (LlavaForConditionalGeneration)
-    tokenizer_dir: str = str(TOKENIZER_DIR)  # processor: tokenizer + image processor
-    arch: str = "embedded"  # TextLMArch name
+    target: str = "target"  # zoo name or directory of the target (LLaVA-1.5, Qwen2.5-VL or the embedded one)
+    tokenizer_dir: str = ""  # processor: tokenizer + image processor; "" = the target's own (its directory)
+    arch: str = "embedded"  # TextLMArch name of a fresh LM
+    init_lm: str = ""  # an existing causal LM directory to train instead of a fresh ``arch`` Llama; "" = fresh
     # data
-    data_samples: int = 30_000
-    data_start: int = 1_000_000  # first train_stream index (the target trained on 0 .. ~60k)
+    data_file: str = ""  # a conversation file (docs/training-data.md); "" = the embedded world's prompts
+    image_root: str = ""  # where data_file's image paths resolve; "" = data_file's folder
+    answers: str = "target"  # "target": its greedy answers + top-k log-probs; "data": data_file's own (hard targets)
+    data_samples: int = 30_000  # with a data_file: at most the file's training prompts
+    data_start: int = 1_000_000  # first train_stream index (the target trained on 0 .. ~60k); 0 in a data_file
     eval_samples: int = 192
     max_new_tokens: int = 96  # the world's answers are <= ~80 tokens
     topk: int = 8
@@ -100,6 +116,9 @@ class TextLMTrainConfig:
             raise ValueError(f"TextLMTrainConfig.weight_decay must be >= 0, got {self.weight_decay!r}")
         if not (self.ckpt_every_s > 0 and self.eval_every_s > 0):
             raise ValueError("TextLMTrainConfig.ckpt_every_s and eval_every_s must be > 0")
+        if not isinstance(self.init_lm, str):
+            raise ValueError(f"TextLMTrainConfig.init_lm must be a directory path or '', got {self.init_lm!r}")
+        check_data_fields(self)
 
     def data_key(self) -> dict:
         """The fields that define the cached data (with the target's weights): a rerun must not mix files."""
@@ -112,10 +131,25 @@ class TextLMTrainConfig:
 
 @dataclass(frozen=True)
 class Example:
-    prompt: torch.Tensor  # [Lp] int64, text-only prompt (image tokens removed)
-    response: torch.Tensor  # [Lr] int64, the target's greedy answer (EOS included when reached)
-    topk_ids: torch.Tensor  # [Lr, k] int64, the target's top-k tokens at each answer position
-    topk_logp: torch.Tensor  # [Lr, k] fp32, their log-probabilities (temperature 1)
+    prompt: torch.Tensor  # [Lp] int64, text-only prompt (image tokens removed: ``text_view``)
+    response: torch.Tensor  # [Lr] int64, the target's greedy answer (EOS included when reached), or the data's
+    topk_ids: torch.Tensor  # [Lr, k] int64, the target's top-k tokens at each answer position (data: k 1, the token)
+    topk_logp: torch.Tensor  # [Lr, k] fp32, their log-probabilities (temperature 1; data: 0)
+
+
+def text_view(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """The prompt the served text_lm drafter reads: the target's prompt ids [L] (chat template applied, image tokens
+    expanded) with every image token dropped -> [L'] (``drafters/text_lm.py`` ``begin`` does exactly this). The
+    template's own image markup stays: Qwen2.5-VL's ``<|vision_start|><|vision_end|>`` pair per image, the newline
+    LLaVA-1.5's template puts after each ``<image>``; rendering the template without the images would lose them, and
+    the drafter would train on prompts it never sees."""
+    return input_ids[input_ids != image_token_id]
+
+
+def hard_example(prompt: torch.Tensor, response: torch.Tensor) -> Example:
+    """An answer with no teacher distribution (the data's own): its top-k is the token itself, log-prob 0, so the
+    soft term of the loss equals the hard one."""
+    return Example(prompt, response, response[:, None].clone(), torch.zeros(len(response), 1))
 
 
 def _encode(processor, sample):
@@ -196,6 +230,7 @@ def read_examples(path: Path) -> list[Example]:
 
 
 def _make_examples(target, processor, samples, cfg: TextLMTrainConfig, tag: str) -> list[Example]:
+    """World samples -> Examples of the target's answers (prompts through ``_encode``)."""
     from specula.targets import PrefillRequest
 
     image_id = target.info.image_token_id
@@ -207,20 +242,50 @@ def _make_examples(target, processor, samples, cfg: TextLMTrainConfig, tag: str)
         group = order[g:g + cfg.gen_batch]
         reqs = [PrefillRequest(f"{tag}-{i}", *encoded[i]) for i in group]
         for i, (resp, ti, tl) in zip(group, answer_greedy(target, reqs, cfg.max_new_tokens, eos, cfg.topk)):
-            ids = encoded[i][0]
-            result[i] = Example(ids[ids != image_id], resp, ti, tl)
+            result[i] = Example(text_view(encoded[i][0], image_id), resp, ti, tl)
+    return result
+
+
+def _source_examples(target, processor, source, split: str, indices: list[int], cfg: TextLMTrainConfig,
+                     tag: str) -> list[Example]:
+    """Prompts ``indices`` of a source's ``split`` -> Examples: the target's answers to each (with its images and,
+    on Qwen2.5-VL, their ``image_grid_thw``), cut before an image token it writes; or, with ``answers="data"``, the
+    source's own answers as hard targets."""
+    got = [source.get(split, i) for i in indices]
+    image_id = target.info.image_token_id
+    if cfg.answers == "data":
+        return [hard_example(text_view(g.prompt.input_ids, image_id), g.answer_ids[: cfg.max_new_tokens])
+                for g in got]
+    eos = set(target.info.eos_token_ids) | {processor.tokenizer.eos_token_id}
+    order = sorted(range(len(got)), key=lambda j: len(got[j].prompt.input_ids))  # similar lengths batch together
+    result: list[Example | None] = [None] * len(got)
+    for g in range(0, len(order), cfg.gen_batch):
+        group = order[g:g + cfg.gen_batch]
+        reqs = [got[j].prompt.prefill(f"{tag}-{indices[j]}") for j in group]
+        for j, (resp, ti, tl) in zip(group, answer_greedy(target, reqs, cfg.max_new_tokens, eos, cfg.topk)):
+            n = len(cut_at_image_token(resp, image_id))
+            result[j] = Example(text_view(got[j].prompt.input_ids, image_id), resp[:n], ti[:n], tl[:n])
     return result
 
 
 def target_fingerprint(target_dir: Path) -> str:
-    """sha256 over the target's weight files: cached answers belong to exactly these weights."""
-    return hashlib.sha256("".join(manifest.sha256(f) for f in sorted(Path(target_dir).glob("*.safetensors")))
-                          .encode()).hexdigest()
+    """sha256 over the target's weight files (``zoo.store.weights_fingerprint``): cached answers belong to exactly
+    these weights, and the export's ``target_sha256`` is what serving checks the model against."""
+    return manifest.weights_fingerprint(target_dir)
 
 
-def make_data(cfg: TextLMTrainConfig, target, processor, key: dict, log=print) -> Path:
+def data_key(cfg: TextLMTrainConfig, source, fingerprint: str) -> dict:
+    """What defines the cached data: the config's ``data_key``, the target's weights and, for a conversation file,
+    the file (its sha256 and held-out records) and where the answers come from."""
+    key = {**cfg.data_key(), "target_sha256": fingerprint}
+    if source is None:
+        return key  # the world: as it always was
+    return {**key, "data_start": 0, **source.key, "answers": cfg.answers}
+
+
+def make_data(cfg: TextLMTrainConfig, target, processor, key: dict, log=print, source=None) -> Path:
     """Generate (or finish generating) ``<run_dir>/data`` for ``key`` (what defines the answers); returns the
-    folder."""
+    folder. ``source``: a conversation file's prompts (``training/data/sources.py``); None = the world's."""
     from specula.world.suites import generate, train_stream
 
     data = Path(cfg.run_dir) / "data"
@@ -232,24 +297,37 @@ def make_data(cfg: TextLMTrainConfig, target, processor, key: dict, log=print) -
             raise ValueError(f"{data} holds data made with {old}; this run asks for {key}: use another run_dir")
     else:
         meta_path.write_text(json.dumps(key, indent=1) + "\n")
-    if not (data / "eval.safetensors").exists() and cfg.eval_samples:
-        samples = [generate(EVAL_SUITES[i % len(EVAL_SUITES)], "eval", 20_000 + i, cfg.seed)
-                   for i in range(cfg.eval_samples)]
-        _write_examples(data / "eval.safetensors", list(range(cfg.eval_samples)),
-                        _make_examples(target, processor, samples, cfg, "eval"), key)
-    todo, done = chunks_to_make(data, "train", cfg.data_samples, cfg.chunk)
+    n, eval_n = train_counts(cfg, source, log)
+    if not (data / "eval.safetensors").exists() and eval_n:
+        if source is None:
+            samples = [generate(EVAL_SUITES[i % len(EVAL_SUITES)], "eval", 20_000 + i, cfg.seed)
+                       for i in range(eval_n)]
+            held_out = _make_examples(target, processor, samples, cfg, "eval")
+        else:
+            held_out = _source_examples(target, processor, source, "eval", list(range(eval_n)), cfg, "eval")
+        _write_examples(data / "eval.safetensors", list(range(eval_n)), held_out, key)
+    todo, done = chunks_to_make(data, "train", n, cfg.chunk)
     if done:
-        log(f"data: {done} of {cfg.data_samples} target answers already in {data}")
-    bar = tqdm(total=cfg.data_samples, initial=done, unit="sample", desc="text_lm data", mininterval=5.0)
+        log(f"data: {done} of {n} target answers already in {data}")
+    bar = tqdm(total=n, initial=done, unit="sample", desc="text_lm data", mininterval=5.0)
     for s in todo:
-        n = min(cfg.chunk, cfg.data_samples - s)
-        stream = train_stream(seed=cfg.seed, start=cfg.data_start + s)
-        samples = [next(stream) for _ in range(n)]
-        examples = _make_examples(target, processor, samples, cfg, f"t{s}")
-        _write_examples(data / f"train-{s:08d}.safetensors", list(range(s, s + n)), examples, key)
-        bar.update(n)
+        m = min(cfg.chunk, n - s)
+        if source is None:
+            stream = train_stream(seed=cfg.seed, start=cfg.data_start + s)
+            examples = _make_examples(target, processor, [next(stream) for _ in range(m)], cfg, f"t{s}")
+        else:
+            examples = _source_examples(target, processor, source, "train", list(range(s, s + m)), cfg, f"t{s}")
+        _write_examples(data / f"train-{s:08d}.safetensors", list(range(s, s + m)), examples, key)
+        bar.update(m)
     bar.close()
     return data
+
+
+def train_counts(cfg: TextLMTrainConfig, source, log=print) -> tuple[int, int]:
+    """(training, held-out) prompts the run uses: the config's, or all a conversation file holds when fewer."""
+    if source is None:
+        return cfg.data_samples, cfg.eval_samples
+    return data_count(source, "train", cfg.data_samples, log), data_count(source, "eval", cfg.eval_samples, log)
 
 
 def load_data(data: Path, n: int) -> list[Example]:
@@ -290,6 +368,21 @@ def collate(items: list[Example], pad_id: int) -> Batch:
                  torch.cat([e.topk_ids for e in items]), torch.cat([e.topk_logp for e in items]))
 
 
+def fit_vocab(e: Example, vocab) -> Example:
+    """An example on the drafter LM's vocabulary (``drafters.vocab.VocabMap``): the served drafter drafts only ids
+    below ``vocab.shared`` and feeds any other id as ``vocab.substitute``. So prompt ids past it are substituted,
+    the answer is cut before its first one (no draft could ever match it) and top-k entries past it get no
+    teacher mass. An LM over the target's own vocabulary (the world's, a fresh one) comes back unchanged."""
+    if all(len(t) == 0 or int(t.max()) < vocab.shared for t in (e.prompt, e.response, e.topk_ids)):
+        return e
+    prompt = torch.where(e.prompt < vocab.shared, e.prompt, vocab.substitute)  # [Lp]
+    out = (e.response >= vocab.shared).nonzero()
+    n = int(out[0, 0]) if len(out) else len(e.response)
+    ids, logp = e.topk_ids[:n], e.topk_logp[:n]  # [n, k]
+    keep = ids < vocab.shared
+    return Example(prompt, e.response[:n], torch.where(keep, ids, 0), torch.where(keep, logp, float("-inf")))
+
+
 def token_budget_batches(items: list[Example], budget: int) -> list[list[Example]]:
     """Group by length so that rows x longest row stays under ``budget`` tokens."""
     items = sorted(items, key=lambda e: len(e.prompt) + len(e.response))
@@ -304,12 +397,18 @@ def token_budget_batches(items: list[Example], budget: int) -> list[list[Example
     return groups + ([cur] if cur else [])
 
 
-def losses(model, batch: Batch, device) -> dict[str, torch.Tensor]:
-    """Hard CE on the target's greedy token, soft CE on its renormalized top-k, top-1 agreement."""
-    hidden = model.model(input_ids=batch.input_ids.to(device),
-                         attention_mask=batch.attention_mask.to(device)).last_hidden_state  # [B, L, H]
+def answer_logp(model, batch: Batch, device, shared: int | None = None) -> torch.Tensor:
+    """The LM's log-probs at every scored position [M, V'] fp32, over its first ``shared`` ids (the ones the served
+    drafter drafts; None = all its rows)."""
+    hidden = model.base_model(input_ids=batch.input_ids.to(device),
+                              attention_mask=batch.attention_mask.to(device)).last_hidden_state  # [B, L, H]
     h = hidden[batch.rows.to(device), batch.cols.to(device)]  # [M, H]
-    logp = model.lm_head(h).float().log_softmax(-1)  # [M, V]
+    return model.get_output_embeddings()(h)[:, :shared].float().log_softmax(-1)  # [M, V']
+
+
+def losses(model, batch: Batch, device, shared: int | None = None) -> dict[str, torch.Tensor]:
+    """Hard CE on the target's greedy token, soft CE on its renormalized top-k, top-1 agreement."""
+    logp = answer_logp(model, batch, device, shared)  # [M, V']
     tgt = batch.target.to(device)
     teacher = batch.topk_logp.to(device).softmax(-1)  # [M, k] renormalized over the top-k
     return {
@@ -337,15 +436,14 @@ def greedy_tau(agree: list[bool], gamma: int = 4) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def evaluate(model, examples: list[Example], pad_id: int, device, budget: int = 8192) -> dict[str, float]:
+def evaluate(model, examples: list[Example], pad_id: int, device, budget: int = 8192,
+             shared: int | None = None) -> dict[str, float]:
     was_training = model.training
     model.eval()
     n_tok, hard, agree_n, counted, blocks = 0, 0.0, 0, 0, 0
     for group in token_budget_batches(examples, budget):
         b = collate(group, pad_id)
-        hidden = model.model(input_ids=b.input_ids.to(device),
-                             attention_mask=b.attention_mask.to(device)).last_hidden_state
-        logp = model.lm_head(hidden[b.rows.to(device), b.cols.to(device)]).float().log_softmax(-1)  # [M, V]
+        logp = answer_logp(model, b, device, shared)  # [M, V']
         tgt = b.target.to(device)
         hit = (logp.argmax(-1) == tgt).cpu()
         hard += float(-logp.gather(1, tgt[:, None]).sum())
@@ -363,61 +461,82 @@ def lr_at(samples: int, cfg: TextLMTrainConfig) -> float:
     return warmup_cosine(samples, cfg.warmup_samples, cfg.total_samples, cfg.lr)
 
 
-def _target_info(target) -> dict:
-    tc = target.model.config.text_config
-    macs = matmul_macs_per_token(tc.hidden_size, tc.num_hidden_layers, tc.num_attention_heads,
-                                 tc.num_key_value_heads or tc.num_attention_heads, tc.intermediate_size,
-                                 tc.vocab_size)
-    return {"lm_macs_per_token": macs, "image_token_id": target.info.image_token_id}
+def drafter_lm(cfg: TextLMTrainConfig, tokenizer, width: int):
+    """The LM to train and its ``VocabMap`` against the target (``drafters/vocab.py``, the served drafter's rule):
+    a fresh ``cfg.arch`` Llama over the target's ``tokenizer`` with one logit per target id (``width``: the
+    target's logits width), or the causal LM of ``cfg.init_lm`` (loaded as the served drafter loads one), whose own
+    tokenizer must be the target's or a prefix of it. -> (model fp32 on cfg.device, vocab)."""
+    from specula.drafters.text_lm import _load, _own_tokenizer
+    from specula.drafters.vocab import check_vocab
+
+    if cfg.init_lm:
+        model, _ = _load(cfg.init_lm, torch.float32, "sdpa")
+        own = _own_tokenizer(cfg.init_lm)
+    else:
+        model, own = build_model(TextLMArch.from_name(cfg.arch), tokenizer, seed=cfg.seed, vocab_size=width), tokenizer
+    rows = model.get_output_embeddings().weight.shape[0]
+    vocab = check_vocab("text_lm", rows, width, own, tokenizer, getattr(model.config, "pad_token_id", None))
+    return model.to(cfg.device), vocab
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    """The LM's tensors to checkpoint: a tied LM head is its embedding, saved once (safetensors refuses shared
+    storage) and tied again on load."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    return {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
 
 
 def train(cfg: TextLMTrainConfig, log=print) -> Path:
     """Make the data (resumable), then train (resumable); returns the checkpoint folder."""
     from specula.targets import load_target
-    from specula.targets.processor import load_processor
     from specula.zoo.store import resolve
 
     torch.set_num_threads(cfg.threads)
     run = Path(cfg.run_dir)
     ckpt = run / "ckpt"
     run.mkdir(parents=True, exist_ok=True)
-    processor = load_processor(cfg.tokenizer_dir)
-    tok = processor.tokenizer
     target_dir = resolve(cfg.target)
+    processor = recipe_processor(cfg, target_dir)
+    tok = processor.tokenizer
+    source = data_source(cfg, processor, log=log) if cfg.data_file else None  # every record checked here
     target = load_target(target_dir, device=cfg.device)
-    key = {**cfg.data_key(), "target_sha256": target_fingerprint(target_dir)}
-    data_dir = make_data(cfg, target, processor, key, log)
-    tinfo = _target_info(target)
+    key = data_key(cfg, source, target_fingerprint(target_dir))
+    data_dir = make_data(cfg, target, processor, key, log, source)
+    target_macs, image_id, width = (lm_macs_per_token(target.model.config.text_config),
+                                    target.info.image_token_id, target.info.vocab_size)
     del target
-    data = load_data(data_dir, cfg.data_samples)
-    held_out = read_examples(data_dir / "eval.safetensors") if cfg.eval_samples else []
+    n, eval_n = train_counts(cfg, source, lambda _m: None)
+    model, vocab = drafter_lm(cfg, tok, width)
+    data = [fit_vocab(e, vocab) for e in load_data(data_dir, n)]
+    held_out = [fit_vocab(e, vocab) for e in read_examples(data_dir / "eval.safetensors")] if eval_n else []
+    pad = tok.pad_token_id if tok.pad_token_id is not None else vocab.substitute
 
-    arch = TextLMArch.from_name(cfg.arch)
-    model = build_model(arch, tok, seed=cfg.seed).to(cfg.device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    macs = matmul_macs_per_token(arch.hidden, arch.layers, arch.heads, arch.kv_heads, arch.ffn, len(tok))
     state = {"samples": 0, "steps": 0, "elapsed_s": 0.0, "history": [], "config": asdict(cfg),
-             "compute_ratio": round(macs / tinfo["lm_macs_per_token"], 4), "image_token_id": tinfo["image_token_id"],
-             "target_sha256": key["target_sha256"]}
+             "compute_ratio": round(lm_macs_per_token(model.config) / target_macs, 4), "image_token_id": image_id,
+             "target_sha256": key["target_sha256"], "data_samples": len(data)}
     if (ckpt / "state.json").exists():
         old = json.loads((ckpt / "state.json").read_text())
-        if old["config"]["arch"] != cfg.arch:
-            raise ValueError(f"{ckpt} holds a {old['config']['arch']!r} model; this run asks for {cfg.arch!r}")
+        for name in ("arch", "init_lm"):
+            if old["config"].get(name, "") != getattr(cfg, name):
+                raise ValueError(f"{ckpt} holds a model of {name} {old['config'].get(name, '')!r}; this run asks for "
+                                 f"{getattr(cfg, name)!r}: use another run_dir")
         model.load_state_dict(load_file(ckpt / "model.safetensors", device=str(cfg.device)), strict=False)
         model.tie_weights()
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=cfg.device))
         state.update({k: old[k] for k in ("samples", "steps", "elapsed_s", "history")})
         log(f"resumed from {ckpt}: {state['samples']} samples, {state['elapsed_s'] / 60:.1f} min")
-    log(f"text_lm {cfg.arch}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, "
+    what = cfg.init_lm or cfg.arch
+    log(f"text_lm {what}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, "
         f"{state['compute_ratio']:.3f} of the target LM's matmul compute per token, {len(data)} examples")
 
     def save() -> None:
-        sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-        save_checkpoint(ckpt, "model.safetensors", sd, opt, state)
+        save_checkpoint(ckpt, "model.safetensors", _weights(model), opt, state,
+                        {"config.json": model.config.to_json_string()})
 
     def run_eval() -> None:
         if held_out:
-            res = evaluate(model, held_out, tok.pad_token_id, cfg.device, cfg.token_budget)
+            res = evaluate(model, held_out, pad, cfg.device, cfg.token_budget, vocab.shared)
             res.update(samples=state["samples"], minutes=round(state["elapsed_s"] / 60, 1),
                        **{f"loss_{k}": round(v, 4) for k, v in ema.items()})
             state["history"].append(res)
@@ -434,21 +553,23 @@ def train(cfg: TextLMTrainConfig, log=print) -> Path:
         stop = min(start + cfg.pool, cfg.total_samples)
         items = [data[epoch_order(j, len(data), cfg.seed, perm)] for j in range(start, stop)]
         for group in token_budget_batches(items, cfg.token_budget):
-            lr = lr_at(state["samples"], cfg)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            parts = losses(model, collate(group, tok.pad_token_id), cfg.device)
-            loss = (1 - cfg.kd_weight) * parts["hard"] + cfg.kd_weight * parts["soft"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            batch = collate(group, pad)
+            if len(batch.rows):  # a batch of answers cut to nothing (an image token first) teaches nothing
+                lr = lr_at(state["samples"], cfg)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                parts = losses(model, batch, cfg.device, vocab.shared)
+                loss = (1 - cfg.kd_weight) * parts["hard"] + cfg.kd_weight * parts["soft"]
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                for k, v in parts.items():
+                    x = float(v.detach())
+                    ema[k] = 0.98 * ema.get(k, x) + 0.02 * x
             state["steps"] += 1
             state["samples"] += len(group)
             bar.update(len(group))
-            for k, v in parts.items():
-                x = float(v.detach())
-                ema[k] = 0.98 * ema.get(k, x) + 0.02 * x
         bar.set_postfix({k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
         clock.tick(run_eval, save)
     bar.close()
@@ -460,17 +581,32 @@ def train(cfg: TextLMTrainConfig, log=print) -> Path:
 # ------------------------------------------------------------------------------------------------------- export
 
 
-def export_text_lm(ckpt: Path, out: Path = TEXT_LM_DIR, tokenizer_dir: Path | str = TOKENIZER_DIR) -> Path:
-    """Checkpoint -> a ``from_pretrained`` LlamaForCausalLM directory (fp16 storage, fp32 compute) + specula.json;
-    then rewrites the manifest of ``out.parent`` (the zoo, by default)."""
-    from transformers import AutoTokenizer
+def _trained_model(ckpt: Path, state: dict, tokenizer):
+    """The checkpoint's LM in fp32: rebuilt from its config.json (a fresh Llama or an ``init_lm`` of any causal LM
+    type), or, for a checkpoint written before it kept one, from its arch."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (ckpt / "config.json").exists():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt, local_files_only=True)).float()
+    else:
+        model = build_model(TextLMArch.from_name(state["config"]["arch"]), tokenizer)
+    model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+    model.tie_weights()
+    return model
+
+
+def export_text_lm(ckpt: Path, out: Path = TEXT_LM_DIR, tokenizer_dir: Path | str | None = None) -> Path:
+    """Checkpoint -> a ``from_pretrained`` causal LM directory (fp16 storage, fp32 compute) + the target's tokenizer
+    + specula.json; then rewrites the manifest of ``out.parent`` (the zoo, by default). ``tokenizer_dir``: whose
+    tokenizer to save beside it (default: the one training used, the target's own unless the run named another)."""
+    from specula.targets.processor import load_processor
+    from specula.zoo.store import resolve
 
     ckpt, out = Path(ckpt), Path(out)
     state = json.loads((ckpt / "state.json").read_text())
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    model = build_model(TextLMArch.from_name(state["config"]["arch"]), tok)
-    model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
-    model.tie_weights()
+    conf = state["config"]
+    tok = load_processor(tokenizer_dir or conf.get("tokenizer_dir") or resolve(conf["target"])).tokenizer
+    model = _trained_model(ckpt, state, tok)
     if out.exists():
         shutil.rmtree(out)
     model.to(torch.float16).save_pretrained(out)
@@ -479,12 +615,14 @@ def export_text_lm(ckpt: Path, out: Path = TEXT_LM_DIR, tokenizer_dir: Path | st
     cfg["dtype"] = "float32"  # stored in fp16, computed in fp32
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     info = {
-        "kind": "text_lm", "arch": state["config"]["arch"], "params": sum(p.numel() for p in model.parameters()),
+        "kind": "text_lm", "arch": None if conf.get("init_lm") else conf["arch"],
+        "init_lm": conf.get("init_lm") or None, "params": sum(p.numel() for p in model.parameters()),
         "compute_ratio": state["compute_ratio"], "image_token_id": state["image_token_id"],
-        "distilled_from": sibling_ref(state["config"]["target"], out), "target_sha256": state["target_sha256"],
-        "data_samples": state["config"]["data_samples"],
+        "distilled_from": sibling_ref(conf["target"], out), "target_sha256": state["target_sha256"],
+        "data_file": conf.get("data_file") or None, "answers": conf.get("answers", "target"),
+        "data_samples": state.get("data_samples", conf["data_samples"]),  # prompts trained on
         "trained_samples": state["samples"], "train_minutes": round(state["elapsed_s"] / 60, 1),
-        "device": state["config"].get("device", "cpu"),  # what train_minutes were measured on
+        "device": conf.get("device", "cpu"),  # what train_minutes were measured on
         "history": state["history"], "storage_dtype": "float16",
     }
     (out / "specula.json").write_text(json.dumps(info, indent=1) + "\n")
@@ -493,12 +631,16 @@ def export_text_lm(ckpt: Path, out: Path = TEXT_LM_DIR, tokenizer_dir: Path | st
 
 
 def train_text_lm_cli(args) -> int:
-    """``specula train text_lm``: args run_dir, target, arch, data_samples, samples, max_new_tokens, seed, threads,
-    device, ckpt_every, eval_every, export (bool), out (None = zoo/weights/text_lm)."""
-    cfg = TextLMTrainConfig(run_dir=args.run_dir, target=args.target, arch=args.arch, data_samples=args.data_samples,
+    """``specula train text_lm``: args run_dir, target, arch, init_lm, data, image_root, answers, data_samples,
+    samples, max_new_tokens, seed, threads, device, ckpt_every, eval_every, export (bool), out (None =
+    zoo/weights/text_lm)."""
+    from specula.training.drafters.eagle import data_cli_config
+
+    cfg = TextLMTrainConfig(run_dir=args.run_dir, target=args.target, arch=args.arch,
+                            init_lm=getattr(args, "init_lm", None) or "", data_samples=args.data_samples,
                             total_samples=args.samples, max_new_tokens=args.max_new_tokens, seed=args.seed,
                             threads=args.threads, device=args.device, ckpt_every_s=args.ckpt_every,
-                            eval_every_s=args.eval_every)
+                            eval_every_s=args.eval_every, **data_cli_config(args))
     ckpt = train(cfg)
     if args.export:
         print(f"exported to {export_text_lm(ckpt, Path(args.out) if args.out else TEXT_LM_DIR)}")

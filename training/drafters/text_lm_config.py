@@ -1,4 +1,4 @@
-"""The ``text_lm`` drafter's architecture: a stock Llama LM over the world's tokenizer, and its compute budget.
+"""The ``text_lm`` drafter's architecture: a stock Llama LM over the target's tokenizer, and its compute budget.
 
 The issue bounds a text-only drafter at 1/6 of the target LM's compute. Counted as multiply-accumulates per token
 in the matmuls (attention projections, gated MLP, LM head), at vocab 985:
@@ -51,18 +51,27 @@ def compute_ratio(arch: TextLMArch, target_arch, vocab: int) -> float:
     return mine / theirs
 
 
-def build_config(arch: TextLMArch, tokenizer) -> LlamaConfig:
+def lm_macs_per_token(config) -> int:
+    """``matmul_macs_per_token`` of a transformers LM config (a Llama-shaped one: Llama, Qwen2, Mistral, ...)."""
+    heads = config.num_attention_heads
+    return matmul_macs_per_token(config.hidden_size, config.num_hidden_layers, heads,
+                                 getattr(config, "num_key_value_heads", None) or heads, config.intermediate_size,
+                                 config.vocab_size)
+
+
+def build_config(arch: TextLMArch, tokenizer, vocab_size: int | None = None) -> LlamaConfig:
+    """``vocab_size``: the LM head's rows (default ``len(tokenizer)``; a user's target: its logits width)."""
     return LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=arch.hidden, intermediate_size=arch.ffn, num_hidden_layers=arch.layers,
-        num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads, max_position_embeddings=arch.max_positions,
-        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=vocab_size or len(tokenizer), hidden_size=arch.hidden, intermediate_size=arch.ffn,
+        num_hidden_layers=arch.layers, num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
+        max_position_embeddings=arch.max_positions, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
 
 
-def build_model(arch: TextLMArch, tokenizer, seed: int = 0) -> LlamaForCausalLM:
+def build_model(arch: TextLMArch, tokenizer, seed: int = 0, vocab_size: int | None = None) -> LlamaForCausalLM:
     import torch
 
     with torch.random.fork_rng():  # seeded init without touching the caller's global RNG
         torch.manual_seed(seed)
-        return LlamaForCausalLM(build_config(arch, tokenizer))
+        return LlamaForCausalLM(build_config(arch, tokenizer, vocab_size))
