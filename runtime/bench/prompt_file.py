@@ -131,11 +131,11 @@ def read_prompts(path: str | Path, image_root: str | Path | None = None) -> list
     root = Path(image_root) if image_root else path.parent
     if image_root and not root.is_dir():
         raise FileNotFoundError(f"--image-root {root}: not a folder")
-    prompts, problems = [], []
+    prompts, problems, n_bad = [], [], 0
     for index, line, rec in _records(path):
         p, bad = _parse(rec, _where(path, index, line, rec.get("id") if isinstance(rec, dict) else None), index,
                         root)
-        problems += bad
+        problems, n_bad = problems + bad, n_bad + bool(bad)
         if p is not None:
             prompts.append(p)
     seen: dict[str, str] = {}
@@ -143,11 +143,12 @@ def read_prompts(path: str | Path, image_root: str | Path | None = None) -> list
         if p.id in seen:
             problems.append(f"{p.where}: the id is also {seen[p.id]}'s (ids name the report's rows: make them "
                             "unique)")
+            n_bad += 1
         seen.setdefault(p.id, p.where)
     if not problems and not prompts:
-        problems.append(f"{path}: holds no records")
+        raise ValueError(f"{path}: holds no records (the format: {DOC})")
     if problems:
-        raise ValueError(f"{len(problems)} problem(s) in the prompts file (the format: {DOC}):\n  "
+        raise ValueError(f"{n_bad} bad record(s) in {path} (nothing was measured; the format: {DOC}):\n  "
                          + "\n  ".join(problems))
     return prompts
 

@@ -310,9 +310,27 @@ def write_report(r: dict, out: str | Path) -> Path:
     return out
 
 
+def drafter_config(ref: str, model: str) -> dict:
+    """A ``--drafter`` value as a drafter config: a JSON object as it is; a trained drafter's directory as
+    ``specula serve`` reads it (runtime/config_front_door.py), its record checked against ``model``'s weights
+    (runtime/config_records.py: a mismatch names both fingerprints); anything else a kind."""
+    if ref.strip().startswith("{"):
+        return json.loads(ref)
+    if not Path(ref).is_dir():
+        return {"kind": ref}
+    from specula.runtime.config import DrafterConfig
+    from specula.runtime.config_front_door import drafter_from_ref
+    from specula.runtime.config_records import record_mismatches
+
+    spec = drafter_from_ref(ref)
+    if problems := record_mismatches(model, DrafterConfig(**spec)):
+        raise ValueError("; ".join(problems))
+    return {"kind": spec["kind"], **spec["options"]}
+
+
 def main(args, user_prompts=None) -> int:
     """``specula bench spec``; ``user_prompts``: the ``--prompts`` file as ``UserPrompt``s (the CLI reads it)."""
-    drafters = tuple(json.loads(d) if d.strip().startswith("{") else {"kind": d} for d in (args.drafter or ["ngram"]))
+    drafters = tuple(drafter_config(d, args.model) for d in (args.drafter or ["ngram"]))
     prompts = getattr(args, "prompts", None) or ""
     suites = tuple(args.suite) if args.suite else (() if prompts else BenchConfig.suites)  # --prompts alone: the file
     cfg = BenchConfig(model=args.model, drafters=drafters, suites=suites,

@@ -73,8 +73,10 @@ def _add_spec(bsub) -> None:
                                      "evaluation suites and/or your own, --prompts) and writes JSON, markdown and "
                                      "PNG plots (tau per suite, alpha_n, speedup vs gamma, one row per prompt).")
     sp.add_argument("--model", default="target", help="zoo entry or local checkpoint directory (default: target)")
-    sp.add_argument("--drafter", action="append", default=[],
-                    help='drafter kind or JSON config, repeatable (default: ngram), e.g. --drafter \'{"kind": "ngram", "max_n": 3}\'')
+    sp.add_argument("--drafter", action="append", default=[], metavar="KIND|DIR|JSON",
+                    help='drafter kind, trained drafter directory (its specula.json record checked against --model) '
+                         'or JSON config, repeatable (default: ngram), e.g. --drafter runs/eagle-llava or --drafter '
+                         '\'{"kind": "ngram", "max_n": 3}\'')
     sp.add_argument("--gamma", action="append", type=int, default=[], help="draft length, repeatable (default: 5)")
     sp.add_argument("--suite", action="append", default=[],
                     help="evaluation suite, repeatable (default: all of them, or none with --prompts)")
@@ -121,10 +123,17 @@ def read_user_prompts(path: str, image_root: str | None = None) -> list:
 
     if file_kind(path) == "prompts":
         return read_prompts(path, image_root)
-    from specula.training.data import exchanges, read_conversations
+    from specula.training.data import DataError, exchanges, read_conversations
 
+    try:
+        convs = read_conversations(path, image_root, progress=False)  # every record checked, every image exists
+    except DataError as e:
+        shown = "\n".join(f"  {p}" for p in e.problems[:20])
+        more = f"\n  ... and {e.n_problems - 20} more" if e.n_problems > 20 else ""
+        head = f"{e.n_bad} bad record(s) in {path}" if e.n_bad else f"{path} is not a conversation file"
+        raise ValueError(f"{head} (nothing was measured; the format: docs/training-data.md):\n{shown}{more}") from None
     out = []
-    for conv in read_conversations(path, image_root, progress=False):  # every image must exist (DataError)
+    for conv in convs:
         for k, ex in enumerate(exchanges(conv)):
             where = f"{path}: record {conv.index}, id {conv.id!r}, exchange {k}"
             out.append(UserPrompt(f"{conv.id}/{k}", DEFAULT_SUITE, tuple(ex.messages), conv.images[: ex.n_images],

@@ -114,6 +114,7 @@ def test_a_missing_image_is_an_error_naming_the_record(kind, tmp_path, capsys):
     assert rc == 2 and "Traceback" not in err
     assert "record 1 (line 2), id 'broken'" in err and "missing.png" in err
     assert str(tmp_path / "pics" / "missing.png") in err and "'fine'" not in err
+    assert f"1 bad record(s) in {f} (nothing was measured" in err
 
 
 def test_bad_prompt_records_are_named_each(tmp_path, capsys):
@@ -124,8 +125,23 @@ def test_bad_prompt_records_are_named_each(tmp_path, capsys):
                  '{"id": "b", "prompt": "hi", "imgs": ["a.png"]}\n[1, 2]\n{"id": "a", "prompt": "again"}\n')
     rc = main(["bench", "spec", "--prompts", str(f), "--no-hf"])
     err = capsys.readouterr().err
-    assert rc == 2 and "4 problem(s)" in err
+    assert rc == 2 and f"4 bad record(s) in {f}" in err
     assert "record 1 (line 2), id 'm': the prompt has 2 '<image>' marks for 1 images" in err
     assert "record 2 (line 3), id 'b': unknown key(s) imgs" in err
     assert "record 3 (line 4): is not a JSON object" in err
     assert "record 4 (line 5), id 'a': the id is also" in err and "record 0 (line 1), id 'a'" in err
+
+
+def test_a_drafter_dir_trained_for_other_weights_is_refused_naming_both(qwen25vl_dir, tmp_path, capsys):
+    from specula.zoo.store import weights_fingerprint
+
+    other = tmp_path / "eagle-for-another"
+    other.mkdir()
+    (other / "specula.json").write_text(json.dumps({"kind": "eagle", "target_sha256": "e" * 64}))
+    f, _ = _prompts_file(tmp_path)
+    rc = main(["bench", "spec", "--model", str(qwen25vl_dir), "--prompts", str(f), "--drafter", str(other),
+               "--no-hf", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert "eeeeeeeeeeeeeeee" in err and weights_fingerprint(qwen25vl_dir)[:16] in err and str(other) in err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
