@@ -23,7 +23,7 @@ from specula.training.drafters.text_lm import (
 from specula.runtime.core.sampling import SamplingParams
 from specula.targets import load_target
 from specula.targets.processor import load_processor
-from specula.zoo.store import verify
+from specula.zoo.store import verify, write as write_manifest
 from specula.zoo.store import TOKENIZER_DIR
 
 
@@ -62,6 +62,8 @@ def test_train_resumes_exports_and_reloads(tmp_path, target_dir):
     assert torch.load(ckpt / "optimizer.pt", weights_only=True)["state"]
 
     out = export_text_lm(ckpt, tmp_path / "zoo" / "text_lm")
+    assert not (tmp_path / "zoo" / "manifest.json").exists()  # only the real zoo's manifest is rewritten
+    write_manifest(tmp_path / "zoo")
     assert not verify(tmp_path / "zoo")
     info = json.loads((out / "specula.json").read_text())
     assert info["kind"] == "text_lm" and info["image_token_id"] == 3 and info["trained_samples"] == state2["samples"]

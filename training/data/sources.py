@@ -34,8 +34,9 @@ class SourcePrompt:
 
 def answer_tokens(processor, messages: list[dict], answer: str) -> torch.Tensor:
     """The tokens the chat template puts after the generation prompt for ``answer``: the template rendered with the
-    answer minus the template rendered up to the generation prompt (so the turn's end token is included); when the
-    template does not extend its own prefix, the answer's tokens and the tokenizer's EOS."""
+    answer minus the template rendered up to the generation prompt (so the turn's end token is included; when the
+    template does not extend its own prefix, the answer's tokens), ending with the tokenizer's EOS, which the target
+    emits to stop where the template writes nothing (LLaVA-1.5) or its turn end (Qwen2.5-VL's <|im_end|>)."""
     tok = processor.tokenizer
     head = render(processor, messages, add_generation_prompt=True)
     whole = render(processor, [*messages, {"role": "assistant", "content": [{"type": "text", "text": answer}]}],
@@ -47,7 +48,9 @@ def answer_tokens(processor, messages: list[dict], answer: str) -> torch.Tensor:
         if stripped != tail:
             ids = tok(stripped, add_special_tokens=False)["input_ids"]
     else:
-        ids = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ids = tok(answer, add_special_tokens=False)["input_ids"]
+    if tok.eos_token_id is not None and tok.eos_token_id not in ids[-1:]:
+        ids = ids + [tok.eos_token_id]  # a template that ends an answer without EOS (LLaVA-1.5's): the model stops there
     return torch.tensor(ids, dtype=torch.long)
 
 

@@ -597,7 +597,7 @@ def _trained_model(ckpt: Path, state: dict, tokenizer):
 
 def export_text_lm(ckpt: Path, out: Path = TEXT_LM_DIR, tokenizer_dir: Path | str | None = None) -> Path:
     """Checkpoint -> a ``from_pretrained`` causal LM directory (fp16 storage, fp32 compute) + the target's tokenizer
-    + specula.json; then rewrites the manifest of ``out.parent`` (the zoo, by default). ``tokenizer_dir``: whose
+    + specula.json; then rewrites the zoo's manifest when ``out`` is in the zoo (the default). ``tokenizer_dir``: whose
     tokenizer to save beside it (default: the one training used, the target's own unless the run named another)."""
     from specula.targets.processor import load_processor
     from specula.zoo.store import resolve
@@ -626,7 +626,8 @@ def export_text_lm(ckpt: Path, out: Path = TEXT_LM_DIR, tokenizer_dir: Path | st
         "history": state["history"], "storage_dtype": "float16",
     }
     (out / "specula.json").write_text(json.dumps(info, indent=1) + "\n")
-    manifest.write(out.parent)
+    if out.resolve().parent == ZOO_DIR.resolve():  # a user's --out is theirs: no manifest.json beside it
+        manifest.write(out.parent)
     return out
 
 
