@@ -117,9 +117,9 @@ def load(model: str, device: str = "cpu", hf: bool = True):
     return path, load_processor(path), target, hf_model
 
 
-def all_prompts(cfg: BenchConfig, processor, user_prompts=None) -> list[tuple]:
+def all_prompts(cfg: BenchConfig, processor, user_prompts=None, log=print) -> list[tuple]:
     """``[(suite, prompt_id, EncodedPrompt)]``: the world suites' and the user's (``user_prompts``, or
-    ``cfg.prompts`` read as a prompts file), ids unique."""
+    ``cfg.prompts`` read as a prompts file; the first ``n_per_suite`` of each label), ids unique."""
     from specula.runtime.bench import prompt_file
 
     if user_prompts is None and cfg.prompts:
@@ -128,8 +128,11 @@ def all_prompts(cfg: BenchConfig, processor, user_prompts=None) -> list[tuple]:
                              "and pass user_prompts (runtime/ does not import the training data reader)")
         user_prompts = prompt_file.read_prompts(cfg.prompts, cfg.image_root or None)
     prompts = encoded_prompts(processor, cfg.suites, cfg.n_per_suite, cfg.seed)
-    prompts += prompt_file.encode_user_prompts(processor, prompt_file.first_per_suite(user_prompts or [],
-                                                                                      cfg.n_per_suite))
+    chosen = prompt_file.first_per_suite(user_prompts or [], cfg.n_per_suite)
+    if len(chosen) < len(user_prompts or []):
+        log(f"[bench spec] {len(chosen)} of the file's {len(user_prompts)} prompts: the first {cfg.n_per_suite} of "
+            "each suite label (--n)")
+    prompts += prompt_file.encode_user_prompts(processor, chosen)
     if not prompts:
         raise ValueError("bench spec: no prompts (give --suite, --prompts, or --n of at least 1)")
     ids = [pid for _, pid, _ in prompts]
@@ -158,7 +161,7 @@ def run(cfg: BenchConfig, log=print, loaded=None, user_prompts=None) -> dict:
                                          load(cfg.model, cfg.device, hf=cfg.hf_baselines))
     if cfg.hf_baselines and hf_model is None:
         raise ValueError("bench spec: hf_baselines needs the stock HF model (load(..., hf=True))")
-    prompts = all_prompts(cfg, processor, user_prompts)
+    prompts = all_prompts(cfg, processor, user_prompts, log)
     suites = list(dict.fromkeys([*cfg.suites, *(s for s, _, _ in prompts)]))
     tok = processor.tokenizer
     drafters = [(d, make_drafter(d, target, tok)) for d in cfg.drafters]
