@@ -8,6 +8,10 @@ projector's output for that visual token; then the ``text_lm`` runner's chain or
 cache. ``spec.needs`` = {"pre_projector"} (the engine passes ``DraftContext.extra["pre_projector"]`` [N_img, T, D])
 or {"visual"} for a model trained on the target's projected features.
 
+A massv directory carries the tokenizer it was trained with (``specula train massv`` saves the target's beside the
+model): given the target's (``tokenizer``), the two must agree (``drafters/vocab.py``), so a drafter trained for
+another target is refused by name instead of drafting ids that mean other tokens.
+
     drafter = create({"kind": "massv", "path": "massv", "structure": "chain"}, target=target)
     engine = SpecEngine(target, drafter, gamma=5)
 """
@@ -34,3 +38,15 @@ class MassvDrafter(EnsembleDrafter):
             raise ValueError(f"massv: unknown options {sorted(fixed)} (massv has one multimodal member)")
         super().__init__(**options, target=target, tokenizer=tokenizer, vocab_size=vocab_size,
                          image_token_id=image_token_id, device=device)
+        if tokenizer is not None and options.get("model") is None:
+            self._check_tokenizer(options.get("path", "massv"), tokenizer)
+
+    def _check_tokenizer(self, path, tokenizer) -> None:
+        """The tokenizer saved beside the model against the target's (none saved: nothing to compare)."""
+        from specula.drafters.text_lm import _own_tokenizer
+        from specula.drafters.vocab import as_tokenizer, check_vocab
+
+        own = _own_tokenizer(path)
+        if own is not None:
+            rows = self.massv.lm.get_output_embeddings().weight.shape[0]
+            check_vocab(self.KIND, rows, self.vocab_size, own, as_tokenizer(tokenizer))

@@ -62,25 +62,35 @@ def add_drafter_parsers(tsub) -> None:
 
     mv = tsub.add_parser("massv", help="train the MASSV drafter: a small LM + its own projector over the target's "
                                        "vision features; projector pretraining, then SDViT (resumable)",
-                         description="Phase 1 trains only the projector (LM frozen) on the world's image-caption "
-                                     "pairs; phase 2 (SDViT) fine-tunes projector + LM on the target's own sampled "
-                                     "answers to visual instructions (--data-samples prompts, temperatures 0 / 0.7 "
-                                     "/ 1, top-p 0.9). --no-sdvit: phase 2 on the world's reference answers instead "
-                                     "(the paper's ablation; with the default --run-dir trains in runs/massv-no-sdvit "
-                                     "and exports to zoo/weights/massv-no-sdvit). --samples counts phase 2, "
+                         description="Phase 1 trains only the projector (LM frozen) on image-caption pairs: the "
+                                     "world's, or with --data your file's image prompts and their answers; phase 2 "
+                                     "(SDViT) fine-tunes projector + LM on the target's own sampled answers to visual "
+                                     "instructions (--data-samples prompts, temperatures 0 / 0.7 / 1, top-p 0.9). "
+                                     "--no-sdvit: phase 2 on the world's reference answers instead (the paper's "
+                                     "ablation; with the default --run-dir trains in runs/massv-no-sdvit and exports "
+                                     "to zoo/weights/massv-no-sdvit); with --data, --answers data (or --no-sdvit) "
+                                     "trains phase 2 on your file's answers. --samples counts phase 2, "
                                      "--pretrain-samples phase 1.")
     _distill_args(mv, "massv", data=10_000, samples=40_000)
     mv.add_argument("--pretrain-samples", type=int, default=20_000,
                     help="phase 1: caption samples seen while pretraining the projector (default: 20000)")
     mv.add_argument("--init-lm", default="text_lm",
-                    help="the LM to start from: a zoo name or directory of a Llama (default: text_lm); 'none' = fresh")
-    mv.add_argument("--arch", default="embedded", choices=["embedded", "tiny"], help="size of a fresh LM (--init-lm none)")
+                    help="the LM to start from: a zoo name or directory of a small Llama causal LM saved with the "
+                         "target's tokenizer (or a prefix of it); 'none' = a fresh --arch LM over the target's "
+                         "vocabulary. The default text_lm is the embedded zoo LM: for a target with another "
+                         "tokenizer (LLaVA-1.5, Qwen2.5-VL) a fresh --arch LM is used instead, and logged "
+                         "(default: text_lm)")
+    mv.add_argument("--arch", default="embedded", choices=["embedded", "tiny"],
+                    help="size of a fresh LM (--init-lm none, or the default text_lm on another tokenizer): embedded "
+                         "= 2 layers of 256, tiny = 1 layer of 32 for tests (default: embedded)")
     mv.add_argument("--feature", default="pre_projector", choices=["pre_projector", "projected"],
                     help="which target features the projector reads (default: pre_projector, as MASSV)")
-    mv.add_argument("--no-sdvit", action="store_true", help="ablation: phase 2 on the world's reference answers")
+    mv.add_argument("--no-sdvit", action="store_true",
+                    help="ablation: phase 2 on reference answers (the world's, or --data's) instead of the target's")
     mv.add_argument("--text-every", type=int, default=0,
                     help="every n-th phase-2 sample is the target's answer to a text-only conversation (data_samples "
-                         "/ n of them), so the LM keeps plain text (default: 0 = none)")
+                         "/ n of them; with --data at most the file's text-only prompts), so the LM keeps plain "
+                         "text (default: 0 = none)")
     mv.set_defaults(func=_run_massv)
 
     f = tsub.add_parser("flash", help="train the FLASH head: latent visual compression + a k-token semi-autoregressive "
