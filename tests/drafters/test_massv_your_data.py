@@ -133,3 +133,36 @@ def test_bad_file_and_foreign_lm_fail_before_training(tmp_path, llava15_dir, con
     err = capsys.readouterr().err
     assert "--init-lm none --arch tiny" in err and "tokenizer" in err
     assert not (tmp_path / "run2" / "ckpt").exists()
+
+
+def test_resumes_exactly_and_starts_from_an_lm_of_the_targets_tokenizer(tmp_path, qwen25vl_dir, conversations_file):
+    """A file run's sample order is a pure function of the counter (text_every mixes the file's text-only prompts);
+    an LM saved with the target's tokenizer (here the first run's export) is taken as --init-lm, untouched by
+    phase 1."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+    from trainer_kit import assert_resumes_exactly
+
+    from specula.drafters.massv_model import MassvModel
+
+    cfg = tm.MassvTrainConfig(run_dir=str(tmp_path / "a"), target=str(qwen25vl_dir), data_file=str(conversations_file),
+                              init_lm=None, arch="tiny", pretrain_total=4, sdvit_total=8, data_samples=4, text_every=2,
+                              eval_samples=1, max_new_tokens=6, caption_max_tokens=6, chunk=2, gen_batch=4, pool=4,
+                              warmup_samples=1, ckpt_every_s=1e9, eval_every_s=1e9)
+    ckpt, _ = assert_resumes_exactly(tm.train, cfg, replace(cfg, run_dir=str(tmp_path / "b")), stop_at=8,
+                                     weights="model.safetensors")
+    image = load_target(qwen25vl_dir).info.image_token_id
+    texts = load_answers(tmp_path / "a" / "data", "text", 2)
+    assert len(texts) == 2 and all(not (a.prompt == image).any() for a in texts)
+    out = tm.export_massv(ckpt, tmp_path / "out")
+
+    logs: list[str] = []
+    again = tm.train(replace(cfg, run_dir=str(tmp_path / "c"), init_lm=str(out), text_every=0), log=logs.append,
+                     stop_at=4)
+    assert not any("fresh" in m for m in logs)
+    assert json.loads((again / "state.json").read_text())["init_lm"] == str(out)
+    start = MassvModel.load(out, torch.float32).lm.state_dict()
+    after = load_file(again / "model.safetensors")
+    shared = [k for k in start if f"lm.{k}" in after]
+    assert len(shared) > 5 and all(torch.equal(after[f"lm.{k}"], start[k]) for k in shared)  # LM frozen
