@@ -49,6 +49,7 @@ from torch import nn
 
 from specula.drafters.ensemble_members import DEFAULT_GRID, Member, member_context, parse_members
 from specula.drafters.ensemble_weights import adapted_weights, check_adapt, committed_logprobs
+from specula.drafters.image_runs import feature_lengths, per_image
 from specula.drafters.massv_model import CONFIG_FILE, MassvModel
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
@@ -84,6 +85,8 @@ class EnsembleDrafter(TextLMDrafter):
                  attn_implementation: str = "sdpa", image_token_id: int | None = None, device: str | None = None,
                  target=None, tokenizer=None, **options):
         options.update(image_token_id=image_token_id, device=device, target=target, tokenizer=tokenizer)
+        info = getattr(target, "info", None)
+        self._image_tokens = getattr(info, "visual_tokens_per_image", None)  # LLaVA's fixed T; None: one per run
         kind = self.KIND
         self.members: tuple[Member, ...] = parse_members(
             list(self.DEFAULT_MEMBERS) if members is None else members, weights, grid, where=kind)
@@ -395,8 +398,9 @@ class EnsembleDrafter(TextLMDrafter):
         for rid, gains in learnt.items():
             self._loglik_of[rid] = [a + b for a, b in zip(self._loglik_of[rid], gains)]
 
-    def _features(self, c: DraftContext) -> torch.Tensor | None:
-        """The target features of the request's images [N_img, T, D], or None (no image, or no member reads them)."""
+    def _features(self, c: DraftContext) -> list[torch.Tensor] | None:
+        """The target features of the request's images, one [T_img, D] per image in prompt order (the engine's
+        [N_img, T_max, D] without its padding: ``image_runs``), or None (no image, or no member reads them)."""
         n = int((c.prompt_ids == self.image_token_id).sum())
         if not n or not self.spec.needs:
             return None
@@ -405,10 +409,15 @@ class EnsembleDrafter(TextLMDrafter):
         field = "extra['pre_projector']" if cfg.feature == "pre_projector" else "visual"
         f = c.extra.get("pre_projector") if cfg.feature == "pre_projector" else c.visual
         got = None if f is None else tuple(f.shape)
-        if f is None or f.ndim != 3 or f.shape[-1] != cfg.feature_dim or f.shape[0] * f.shape[1] != n:
+        try:
+            if f is not None and f.shape[-1] != cfg.feature_dim:
+                raise ValueError(f"width {f.shape[-1]} != D={cfg.feature_dim}")
+            lengths = feature_lengths(c.prompt_ids, self.image_token_id, f, self._image_tokens)
+        except ValueError as e:
             raise ValueError(f"{self.KIND}.begin: {c.request_id!r} has {n} image tokens and needs DraftContext."
-                             f"{field} [N_img, T_img, D={cfg.feature_dim}] with N_img * T_img = {n}, got {got}")
-        return f.to(self.device, self.dtype)
+                             f"{field} [N_img, T_max, D={cfg.feature_dim}] (one row per image, padded to the "
+                             f"longest), got {got}: {e}") from None
+        return per_image(f.to(self.device, self.dtype), lengths)
 
     def _captions(self, contexts, feats) -> list[list[list[int]] | None]:
         """One caption (token list) per image of each context that has images: cached ones from the cache, the
@@ -418,7 +427,7 @@ class EnsembleDrafter(TextLMDrafter):
         if self.captioner is None or not todo:
             return out
         t0 = time.perf_counter()
-        keys = {i: [_image_key(f) for f in feats[i]] if self.caption_cache else [None] * feats[i].shape[0]
+        keys = {i: [_image_key(f) for f in feats[i]] if self.caption_cache else [None] * len(feats[i])
                 for i in todo}
         known: dict[bytes, list[int]] = {}  # captions of keyed images: from the cache, or decoded in this call
         by_len: dict[int, list[tuple[int, int]]] = {}  # (context, image) to decode, by token count
@@ -430,7 +439,7 @@ class EnsembleDrafter(TextLMDrafter):
                 elif key is None or key not in known:
                     if key is not None:
                         known[key] = []  # placeholder: a repeat of this image in the call reuses its decode
-                    by_len.setdefault(feats[i].shape[1], []).append((i, j))
+                    by_len.setdefault(feats[i][j].shape[0], []).append((i, j))
         fresh: dict[tuple[int, int], list[int]] = {}
         for group in by_len.values():
             caps = self.captioner.caption(torch.stack([feats[i][j] for i, j in group]), self.caption_max_tokens)
@@ -443,10 +452,10 @@ class EnsembleDrafter(TextLMDrafter):
         for i in todo:
             out[i] = [fresh[i, j] if (i, j) in fresh else known[key] for j, key in enumerate(keys[i])]
         spent = time.perf_counter() - t0
-        n_img = sum(feats[i].shape[0] for i in todo)
+        n_img = sum(len(feats[i]) for i in todo)
         for i in todo:  # the batch's time, shared in proportion to each request's images
             rid = contexts[i].request_id
-            self._begin_times.setdefault(rid, {})["caption"] = spent * feats[i].shape[0] / n_img
+            self._begin_times.setdefault(rid, {})["caption"] = spent * len(feats[i]) / n_img
         return out
 
     def _prefill(self, rows: list[tuple[str, list[int], torch.Tensor | None]]) -> torch.Tensor:

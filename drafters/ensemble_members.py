@@ -6,8 +6,9 @@
     pooled      each image's features average-pooled to a g_h x g_w grid         (P)
 
 A member's context is its own token list (with its own positions) plus the visual feature rows of its image tokens,
-in order. Images are cut from the prompt by count (image j is image tokens j*T .. (j+1)*T - 1), so two images
-written back to back (``<image><image>``) are still two images.
+in order. Images are cut from the prompt by count: image j is the image tokens after those of images 0 .. j-1, its
+own T_j of them (the features' rows, ``drafters/image_runs.py``), so two images written back to back
+(``<image><image>``) are still two images, and images of different sizes (Qwen2.5-VL) each keep their own count.
 
     members = parse_members(["multimodal", "text", {"kind": "pooled", "grid": 3, "weight": 2}])
 """
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specula.drafters.massv_model import pool_features
+from specula.drafters.image_runs import image_lengths
+from specula.drafters.massv_model import pool_features, pool_image
 
 MEMBER_KINDS = ("multimodal", "text", "caption", "pooled")
 DEFAULT_GRID = (6, 6)  # 144 -> 36 visual tokens per image
@@ -87,48 +89,83 @@ def parse_members(members: Sequence, weights: Sequence[float] | None = None, gri
     return tuple(out)
 
 
-def member_context(member: Member, prompt: Sequence[int], features: torch.Tensor | None,
-                   captions: Sequence[Sequence[int]] | None, image_token_id: int
-                   ) -> tuple[list[int], torch.Tensor | None]:
+def member_context(member: Member, prompt: Sequence[int], features, captions: Sequence[Sequence[int]] | None,
+                   image_token_id: int) -> tuple[list[int], torch.Tensor | None]:
     """One member's context: (token ids, visual feature rows [n, D] for its n image tokens, or None).
 
-    ``prompt``: the request's ids with image tokens expanded; ``features`` [N_img, T, D] the target features of its
-    images in order (None when it has none, or for a member that does not read them); ``captions``: one token list
-    per image (the caption member).
+    ``prompt``: the request's ids with image tokens expanded; ``features``: the target features of its images in
+    order, one [T_img, D] tensor per image (a list; sizes may differ) or [N_img, T, D] (every image T tokens), None
+    when it has none or for a member that does not read them; ``captions``: one token list per image (the caption
+    member; images cut by the features' counts, else into equal parts, else one per run of image tokens).
     """
     n_img_tokens = sum(1 for t in prompt if t == image_token_id)
     if member.kind == "text" or n_img_tokens == 0:
         return [t for t in prompt if t != image_token_id], None
+    images = None if features is None else list(features)  # each [T_img, D]
     if member.kind == "caption":
         if captions is None:
             raise ValueError("caption member: no captions given")
-        per = n_img_tokens // len(captions) if captions and n_img_tokens % len(captions) == 0 else 0
-        if not per:
-            raise ValueError(f"caption member: {n_img_tokens} image tokens do not split into {len(captions)} images")
+        lengths = _caption_lengths(prompt, image_token_id, images, len(captions), n_img_tokens)
     else:
-        if features is None:
+        if images is None:
             raise ValueError(f"{member.name} member: the request has images but no features")
-        per = features.shape[1]
-        if features.shape[0] * per != n_img_tokens:
-            raise ValueError(f"{member.name} member: {n_img_tokens} image tokens, features {tuple(features.shape)}")
-    visual = None
+        lengths = [int(f.shape[0]) for f in images]
+        if sum(lengths) != n_img_tokens:
+            shapes = tuple(features.shape) if isinstance(features, torch.Tensor) else [tuple(f.shape) for f in images]
+            raise ValueError(f"{member.name} member: {n_img_tokens} image tokens, features {shapes}")
+    visual, emit = None, list(lengths)  # emit[j]: tokens that replace image j
     if member.kind == "multimodal":
-        visual = features.reshape(-1, features.shape[-1])  # [N_img * T, D] row-major = the prompt's order
+        visual = (features.reshape(-1, features.shape[-1]) if isinstance(features, torch.Tensor)
+                  else torch.cat(images))  # [sum T_img, D] row-major = the prompt's order
     elif member.kind == "pooled":
-        pooled = pool_features(features, member.grid)  # [N_img, g_h*g_w, D]
-        visual = pooled.reshape(-1, pooled.shape[-1])
+        visual = _pooled(features, images, member.grid)  # [N_img * g_h*g_w, D]
+        emit = [member.grid[0] * member.grid[1]] * len(lengths)
+    first = {s: j for j, s in enumerate(_starts(lengths))}  # image token index -> the image it opens
     tokens, k = [], 0
     for t in prompt:
         if t != image_token_id:
             tokens.append(int(t))
             continue
-        if k % per == 0:  # the first token of image j: emit its replacement once
-            j = k // per
-            if member.kind == "multimodal":
-                tokens += [image_token_id] * per
-            elif member.kind == "pooled":
-                tokens += [image_token_id] * (member.grid[0] * member.grid[1])
-            else:
-                tokens += [int(x) for x in captions[j]]
+        j = first.get(k)
+        if j is not None:  # the first token of image j: emit its replacement once
+            tokens += [int(x) for x in captions[j]] if member.kind == "caption" else [image_token_id] * emit[j]
         k += 1
     return tokens, visual
+
+
+def _starts(lengths: Sequence[int]) -> list[int]:
+    """The index (among the prompt's image tokens) of each image's first token."""
+    out, k = [], 0
+    for t in lengths:
+        out.append(k)
+        k += t
+    return out
+
+
+def _caption_lengths(prompt, image_token_id: int, images, n_captions: int, n_img_tokens: int) -> list[int]:
+    """Each image's token count for the caption member: from its features, else equal parts (every image the same
+    size), else one image per run of image tokens (Qwen2.5-VL)."""
+    if images is not None:
+        lengths = [int(f.shape[0]) for f in images]
+    elif n_captions and n_img_tokens % n_captions == 0:
+        lengths = [n_img_tokens // n_captions] * n_captions
+    else:
+        lengths = list(image_lengths(torch.tensor(list(prompt)), image_token_id))
+    if len(lengths) != n_captions or sum(lengths) != n_img_tokens:
+        raise ValueError(f"caption member: {n_img_tokens} image tokens do not split into {n_captions} images")
+    return lengths
+
+
+def _pooled(features, images: list[torch.Tensor], grid: tuple[int, int]) -> torch.Tensor:
+    """Every image pooled to ``grid``, rows in order [N_img * g_h*g_w, D]: one batched pooling when every image has
+    the same count (the LLaVA path, as before), else image by image (``pool_image``)."""
+    if isinstance(features, torch.Tensor) or len({f.shape[0] for f in images}) == 1:
+        stacked = features if isinstance(features, torch.Tensor) else torch.stack(images)
+        if _square(stacked.shape[1]):
+            pooled = pool_features(stacked, grid)  # [N_img, g_h*g_w, D]
+            return pooled.reshape(-1, pooled.shape[-1])
+    return torch.cat([pool_image(f, grid) for f in images])
+
+
+def _square(t: int) -> bool:
+    return math.isqrt(t) ** 2 == t or (t > 1 and math.isqrt(t - 1) ** 2 == t - 1)

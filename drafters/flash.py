@@ -17,8 +17,11 @@ Everything else is ``eagle``'s (``drafters/eagle.py``): the batched cache of pai
 (``Verdict.hidden``), draft columns never valid, tails fed at the next proposal, compaction. Positions are the
 draft sequence's own (an image takes m positions, not T_img), in training and here alike.
 
-``spec.needs`` = {"hidden", "visual"}: ``DraftContext.visual`` [N_img, T_img, H], the projected embeddings of the
-prompt's images in prompt order.
+``spec.needs`` = {"hidden", "visual"}: ``DraftContext.visual`` [N_img, T_max, H], the projected embeddings of the
+prompt's images in prompt order, padded to the longest. Each image's own count comes from the prompt ids
+(``drafters/image_runs.py``): the head's fixed ``image_tokens`` (LLaVA), or one image per run of image tokens, any
+size (Qwen2.5-VL, ``image_tokens`` None); an image of T_img tokens takes min(m, T_img) latent tokens
+(``drafters/flash_head.py``).
 
     drafter = create({"kind": "flash", "path": "flash"}, target=target)   # k from the head (tokens_per_pass)
     engine = SpecEngine(target, drafter, gamma=5)
@@ -34,6 +37,7 @@ import torch
 from specula.drafters import stopping
 from specula.drafters.eagle import EagleDrafter, _int, _Row
 from specula.drafters.flash_head import FlashHead, draft_inputs, layout
+from specula.drafters.image_runs import feature_lengths, per_image
 from specula.drafters.protocol import DraftContext
 from specula.drafters.registration import register
 from specula.runtime.core.sampling import sample  # pure torch, no Ray/gRPC
@@ -73,13 +77,25 @@ class FlashDrafter(EagleDrafter):
         n = int((c.prompt_ids == self.image_token_id).sum())
         if not n:
             return
+        self._images(c)
+
+    def _images(self, c: DraftContext) -> list[torch.Tensor]:
+        """The request's images' own visual embeddings, one [T_img, H] each in prompt order (refused, named, when
+        they do not fit the prompt's image runs)."""
         cfg = self.head.config
         H, t = cfg.hidden_size, cfg.image_tokens
         got = None if c.visual is None else tuple(c.visual.shape)
-        if c.visual is None or c.visual.dim() != 3 or c.visual.shape[1:] != (t, H) or c.visual.shape[0] * t != n:
+        try:
+            if c.visual is not None and c.visual.shape[-1] != H:
+                raise ValueError(f"width {c.visual.shape[-1]} != H={H}")
+            lengths = feature_lengths(c.prompt_ids, self.image_token_id, c.visual, t)
+        except ValueError as e:
+            n = int((c.prompt_ids == self.image_token_id).sum())
+            size = f"T_img={t}" if t is not None else "T_max"
             raise ValueError(f"flash.begin: {c.request_id!r} has {n} image tokens and needs their visual embeddings "
-                             f"[N_img, T_img={t}, H={H}] (N_img * T_img = {n}), got {got}")
-        layout(c.prompt_ids, self.image_token_id, t, cfg.visual_tokens)  # raises on a broken image run
+                             f"[N_img, {size}, H={H}] (one row per image, padded to the longest), got {got}: {e}"
+                             ) from None
+        return per_image(c.visual, lengths)
 
     # ------------------------------------------------------------------------------------------------ protocol
 
@@ -108,7 +124,7 @@ class FlashDrafter(EagleDrafter):
             nxt = torch.cat([c.prompt_ids[1:].cpu(), torch.tensor([int(c.first_token)])])  # [L] x_{i+1}
             pairs = self.head.pair_inputs(nxt[None], c.hidden[None].to(self.device, self.dtype))[0]  # [L, H]
             lay = layout(c.prompt_ids, self.image_token_id, cfg.image_tokens, cfg.visual_tokens)
-            comp = self.head.compress(c.visual) if lay.image_slot.numel() else None  # [N_img, m, H]
+            comp = self.head.compress_images(self._images(c)) if lay.image_slot.numel() else None  # [sum m_img, H]
             seqs.append(draft_inputs(self.head, pairs, comp, lay))  # [L', H]
         b, seq = len(seqs), max(len(s) for s in seqs)
         x = torch.zeros(b, seq, H, dtype=self.dtype, device=self.device)  # [B, L', H]

@@ -5,8 +5,9 @@ target's own answers; ``--no-sdvit`` is the ablation).
 
 Drafting is the ``ensemble`` drafter with one member, "multimodal": every image token of the prompt becomes the
 projector's output for that visual token; then the ``text_lm`` runner's chain or tree drafting over one batched
-cache. ``spec.needs`` = {"pre_projector"} (the engine passes ``DraftContext.extra["pre_projector"]`` [N_img, T, D])
-or {"visual"} for a model trained on the target's projected features.
+cache. ``spec.needs`` = {"pre_projector"} (the engine passes ``DraftContext.extra["pre_projector"]`` [N_img, T_max, D],
+padded to the longest image) or {"visual"} for a model trained on the target's projected features. Images of any
+size (Qwen2.5-VL): each image's token count comes from the prompt ids (``drafters/image_runs.py``).
 
 A massv directory carries the tokenizer it was trained with (``specula train massv`` saves the target's beside the
 model): given the target's (``tokenizer``), the two must agree (``drafters/vocab.py``), so a drafter trained for

@@ -10,7 +10,9 @@ initialized MLP-based projector").
 (what the target's own projector made of them). The projector is LLaVA's 2-layer MLP (Linear, GELU, Linear).
 
 Pooled drafting (IbED sec. 5.1) average-pools ``f`` on each image's token grid *before* the projector, so one model
-serves the full grid and every pooled grid. Caption mode (IbED sec. 5.2, "a lightweight captioner"): the same
+serves the full grid and every pooled grid. A drafter sees only an image's token count, not its grid: a square
+count (LLaVA, a square Qwen2.5-VL image) pools on the square grid; any other (a Qwen2.5-VL image of another aspect,
+whose rows x cols the ids do not tell) pools its row-major tokens in g_h*g_w equal runs (``pool_image``). Caption mode (IbED sec. 5.2, "a lightweight captioner"): the same
 model, given one image and the caption instruction ``config.caption_prompt``, answers greedily; the tokens of that
 answer replace the image in a text-only drafting context.
 
@@ -87,6 +89,16 @@ def pool_features(features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor
             raise ValueError(f"pooling needs a square token grid per image, got {t} tokens")
     vf = VisualFeatures("projected", features, (t,) * n, ((side, side),) * n)
     return pool_grid(vf, grid).features  # [N_img, g_h*g_w, D]
+
+
+def pool_image(features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """One image's features [T, D] -> [g_h*g_w, D]: ``pool_features`` on a square grid (a leading CLS dropped),
+    else adaptive average pooling of the row-major token sequence into g_h*g_w runs (the grid is unknown)."""
+    t = features.shape[0]
+    if math.isqrt(t) ** 2 == t or (t > 1 and math.isqrt(t - 1) ** 2 == t - 1):
+        return pool_features(features[None], grid)[0]
+    pooled = torch.nn.functional.adaptive_avg_pool1d(features.t()[None].float(), grid[0] * grid[1])  # [1, D, g*g]
+    return pooled[0].t().to(features.dtype)  # [g_h*g_w, D]
 
 
 class MassvModel(nn.Module):

@@ -11,8 +11,9 @@ dynamic trees for greedy rows, the lossless sampled tree (sibling groups fixed b
 without replacement, never pruned; ``runtime/core/tree_rejection.py``) for sampled rows, the same batched cache.
 
 ``spec.needs`` = {"hidden", "visual"}: the engine passes the prompt's projected visual embeddings in
-``DraftContext.visual`` [N_img, T_img, H], images in prompt order, tokens in row-major order (how the target
-scatters them over the image tokens). With ``decoupled=False`` (the ablation, or a head trained without it) the
+``DraftContext.visual`` [N_img, T_max, H], images in prompt order, tokens in row-major order (how the target
+scatters them over the image tokens), padded to the longest image: each image's own count comes from the prompt
+ids (``drafters/image_runs.py``: one run of image tokens per Qwen2.5-VL image, any size; LLaVA's fixed count). With ``decoupled=False`` (the ablation, or a head trained without it) the
 drafter is ``eagle`` with the MSD recipe's weights and does not ask for "visual".
 
 Training: ``training/drafters/msd.py`` (stage 1 text-only, stage 2 the progressive text -> multimodal mix).
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from specula.drafters.eagle import EagleDrafter
+from specula.drafters.image_runs import feature_lengths, unpad
 from specula.drafters.msd_head import MsdHead
 from specula.drafters.protocol import DraftContext
 from specula.drafters.registration import register
@@ -48,6 +50,8 @@ class MsdDrafter(EagleDrafter):
         if decoupled is not None and not isinstance(decoupled, bool):
             raise ValueError(f"msd: decoupled must be a bool, got {decoupled!r}")
         self._decoupled = decoupled  # read by _needs during super().__init__
+        info = getattr(options.get("target"), "info", None)
+        self._image_tokens = getattr(info, "visual_tokens_per_image", None)  # LLaVA's fixed T; None: one per run
         super().__init__(path=path, head=head, **options)
         self.decoupled = self.head.config.decoupled if decoupled is None else decoupled
 
@@ -63,9 +67,18 @@ class MsdDrafter(EagleDrafter):
             return
         H = self.head.config.hidden_size
         got = None if c.visual is None else tuple(c.visual.shape)
-        if c.visual is None or c.visual.shape[-1] != H or c.visual.numel() != n * H:
+        try:
+            if c.visual is not None and c.visual.shape[-1] != H:
+                raise ValueError(f"width {c.visual.shape[-1]} != H={H}")
+            self._image_lengths(c)
+        except ValueError as e:
             raise ValueError(f"msd.begin: {c.request_id!r} has {n} image tokens and needs their visual embeddings "
-                             f"[N_img, T_img, H={H}] (N_img * T_img = {n}), got {got}")
+                             f"[N_img, T_max, H={H}] (one row per image, padded to the longest), got {got}: {e}"
+                             ) from None
+
+    def _image_lengths(self, c: DraftContext) -> tuple[int, ...]:
+        """T_img of each image of the request (``image_runs.feature_lengths``)."""
+        return feature_lengths(c.prompt_ids, self.image_token_id, c.visual, self._image_tokens)
 
     def _prompt_inputs(self, contexts: list[DraftContext], seq: int) -> dict:
         """visual [B, L, H] (the embedding of x_i where x_i is an image token, else 0), visual_mask [B, L] bool."""
@@ -79,5 +92,6 @@ class MsdDrafter(EagleDrafter):
             if bool(img.any()):
                 n = img.shape[0]
                 mask[i, :n] = img
-                vis[i, :n][img] = c.visual.reshape(-1, H).to(self.device, self.dtype)  # row-major = scatter order
+                rows = unpad(c.visual, self._image_lengths(c))  # [n_img_tokens, H] row-major = scatter order
+                vis[i, :n][img] = rows.to(self.device, self.dtype)
         return {"visual": vis, "visual_mask": mask, "decoupled": True}

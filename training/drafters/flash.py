@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from specula.training.drafters.common import data_count
 from specula.training.drafters.distill_data import load_answers
 from specula.drafters.flash_head import FlashHead, draft_inputs, layout
+from specula.drafters.image_runs import image_lengths
 from specula.training.drafters.eagle import (Batch, EagleTrainConfig, common_cli_config, epoch_order, export_head, fit,
                                          new_head, open_run, target_features)
 from specula.zoo.store import ZOO_DIR
@@ -79,17 +80,22 @@ def flash_step(head: FlashHead, model, batch: Batch, cfg: EagleTrainConfig,
     image = hc.image_token_id
     comp = None
     if image is not None:
-        img = (ids == image) & batch.attention_mask.bool().to(dev)  # [B, L]
-        if bool(img.any()):
-            if hc.image_tokens is None or int(img.sum()) % hc.image_tokens:
-                raise ValueError(f"flash: the batch's image tokens are not whole images of {hc.image_tokens}")
-            comp = head.compress(embeds[img].reshape(-1, hc.image_tokens, H))  # [N_img, m, H] every image, in order
+        images = []  # every image of the batch in order, its own [T_img, H] embeddings
+        for r, n in enumerate(lengths):
+            try:
+                t_img = image_lengths(ids[r, :n], image, hc.image_tokens)  # fixed T (LLaVA) or one per run
+            except ValueError as e:
+                raise ValueError(f"flash: the batch's image tokens are not whole images: {e}") from None
+            if t_img:
+                images += per_image_rows(embeds[r, :n][ids[r, :n] == image], t_img)
+        if images:
+            comp = head.compress_images(images)  # [sum m_img, H] every image's latent tokens, in order
     seqs, slots, used = [], torch.full((b, seq - 1), -1, dtype=torch.long), 0
     for r, n in enumerate(lengths):
         lay = layout(ids[r, : n - 1], image, hc.image_tokens, hc.visual_tokens)
-        k_img = lay.image_slot.shape[0]
-        seqs.append(draft_inputs(head, pairs[r, : n - 1], comp[used:used + k_img] if k_img else None, lay))
-        used += k_img
+        k_lat = sum(lay.latents)
+        seqs.append(draft_inputs(head, pairs[r, : n - 1], comp[used:used + k_lat] if k_lat else None, lay))
+        used += k_lat
         slots[r, lay.text_pos] = lay.text_slot
     if comp is not None and used != comp.shape[0]:
         raise ValueError("flash: an image token ends a sequence (no pair reads it)")
@@ -126,6 +132,11 @@ def flash_step(head: FlashHead, model, batch: Batch, cfg: EagleTrainConfig,
     first[:, 0] = True
     return {"loss": loss, "feat": feat, "hard": hard, "soft": soft, "agree": hit.float().mean(),
             "agree1": hit[first[ok]].float().mean()}
+
+
+def per_image_rows(rows: torch.Tensor, lengths) -> list[torch.Tensor]:
+    """A row's image-token embeddings in order [sum T_img, H] -> one [T_img, H] per image."""
+    return list(rows.split(list(lengths)))
 
 
 def train(cfg: FlashTrainConfig, log=print, stop_at: int | None = None) -> Path:
