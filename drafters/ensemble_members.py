@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specula.drafters.image_runs import image_lengths
-from specula.drafters.massv_model import pool_features, pool_image
+from specula.drafters.massv_model import pool_features, pool_image, square_grid
 
 MEMBER_KINDS = ("multimodal", "text", "caption", "pooled")
 DEFAULT_GRID = (6, 6)  # 144 -> 36 visual tokens per image
@@ -161,11 +161,7 @@ def _pooled(features, images: list[torch.Tensor], grid: tuple[int, int]) -> torc
     the same count (the LLaVA path, as before), else image by image (``pool_image``)."""
     if isinstance(features, torch.Tensor) or len({f.shape[0] for f in images}) == 1:
         stacked = features if isinstance(features, torch.Tensor) else torch.stack(images)
-        if _square(stacked.shape[1]):
+        if square_grid(stacked.shape[1]):
             pooled = pool_features(stacked, grid)  # [N_img, g_h*g_w, D]
             return pooled.reshape(-1, pooled.shape[-1])
     return torch.cat([pool_image(f, grid) for f in images])
-
-
-def _square(t: int) -> bool:
-    return math.isqrt(t) ** 2 == t or (t > 1 and math.isqrt(t - 1) ** 2 == t - 1)

@@ -20,10 +20,12 @@ Choices the paper leaves open, made here:
   shorter sequence), in training and at inference alike.
 - Images of any size (Qwen2.5-VL; ``FlashConfig.image_tokens`` None): each run of image tokens is one image
   (``drafters/image_runs.py``), and an image of T_img tokens becomes m_img = min(m, T_img) latent tokens, read by
-  the first m_img queries, attending that image's own T_img tokens only (never the padding of ``DraftContext.visual``
-  [N_img, T_max, H]). So an image never grows the draft sequence, a head serves image sizes it never saw, and with a
-  fixed T_img >= m (LLaVA: ``image_tokens`` set, runs may touch) every image is m tokens exactly as before. The compressed tokens are fed to the layer as they are
-  (as MSD feeds raw visual embeddings): the layer's input RMSNorm rescales them.
+  the first m_img queries, attending that image's own T_img tokens only (never the padding of
+  ``DraftContext.visual`` [N_img, T_max, H]). So an image never grows the draft sequence, a head serves image sizes
+  it never saw (trained on Qwen, it has seen several), and with a fixed T_img >= m (LLaVA: ``image_tokens`` set,
+  runs may touch) every image is m tokens, computed exactly as before.
+- The compressed tokens are fed to the layer as they are (as MSD feeds raw visual embeddings): the layer's input
+  RMSNorm rescales them.
 - The text position just before an image pairs h_i with e(<image>) (a constant marker), as ``eagle`` / ``msd``.
 - The k output features come from Medusa-style residual blocks on the layer output (W_j zero-initialised, so at
   the start every h^_{i+j} = o_i and k = 1 is exactly the EAGLE head); the paper's figure does not say how one

@@ -11,10 +11,13 @@ initialized MLP-based projector").
 
 Pooled drafting (IbED sec. 5.1) average-pools ``f`` on each image's token grid *before* the projector, so one model
 serves the full grid and every pooled grid. A drafter sees only an image's token count, not its grid: a square
-count (LLaVA, a square Qwen2.5-VL image) pools on the square grid; any other (a Qwen2.5-VL image of another aspect,
-whose rows x cols the ids do not tell) pools its row-major tokens in g_h*g_w equal runs (``pool_image``). Caption mode (IbED sec. 5.2, "a lightweight captioner"): the same
-model, given one image and the caption instruction ``config.caption_prompt``, answers greedily; the tokens of that
-answer replace the image in a text-only drafting context.
+count pools on the square grid (LLaVA's; for Qwen2.5-VL a guess, right for a square image: 16 tokens may be 2 x 8);
+any other count (a Qwen2.5-VL image of another aspect, whose rows x cols the ids do not tell) pools its row-major
+tokens in g_h*g_w equal runs (``pool_image``). A wrong guess costs acceptance, never correctness.
+
+Caption mode (IbED sec. 5.2, "a lightweight captioner"): the same model, given one image and the caption
+instruction ``config.caption_prompt``, answers greedily; the tokens of that answer replace the image in a
+text-only drafting context.
 
 On disk (``save`` / ``load``): the LM as a stock ``LlamaForCausalLM`` directory (so ``text_lm`` can load it too, as
 the text-only drafter it contains), ``massv_projector.safetensors`` and ``massv_config.json``.
@@ -91,11 +94,15 @@ def pool_features(features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor
     return pool_grid(vf, grid).features  # [N_img, g_h*g_w, D]
 
 
+def square_grid(t: int) -> bool:
+    """Whether T tokens are a square grid (s*s), or one with a leading CLS (s*s + 1): what ``pool_features`` pools."""
+    return math.isqrt(t) ** 2 == t or (t > 1 and math.isqrt(t - 1) ** 2 == t - 1)
+
+
 def pool_image(features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """One image's features [T, D] -> [g_h*g_w, D]: ``pool_features`` on a square grid (a leading CLS dropped),
     else adaptive average pooling of the row-major token sequence into g_h*g_w runs (the grid is unknown)."""
-    t = features.shape[0]
-    if math.isqrt(t) ** 2 == t or (t > 1 and math.isqrt(t - 1) ** 2 == t - 1):
+    if square_grid(features.shape[0]):
         return pool_features(features[None], grid)[0]
     pooled = torch.nn.functional.adaptive_avg_pool1d(features.t()[None].float(), grid[0] * grid[1])  # [1, D, g*g]
     return pooled[0].t().to(features.dtype)  # [g_h*g_w, D]

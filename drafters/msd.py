@@ -13,8 +13,9 @@ without replacement, never pruned; ``runtime/core/tree_rejection.py``) for sampl
 ``spec.needs`` = {"hidden", "visual"}: the engine passes the prompt's projected visual embeddings in
 ``DraftContext.visual`` [N_img, T_max, H], images in prompt order, tokens in row-major order (how the target
 scatters them over the image tokens), padded to the longest image: each image's own count comes from the prompt
-ids (``drafters/image_runs.py``: one run of image tokens per Qwen2.5-VL image, any size; LLaVA's fixed count). With ``decoupled=False`` (the ablation, or a head trained without it) the
-drafter is ``eagle`` with the MSD recipe's weights and does not ask for "visual".
+ids (``drafters/image_runs.py``: one run of image tokens per Qwen2.5-VL image, any size; LLaVA's fixed count).
+With ``decoupled=False`` (the ablation, or a head trained without it) the drafter is ``eagle`` with the MSD
+recipe's weights and does not ask for "visual".
 
 Training: ``training/drafters/msd.py`` (stage 1 text-only, stage 2 the progressive text -> multimodal mix).
 
