@@ -7,13 +7,16 @@
 2. one ``specula serve MODEL_DIR --drafter DIR`` per layout (a real subprocess on its own local Ray, the first
    trained kind as ``--drafter``; the other trained kinds as ``drafter.alternatives`` of the same deployment, chosen
    per request by the ``drafter`` extension field, since one Ray Serve start per kind does not fit the budget on 2
-   cores) answers the ``openai`` client's greedy chat completions, one with an image as a data: URL and one text
-   only, with exactly plain decoding's text (computed in-process: ``SpecEngine(load_target(dir), None)`` on the
-   prompt runtime/engine/prompts.py builds), and the answer's ``specula`` extension shows the chosen drafter
-   drafted (``draft_tokens`` > 0, no fallback);
+   cores) answers greedily, for one question with an image and one text only: ``POST /generate`` streams exactly
+   plain decoding's tokens (computed in-process: ``SpecEngine(load_target(dir), None)`` on the prompt
+   runtime/engine/prompts.py builds), and the ``openai`` client's chat completion (the image as a data: URL) is
+   their text, the chosen drafter drafting (``draft_tokens`` > 0, no fallback). "Their text" is what the server's
+   detokenizer makes of those tokens in the chunks it emitted them (``your_model_kit.served_text``): random weights
+   emit invalid byte runs whose text depends on the chunking;
 3. sampled answers through the same served route (Ray Serve HTTP, OpenAI chat completions) follow the target's
    exact law of the first 3 tokens (tests/runtime/distribution_check.py, as test_distributed_distribution.py uses
-   it), aasd drafting on LLaVA-1.5, with drafts accepted and rejected.
+   it), aasd drafting on LLaVA-1.5, with drafts accepted and rejected; cells are grouped by the texts they can be
+   answered as (``your_model_kit.text_law``). The same answers fail against the law at T = 0.1.
 
 Why aasd, T = 0.05: the tiny random-weight targets' top-4 law is almost flat (every one of the 64 cells near 1/64
 at T = 1), and a few training steps give drafters whose own distribution is spread wide: at T = 1 every kind had
@@ -21,9 +24,9 @@ its first draft accepted under 2% of the time (eagle 2/256, aasd 5/256), so the 
 aasd starts from the target's last layer and reads its KV cache; at T = 0.05 (top_k 4) it measured 100 of 256
 first drafts accepted and 156 rejected, so both halves of the rule are exercised. The law is exact at any T.
 
-Known failures (``KNOWN``, xfail): flash and aasd did not train on Qwen2.5-VL at b22de47 (both heads assumed LLaVA's
-fixed image-token count; aasd also copies the target's last layer into a bias-free Llama layer); a fix for the
-ragged image counts is under way, and an XPASS in the summary says an entry can go.
+Known failures (``KNOWN``, xfail strict, so a fix shows up as a failure until its entry goes): aasd does not train
+on Qwen2.5-VL (it starts its draft layer from the target's last one, a Qwen2 layer whose q/k/v have biases, loaded
+into a bias-free Llama layer).
 """
 
 from __future__ import annotations
@@ -54,14 +57,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 KINDS = ("eagle", "msd", "flash", "aasd", "text_lm", "massv")  # every kind `specula train` has
 MAX_TOKENS = 16
 KNOWN = {  # (layout, kind) -> what training prints there today
-    ("qwen25vl", "flash"): "specula: error: flash: the batch's image tokens are not whole images of None "
-                           "(exit status 2; FlashConfig.image_tokens is LLaVA's fixed per-image count, None for "
-                           "Qwen2.5-VL's grid-sized images: training/drafters/flash.py flash_step, "
-                           "drafters/flash_head.py layout)",
     ("qwen25vl", "aasd"): "RuntimeError: Error(s) in loading state_dict for LlamaDecoderLayer: Unexpected key(s) "
                           "\"self_attn.q_proj.bias\", \"self_attn.k_proj.bias\", \"self_attn.v_proj.bias\" "
-                          "(drafters/aasd_head.py init_from_target copies Qwen2's biased q/k/v into a Llama layer; "
-                          "its image_runs also assumes a fixed image-token count)",
+                          "(drafters/aasd_head.py init_from_target copies Qwen2's biased q/k/v into a Llama layer)",
 }
 
 N, CONCURRENCY, K = 1024, 16, 3  # the sampled check
@@ -70,10 +68,10 @@ SAMPLED = "aasd"
 
 
 def _known(request, layout: str, kind: str) -> None:
-    """A known failure of this (layout, kind) is an expected one. Not strict while the fix is under way (ragged
-    image-token counts in the flash / aasd heads): an XPASS shows in the summary, and its KNOWN entry should go."""
+    """A known failure of this (layout, kind) is an expected one (strict: once fixed, the test fails until the entry
+    in KNOWN goes)."""
     if (layout, kind) in KNOWN:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=KNOWN[layout, kind]))
+        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN[layout, kind]))
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -210,6 +208,13 @@ class TestLlava15(_YourModel):
               f"df={result.df} first drafts accepted={accepted} rejected={rejected}")
         assert accepted >= N // 10 and rejected >= N // 10, (accepted, rejected)
         assert result.p_value > 1e-4, result
+        # the check has power: the same answers against plain sampling at T 0.1 (same support, other law) fail it
+        other, other_index = text_law(exact_law(user_model, encoded(user_model, conversations_file, False)
+                                                .request("law"), SamplingParams(temperature=0.1, top_k=4), K), tok)
+        texts = [a["choices"][0]["message"]["content"] for a in answers]
+        wrong = chi2_test(torch.tensor([other_index[t] for t in texts])[:, None], other)
+        print(f"against T 0.1: p={wrong.p_value:.3g} stat={wrong.stat:.1f} df={wrong.df}")
+        assert wrong.p_value < 1e-6, wrong
 
 
 class TestQwen25vl(_YourModel):
