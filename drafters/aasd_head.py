@@ -19,8 +19,9 @@ Choices the paper leaves open, made here:
   fed with token embeddings instead of layer L-1's states". Its input is the token embedding alone (the paper's
   M_D receives x_i); it reads no hidden state.
 - W_K / W_V start as contiguous average pooling (k groups of the row-major token order); a run of several images
-  is compressed image by image. ``image_tokens`` is the target's fixed count per image (LLaVA); a target with
-  images of varying token counts is refused.
+  is compressed image by image. ``image_tokens`` is the target's fixed count per image (LLaVA); on a target
+  whose images vary in size (Qwen2.5-VL, ``image_tokens`` None) each image is average-pooled to min(k, T_img)
+  entries, W's initial form, since one learned [k, T_img] matrix cannot take every size.
 - Positions are sequence indices (LLaVA's). The compressed entries carry the rotations of the keys they mix.
 """
 
@@ -40,7 +41,8 @@ from specula.drafters.eagle_head import EagleConfig, _load_head
 @dataclass(frozen=True)
 class AasdConfig(EagleConfig):
     kv_tokens: int = 64  # k: compressed KV entries per image
-    image_tokens: int | None = None  # T_img of the target (fixed per image); None: images are refused
+    image_tokens: int | None = None  # T_img of the target (fixed per image); None: any size (Qwen2.5-VL), pooled
+    attention_bias: bool = False  # q/k/v (and o) projections with a bias, as the target's (Qwen2's q/k/v have one)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,7 +57,14 @@ class AasdConfig(EagleConfig):
         base = EagleConfig.from_target(target)
         model = target.model if hasattr(target, "info") else target
         t = getattr(model.config, "image_seq_length", None)
-        return cls(**{**base.__dict__, "image_tokens": None if t is None else int(t), **overrides})
+        last = model.model.language_model.layers[-1].self_attn
+        return cls(**{**base.__dict__, "image_tokens": None if t is None else int(t),
+                      "attention_bias": last.q_proj.bias is not None, **overrides})
+
+    def llama_config(self, attn_implementation: str = "sdpa"):
+        cfg = super().llama_config(attn_implementation)
+        cfg.attention_bias = self.attention_bias
+        return cfg
 
 
 class AasdHead(nn.Module):
@@ -78,11 +87,7 @@ class AasdHead(nn.Module):
         self.layer = LlamaDecoderLayer(self.llama_config, layer_idx=0)
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = LlamaRotaryEmbedding(self.llama_config)
-        n = config.image_tokens or 1
-        k = min(config.kv_tokens, n)
-        pool = torch.zeros(k, n)  # [k, T_img] contiguous average pooling
-        for r, chunk in enumerate(torch.arange(n).tensor_split(k)):
-            pool[r, chunk] = 1.0 / len(chunk)
+        pool = average_pool(config.image_tokens or 1, config.kv_tokens)  # [k, T_img] contiguous average pooling
         self.w_k = nn.Parameter(pool.clone())  # [k, T_img] W_K
         self.w_v = nn.Parameter(pool.clone())  # [k, T_img] W_V
         self._shared: tuple[nn.Embedding, nn.Linear] | None = None  # not registered, not saved, not trained
@@ -132,7 +137,14 @@ class AasdHead(nn.Module):
         """Copy the target's last decoder layer and final norm (a HF VLM or a specula Target)."""
         model = model.model if hasattr(model, "info") else model
         lm = model.model.language_model
-        self.layer.load_state_dict(lm.layers[-1].state_dict())
+        got = self.layer.load_state_dict(lm.layers[-1].state_dict(), strict=False)
+        # a Qwen2 layer has q/k/v biases and none on o_proj: the head's o_proj bias (Llama's attention_bias covers
+        # all four) starts at zero, so the copied layer computes exactly the target's
+        if got.unexpected_keys or set(got.missing_keys) - {"self_attn.o_proj.bias"}:
+            raise ValueError(f"aasd: the target's last layer does not fit the head (missing {got.missing_keys}, "
+                             f"unexpected {got.unexpected_keys})")
+        if got.missing_keys:
+            self.layer.self_attn.o_proj.bias.zero_()
         self.norm.load_state_dict(lm.norm.state_dict())
         return self
 
@@ -163,39 +175,48 @@ class AasdHead(nn.Module):
         return _load_head(cls, path, target, device=device, dtype=dtype, copy_shared=copy_shared)
 
 
-def image_runs(ids: torch.Tensor, image_token_id: int | None, image_tokens: int | None) -> list[int]:
-    """Start index of every image in ids [L] (runs of image tokens cut into images of ``image_tokens``)."""
-    if image_token_id is None:
-        return []
-    img = (ids.cpu() == image_token_id).long()
-    n = int(img.sum())
-    if not n:
-        return []
-    if image_tokens is None or n % image_tokens:
-        raise ValueError(f"aasd: {n} image tokens are not whole images of {image_tokens} tokens")
-    before = img.cumsum(0) - img  # [L] image tokens before each position
-    starts = torch.nonzero(img.bool() & (before % image_tokens == 0)).flatten().tolist()
-    for s in starts:
-        if int(img[s:s + image_tokens].sum()) != image_tokens:
-            raise ValueError(f"aasd: an image run is not a whole number of {image_tokens}-token images")
-    return starts
+def image_spans(ids: torch.Tensor, image_token_id: int | None, image_tokens: int | None) -> list[tuple[int, int]]:
+    """(start, T_img) of every image in ids [L]: runs of image tokens cut into images of ``image_tokens`` (LLaVA),
+    or with ``image_tokens`` None one image per run (Qwen2.5-VL, any size; ``drafters/image_runs.py``)."""
+    from specula.drafters.image_runs import image_lengths, image_starts
+
+    try:
+        lengths = image_lengths(ids, image_token_id, image_tokens)
+    except ValueError as e:
+        raise ValueError(f"aasd: {e}") from None
+    starts = image_starts(ids, image_token_id, lengths).tolist() if lengths else []
+    return list(zip(starts, lengths))
+
+
+def average_pool(n: int, k: int) -> torch.Tensor:
+    """[min(k, n), n] contiguous average pooling of n tokens in row-major order (W_K / W_V's initial value)."""
+    k = min(k, n)
+    pool = torch.zeros(k, n)
+    for r, chunk in enumerate(torch.arange(n).tensor_split(k)):
+        pool[r, chunk] = 1.0 / len(chunk)
+    return pool
 
 
 def context_kv(head: AasdHead, ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """One row's draft context from the target's last-layer cache: ids [L], k/v [H_kv, L, D] -> (k, v) [H_kv, S, D]
     (text entries as they are, each image's entries compressed, in sequence order) and the source position of each
-    entry [S] int64 (a compressed image: its last token's position)."""
+    entry [S] int64 (a compressed image: its last token's position). An image of the head's fixed ``image_tokens``
+    goes through the learned W_K / W_V; an image of any size on a target without a fixed count (Qwen2.5-VL) is
+    average-pooled to min(kv_tokens, T_img) entries, W's initial form (a learned matrix needs one size)."""
     cfg = head.config
-    starts = image_runs(ids, cfg.image_token_id, cfg.image_tokens)
-    if not starts:
+    spans = image_spans(ids, cfg.image_token_id, cfg.image_tokens)
+    if not spans:
         return k, v, torch.arange(k.shape[1])
-    t = cfg.image_tokens
     ks, vs, src, prev = [], [], [], 0
-    for s in starts:
+    for s, t in spans:
         ks.append(k[:, prev:s])
         vs.append(v[:, prev:s])
         src.append(torch.arange(prev, s))
-        ck, cv = head.compress(k[:, s:s + t], v[:, s:s + t])  # [H_kv, k, D]
+        if cfg.image_tokens is not None:
+            ck, cv = head.compress(k[:, s:s + t], v[:, s:s + t])  # [H_kv, k, D]
+        else:
+            w = average_pool(t, cfg.kv_tokens).to(k.device, k.dtype)  # [k', T_img]
+            ck, cv = torch.einsum("rn,...nd->...rd", w, k[:, s:s + t]), torch.einsum("rn,...nd->...rd", w, v[:, s:s + t])
         ks.append(ck)
         vs.append(cv)
         src.append(torch.full((ck.shape[1],), s + t - 1))

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
 from specula.drafters.aasd import AasdDrafter
-from specula.drafters.aasd_head import AasdConfig, AasdHead, context_kv, image_runs
+from specula.drafters.aasd_head import AasdConfig, AasdHead, context_kv, image_spans
 from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.core.sampling import SamplingParams
 from specula.targets import PrefillRequest, load_target
@@ -192,7 +192,7 @@ def test_image_kv_is_compressed_by_the_projector(kit):
     head = d.head
     for b, c in enumerate(ctx):
         n_img = int((c.prompt_ids == image).sum()) // 144
-        assert len(image_runs(c.prompt_ids, image, 144)) == n_img
+        assert len(image_spans(c.prompt_ids, image, 144)) == n_img
         valid = d._kv.valid[b]
         assert int(valid.sum()) == len(c.prompt_ids) - n_img * (144 - KV)
         k_all = d._kv.cache.layers[0].keys[b][:, valid]  # [H_kv, S, D]
@@ -239,7 +239,7 @@ def test_bad_input_is_refused(kit, tmp_path):
     with pytest.raises(ValueError, match="not observed"):
         d.propose(["r0"], gamma=2)
     with pytest.raises(ValueError, match="whole"):
-        image_runs(torch.tensor([5, 9, 9, 6, 9]), 9, 3)
+        image_spans(torch.tensor([5, 9, 9, 6, 9]), 9, 3)
     target.release(["r0"])
 
 

@@ -131,10 +131,30 @@ def test_massv_trained_through_the_cli_drafts_for_image_sizes_it_never_saw(qwen,
     _assert_drafts_losslessly(qwen, d)
 
 
-@pytest.mark.parametrize("kind", ["flash", "msd"])
+def test_aasd_drafts_for_images_of_any_size(qwen):
+    """AASD on a target without a fixed image size: each image's cached K/V average-pooled to min(k, T_img)
+    entries (8, 12 and 24 tokens here, k 10), no image refused."""
+    from specula.drafters.aasd_head import AasdConfig, AasdHead, context_kv
+
+    torch.manual_seed(0)
+    cfg = replace(AasdConfig.from_target(qwen["target"]), kv_tokens=10)
+    assert cfg.image_tokens is None
+    head = AasdHead(cfg).init_from_target(qwen["target"]).eval()
+    d = create({"kind": "aasd", "head": head}, target=qwen["target"])
+    _assert_drafts_losslessly(qwen, d)
+    ids = qwen["prompts"]["a"].input_ids
+    k = torch.randn(2, len(ids), 4)  # [H_kv, L, D]
+    kc, vc, src = context_kv(head, ids, k, k.clone())
+    assert kc.shape[1] == len(ids) - 20 + 8 + 10  # the 8-token image stays 8 entries, the 12-token one becomes 10
+    assert torch.equal(src, torch.sort(src).values)
+
+
+@pytest.mark.parametrize("kind", ["flash", "msd", "aasd"])
 def test_heads_trained_on_the_file_draft_for_image_sizes_they_never_saw(qwen, kind, conversations_file, tmp_path):
-    """A few steps of ``specula train flash|msd`` on the Qwen target and the conversation file (its pictures all
-    become 4-token images), exported and loaded by directory: the head drafts for images of 8, 12 and 24 tokens."""
+    """A few steps of ``specula train flash|msd|aasd`` on the Qwen target and the conversation file (its pictures
+    all become 4-token images), exported and loaded by directory: the head drafts for images of 8, 12 and 24
+    tokens."""
+    from specula.training.drafters import aasd as ta
     from specula.training.drafters import flash as tf
     from specula.training.drafters import msd as tmsd
 
@@ -144,6 +164,9 @@ def test_heads_trained_on_the_file_draft_for_image_sizes_they_never_saw(qwen, ki
     if kind == "flash":
         out = tf.export_flash(tf.train(tf.FlashTrainConfig(**small, visual_tokens=10, tokens_per_pass=2),
                                        log=lambda *_: None), tmp_path / "out")
+    elif kind == "aasd":
+        out = ta.export_aasd(ta.train(ta.AasdTrainConfig(**small, kv_tokens=6, train_depth=2), log=lambda *_: None),
+                             tmp_path / "out")
     else:
         out = tmsd.export_msd(tmsd.train(tmsd.MsdTrainConfig(**small, text_samples=2), log=lambda *_: None),
                               tmp_path / "out")
