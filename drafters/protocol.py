@@ -53,7 +53,8 @@ class DraftContext:
     temperature: float = 0.0  # how the request samples: drafters may sample their drafts at this temperature
     seed: int | None = None
     pixel_values: torch.Tensor | None = None  # [N_img, 3, S, S] when "pixels" is needed
-    visual: torch.Tensor | None = None  # [N_img, T_img, H] projected visual embeddings when "visual" is needed
+    visual: torch.Tensor | None = None  # [N_img, T_max, H] projected visual embeddings when "visual" is needed, padded
+    # to the longest image with zero rows (each image's own T_img from the prompt ids: drafters/image_runs.py)
     hidden: torch.Tensor | None = None  # [L, H] target final hidden states of the prompt when "hidden" is needed
     extra: dict = field(default_factory=dict)  # other features by name (e.g. "last_k"/"last_v" [H_kv, L, D])
     drafter: str | None = None  # the drafter the request chose by name (a MultiDrafter routes on it); None = default
