@@ -24,9 +24,8 @@ its first draft accepted under 2% of the time (eagle 2/256, aasd 5/256), so the 
 aasd starts from the target's last layer and reads its KV cache; at T = 0.05 (top_k 4) it measured 100 of 256
 first drafts accepted and 156 rejected, so both halves of the rule are exercised. The law is exact at any T.
 
-Known failures (``KNOWN``, xfail strict, so a fix shows up as a failure until its entry goes): aasd does not train
-on Qwen2.5-VL (it starts its draft layer from the target's last one, a Qwen2 layer whose q/k/v have biases, loaded
-into a bias-free Llama layer).
+A (layout, kind) entered in ``KNOWN`` runs as xfail strict (a fix fails the test until the entry goes); none is
+today: every kind trains and serves on both layouts.
 """
 
 from __future__ import annotations
@@ -56,11 +55,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 
 KINDS = ("eagle", "msd", "flash", "aasd", "text_lm", "massv")  # every kind `specula train` has
 MAX_TOKENS = 16
-KNOWN = {  # (layout, kind) -> what training prints there today
-    ("qwen25vl", "aasd"): "RuntimeError: Error(s) in loading state_dict for LlamaDecoderLayer: Unexpected key(s) "
-                          "\"self_attn.q_proj.bias\", \"self_attn.k_proj.bias\", \"self_attn.v_proj.bias\" "
-                          "(drafters/aasd_head.py init_from_target copies Qwen2's biased q/k/v into a Llama layer)",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # (layout, kind) -> the error a kind fails with there (none today)
 
 N, CONCURRENCY, K = 1024, 16, 3  # the sampled check
 PARAMS = SamplingParams(temperature=0.05, top_k=4)
