@@ -514,14 +514,9 @@ class SpeculaConfig(_Strict):
         return self
 
 
-def load_config(source: SpeculaConfig | dict | str | os.PathLike) -> SpeculaConfig:
-    """A validated ``SpeculaConfig`` from a YAML file path, a dict, or a config (returned as is).
-
-    Raises ``ConfigError`` naming each bad field by its dotted path, e.g.
-    ``deployments.vision_encoder.devise: unknown key``.
-    """
-    if isinstance(source, SpeculaConfig):
-        return source
+def read_config(source: dict | str | os.PathLike) -> dict:
+    """The config as a dict, not yet validated: a YAML file's mapping (an empty file is {}), or the dict itself.
+    Raises ``ConfigError`` for a missing file, bad YAML or a top level that is not a mapping."""
     where = "config"
     if isinstance(source, (str, os.PathLike)):
         import yaml
@@ -538,6 +533,19 @@ def load_config(source: SpeculaConfig | dict | str | os.PathLike) -> SpeculaConf
             source = {}
     if not isinstance(source, dict):
         raise ConfigError(f"{where}: must be a mapping, got {type(source).__name__}")
+    return source
+
+
+def load_config(source: SpeculaConfig | dict | str | os.PathLike, *, where: str | None = None) -> SpeculaConfig:
+    """A validated ``SpeculaConfig`` from a YAML file path, a dict, or a config (returned as is).
+
+    Raises ``ConfigError`` naming each bad field by its dotted path, e.g.
+    ``deployments.vision_encoder.devise: unknown key`` (after ``where``: the file, by default its path).
+    """
+    if isinstance(source, SpeculaConfig):
+        return source
+    where = where or (str(source) if isinstance(source, (str, os.PathLike)) else "config")
+    source = read_config(source)
     try:
         return SpeculaConfig.model_validate(source)
     except ValidationError as e:

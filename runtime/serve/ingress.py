@@ -243,6 +243,7 @@ class Detokenizer:
         self.tokenizer, self.stop = tokenizer, tuple(stop)
         self.tokens: list[int] = []
         self.text = ""  # visible text sent so far
+        self._is_byte: dict[int, bool] = {}
 
     def add(self, chunk: dict) -> dict:
         self.tokens.extend(chunk["tokens"])
@@ -253,10 +254,14 @@ class Detokenizer:
             full, finished, reason = full[:cut], True, "stop"
         end = len(full)
         if not finished:
-            if full.endswith("\ufffd"):  # a character cut between tokens: wait for the rest
+            tail = self._byte_tail()
+            if tail:  # a run of byte-fallback tokens decodes as a whole: a later byte can rewrite all of it
+                stable = self.tokenizer.decode(self.tokens[:-tail], skip_special_tokens=True)
+                end = min(len(stable), len(full)) if full.startswith(stable) else len(self.text)
+            if full[:end].endswith("\ufffd"):  # a character cut between tokens: wait for the rest
                 end = len(self.text)
             else:
-                end -= self._held(full)
+                end -= self._held(full[:end])
         # decoding is not always prefix-stable (merged spaces): the new text is what lies past what was sent
         delta = full[len(self.text):end] if end > len(self.text) else ""
         self.text += delta
@@ -264,6 +269,20 @@ class Detokenizer:
         if finished and not chunk["finished"]:
             out.update(metrics=None, drafter=None)
         return out
+
+    def _byte_tail(self) -> int:
+        """How many of the last tokens are byte-fallback pieces (``<0xNN>``, SentencePiece / Llama tokenizers)."""
+        convert = getattr(self.tokenizer, "convert_ids_to_tokens", None)  # None: a tokenizer with no pieces
+        n = 0
+        for t in reversed(self.tokens) if convert is not None else ():
+            if t not in self._is_byte:
+                piece = convert(int(t))
+                self._is_byte[t] = isinstance(piece, str) and len(piece) == 6 and piece.startswith("<0x") \
+                    and piece.endswith(">")
+            if not self._is_byte[t]:
+                break
+            n += 1
+        return n
 
     def _held(self, text: str) -> int:
         """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""

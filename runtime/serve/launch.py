@@ -69,21 +69,33 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "--address)")
 
 
-def serve_cli(args: argparse.Namespace) -> int:
-    from specula.runtime.config import load_config
+def config_from_args(args: argparse.Namespace):
+    """The validated config ``specula serve`` runs: ``--config`` (or the defaults) with MODEL_DIR, --drafter,
+    --gamma, --speculative-config, --host, --port and --grpc-port on top. The flags go on the file *before* it is
+    checked, so a drafter record is checked against MODEL_DIR, not against the model the file alone would name.
+    A bad config or flag: ``ConfigError`` (one line, exit 2)."""
+    from specula.runtime.config import ConfigError, load_config, read_config
     from specula.runtime.config_front_door import apply_flags
 
-    cfg = load_config(args.config if args.config is not None else {})  # a bad config: one line, exit 2
+    raw = read_config(args.config if args.config is not None else {})
+    where = args.config or "config"
     flags = (args.model, args.drafter, args.gamma, args.speculative_config)
     if any(f is not None for f in flags):
-        cfg = load_config(apply_flags(cfg.model_dump(mode="json", exclude_unset=True), *flags))
+        for key in ("model", "drafter"):
+            if raw.get(key) is not None and not isinstance(raw[key], dict):
+                raise ConfigError(f"{where}: {key}: must be a mapping, got {type(raw[key]).__name__}")
+        raw = apply_flags(raw, *flags)
     http = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    if http or args.grpc_port is not None:
-        raw = cfg.model_dump(mode="json")
-        raw["http"] = {**raw["http"], **http}
-        if args.grpc_port is not None:
-            raw["grpc"] = {**raw["grpc"], "port": args.grpc_port}
-        cfg = load_config(raw)
+    for key, extra in (("http", http), ("grpc", {"port": args.grpc_port} if args.grpc_port is not None else {})):
+        if extra:
+            if raw.get(key) is not None and not isinstance(raw[key], dict):
+                raise ConfigError(f"{where}: {key}: must be a mapping, got {type(raw[key]).__name__}")
+            raw = {**raw, key: {**(raw.get(key) or {}), **extra}}
+    return load_config(raw, where=str(where))
+
+
+def serve_cli(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
 
     from specula.runtime.serve.placement import (ClusterResources, StartupError, placement_message,
                                                  placement_problems, size_reservations, watch_startup)

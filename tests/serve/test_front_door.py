@@ -137,3 +137,29 @@ def test_serve_model_dir_with_a_drafter_dir_answers_the_openai_client(model_dir,
     assert chat.choices[0].message.content == processor.tokenizer.decode(plain.tokens, skip_special_tokens=True)
     extra = chat.model_extra["specula"]  # Specula's extension of the response: the drafter really drafted
     assert extra["drafter"] == "ok" and extra["metrics"]["draft_tokens"] > 0
+
+
+def test_model_dir_is_applied_before_the_config_file_is_checked(model_dir, drafter_dir, tmp_path):
+    """``specula serve MODEL_DIR --config f.yaml``: a drafter record in the file (here an alternative trained for
+    MODEL_DIR) is checked against MODEL_DIR, not against the model the file alone would name (the embedded
+    target); and a file that is not a mapping where one is needed is one ConfigError naming the file."""
+    import argparse
+
+    import yaml
+
+    from specula.runtime.config import ConfigError
+    from specula.runtime.serve.launch import add_serve_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_serve_arguments(p)
+    f = tmp_path / "serve.yaml"
+    f.write_text(yaml.safe_dump({"drafter": {"alternatives": {"mine": {"kind": "text_lm",
+                                                                        "options": {"path": str(drafter_dir)}}}}}))
+    cfg = config_from_args(p.parse_args([str(model_dir), "--drafter", "ngram", "--config", str(f), "--port", "0"]))
+    assert cfg.model.path == str(model_dir) and cfg.drafter.kind == "ngram" and cfg.http.port == 0
+    assert cfg.drafter.alternatives["mine"].options == {"path": str(drafter_dir)}
+    with pytest.raises(ConfigError, match="trained for"):  # the same file alone names the embedded target
+        config_from_args(p.parse_args(["--config", str(f)]))
+    f.write_text(yaml.safe_dump({"model": "not a mapping"}))
+    with pytest.raises(ConfigError, match=f"{f}: model: must be a mapping"):
+        config_from_args(p.parse_args([str(model_dir), "--config", str(f)]))
