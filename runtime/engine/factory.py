@@ -82,7 +82,22 @@ def _one_drafter(config: SpeculaConfig, kind: str, options: dict):
     for name, value in defaults.items():
         if name in named and name not in opts:
             opts[name] = value
+    if "tokenizer" in named and "tokenizer" not in opts:  # a drafter with its own tokenizer is checked against it
+        tok = target_tokenizer(config)
+        if tok is not None:
+            opts["tokenizer"] = tok
     return create({"kind": kind, **opts})
+
+
+def target_tokenizer(config: SpeculaConfig):
+    """The served model's tokenizer (its directory's own), or None when the directory has none: what a drafter
+    with a tokenizer of its own (text_lm, massv, ensemble) is compared with token by token (drafters/vocab.py)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir(config)), local_files_only=True)
+    except (OSError, ValueError):
+        return None
 
 
 def set_threads(settings: DeploymentSettings) -> None:

@@ -163,3 +163,31 @@ def test_model_dir_is_applied_before_the_config_file_is_checked(model_dir, draft
     f.write_text(yaml.safe_dump({"model": "not a mapping"}))
     with pytest.raises(ConfigError, match=f"{f}: model: must be a mapping"):
         config_from_args(p.parse_args([str(model_dir), "--config", str(f)]))
+
+
+def test_the_served_drafter_is_checked_against_the_models_tokenizer(model_dir, tmp_path):
+    """A text_lm directory whose saved tokenizer maps a token to another id than the served model's: the serving
+    factory hands the drafter the model's own tokenizer, so it is refused naming the token (the record's
+    fingerprint matches: only the token-by-token comparison can catch it). The same LM with the model's own
+    tokenizer beside it loads."""
+    from transformers import AutoTokenizer
+
+    from specula.runtime.engine.factory import make_drafter, target_facts, target_tokenizer
+
+    tok = target_tokenizer(load_config(apply_flags({}, str(model_dir))))
+    assert tok is not None and len(tok) == len(AutoTokenizer.from_pretrained(model_dir))
+    for name, swap in (("same", False), ("swapped", True)):
+        d = _text_lm_dir(model_dir, tmp_path / name, weights_fingerprint(model_dir))
+        tok.save_pretrained(d)
+        if swap:
+            j = json.loads((d / "tokenizer.json").read_text())
+            v = j["model"]["vocab"]
+            a, b = sorted(k for k in v if len(k) == 1 and k.isalpha())[:2]
+            v[a], v[b] = v[b], v[a]
+            (d / "tokenizer.json").write_text(json.dumps(j))
+        cfg = load_config(apply_flags({}, str(model_dir), str(d)))
+        if swap:
+            with pytest.raises(ValueError, match="in the drafter's tokenizer but"):
+                make_drafter(cfg)
+        else:
+            assert make_drafter(cfg).vocab_size == target_facts(cfg)["vocab_size"]
