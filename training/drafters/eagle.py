@@ -343,13 +343,13 @@ def open_run(cfg: EagleTrainConfig, log=print) -> Run:
     from specula.zoo.store import resolve
 
     torch.set_num_threads(cfg.threads)
-    run = Path(cfg.run_dir)
-    run.mkdir(parents=True, exist_ok=True)
     target_dir = resolve(cfg.target)
+    processor = recipe_processor(cfg, target_dir)
+    source = data_source(cfg, processor, log=log)  # a bad data file stops here, before anything is written
     target = load_target(target_dir, device=cfg.device)
     target.model.requires_grad_(False)
-    processor = recipe_processor(cfg, target_dir)
-    source = data_source(cfg, processor, log=log)
+    run = Path(cfg.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
     return Run(run, processor, target, target_fingerprint(target_dir), source, data_start(cfg, source))
 
 
