@@ -63,17 +63,18 @@ def make_drafter(config: SpeculaConfig):
     ``drafter.alternatives`` a ``MultiDrafter`` over all of them (the default under ``drafter.default_name``), so
     each request drafts with the one it names."""
     d = config.drafter
-    default = _one_drafter(config, d.kind, d.options)
+    tok: dict = {}  # the served model's tokenizer, loaded once for all the drafters that compare against it
+    default = _one_drafter(config, d.kind, d.options, tok)
     if not d.alternatives:
         return default
     from specula.drafters.multi_drafter import MultiDrafter
 
     subs = {d.default_name: default}
-    subs.update({name: _one_drafter(config, a.kind, a.options) for name, a in d.alternatives.items()})
+    subs.update({name: _one_drafter(config, a.kind, a.options, tok) for name, a in d.alternatives.items()})
     return MultiDrafter(subs, default=d.default_name)
 
 
-def _one_drafter(config: SpeculaConfig, kind: str, options: dict):
+def _one_drafter(config: SpeculaConfig, kind: str, options: dict, tok: dict):
     from specula.drafters import create, registry
 
     opts = dict(options)
@@ -83,9 +84,10 @@ def _one_drafter(config: SpeculaConfig, kind: str, options: dict):
         if name in named and name not in opts:
             opts[name] = value
     if "tokenizer" in named and "tokenizer" not in opts:  # a drafter with its own tokenizer is checked against it
-        tok = target_tokenizer(config)
-        if tok is not None:
-            opts["tokenizer"] = tok
+        if "t" not in tok:
+            tok["t"] = target_tokenizer(config)
+        if tok["t"] is not None:
+            opts["tokenizer"] = tok["t"]
     return create({"kind": kind, **opts})
 
 
