@@ -17,7 +17,7 @@ from trainer_kit import save_lively_target
 from specula import cli
 from specula.drafters import create
 from specula.training.drafters import massv as tm
-from specula.training.drafters.distill_data import load_answers
+from specula.training.drafters.distill_data import load_answers, pixels
 from specula.training.drafters.massv import MassvTrainConfig, export_massv, train
 from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.core.sampling import SamplingParams
@@ -60,7 +60,7 @@ def test_two_phases_learn_resume_exactly_and_export(tmp_path, target_dir):
     assert [a.index for a in answers] == list(range(cfg.data_start, cfg.data_start + 8))
     greedy = [a for a in answers if cfg.temperatures[a.index % 3] == 0]
     ref = target.generate_plain([__import__("specula.targets", fromlist=["x"]).PrefillRequest(
-        "g", greedy[0].prompt, tm.pixels(load_processor(TOKENIZER_DIR), greedy[0], cfg.seed))], 8,
+        "g", greedy[0].prompt, pixels(load_processor(TOKENIZER_DIR), greedy[0], cfg.seed))], 8,
         [load_processor(TOKENIZER_DIR).tokenizer.eos_token_id])[0]
     assert greedy[0].response.tolist() == ref
 

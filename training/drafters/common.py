@@ -131,6 +131,6 @@ def data_count(source, split: str, asked: int, log=print) -> int:
     return have
 
 
-def data_start(cfg, source) -> int:
+def data_start(cfg) -> int:
     """The first prompt index of a recipe's training split: the recipe's world offset, 0 in a conversation file."""
     return cfg.data_start if not cfg.data_file else 0

@@ -350,7 +350,7 @@ def open_run(cfg: EagleTrainConfig, log=print) -> Run:
     target.model.requires_grad_(False)
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    return Run(run, processor, target, target_fingerprint(target_dir), source, data_start(cfg, source))
+    return Run(run, processor, target, target_fingerprint(target_dir), source, data_start(cfg))
 
 
 def new_head(head_cls: type[EagleHead], run: Run, cfg: EagleTrainConfig, **config) -> EagleHead:

@@ -72,7 +72,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from specula.training.drafters.distill_data import (Answer, cut_at_image_token, encode, load_answers, make_answers,
-                                                    pixels, prompt_of, same_data, target_fingerprint, world_sample,
+                                                    prompt_of, same_data, target_fingerprint, world_sample,
                                                     write_answers)
 from specula.drafters.ensemble_members import Member, member_context
 from specula.drafters.massv_model import MassvConfig, MassvModel
@@ -222,7 +222,7 @@ def open_prompts(cfg: MassvTrainConfig, processor, log=print) -> Prompts:
     text = data_count(source, "text", cfg.text_samples, log) if cfg.text_every else 0
     if cfg.text_every and not text:
         log(f"data: {cfg.data_file} has no text-only training prompt: text_every {cfg.text_every} is ignored")
-    return Prompts(source, data_start(cfg, source), vision, text, data_count(source, "eval", cfg.eval_samples, log),
+    return Prompts(source, data_start(cfg), vision, text, data_count(source, "eval", cfg.eval_samples, log),
                    cfg.text_every if text else 0)
 
 
