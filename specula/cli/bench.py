@@ -1,4 +1,4 @@
-"""``specula bench target | spec | report | distributed | outcomes | reference``: the benchmarks (runtime/bench/).
+"""``specula bench target | spec | report | distributed | outcomes | reference | served``: the benchmarks (runtime/bench/).
 
 ``report``, ``distributed``, ``outcomes`` and ``reference`` define their flags beside their code
 (``add_arguments``), mounted here; ``target`` and ``spec`` import torch at the top of their modules, so their flags
@@ -11,6 +11,7 @@ from specula.cli.common import set_threads
 from specula.runtime.bench.distributed import add_arguments as distributed_arguments
 from specula.runtime.bench.outcomes import add_arguments as outcomes_arguments
 from specula.runtime.bench.reference import add_arguments as reference_arguments
+from specula.runtime.bench.served import add_arguments as served_arguments
 from specula.runtime.bench.report.args import add_arguments as report_arguments
 
 
@@ -52,6 +53,14 @@ def register(sub) -> None:
                                      "again and prints a diff per prompt whose answer changed (exit 1 if any).")
     reference_arguments(fp)
     fp.set_defaults(func=run_reference)
+    sv = bsub.add_parser("served", help="the served runtime (real Ray Serve, the openai client over HTTP) with the "
+                                        "default drafter and with gamma 0, beside in-process decoding",
+                         description="Starts `specula serve` with the config (default drafter) and with "
+                                     "drafter.gamma 0, drives each over HTTP with the openai client (1 and 8 streams "
+                                     "by default, every suite), decodes the same prompts in process first; JSON + "
+                                     "markdown with tokens/s, speedups, tau and the verifier's time split.")
+    served_arguments(sv)
+    sv.set_defaults(func=run_served)
 
 
 def _add_target(bsub) -> None:
@@ -158,6 +167,12 @@ def run_distributed(args) -> int:
 
 def run_outcomes(args) -> int:
     from specula.runtime.bench.outcomes import main
+
+    return main(args)
+
+
+def run_served(args) -> int:
+    from specula.runtime.bench.served import main
 
     return main(args)
 

@@ -1,0 +1,377 @@
+"""``specula bench served``: the served runtime against plain decoding, on real Ray Serve, in one run.
+
+Two applications are started one after the other with ``specula serve`` (a real process, a local Ray, the given
+config): the **default** configuration (its drafter and gamma) and the same with ``drafter.gamma: 0`` (**plain**:
+no DrafterEnsemble, the verifier decodes alone). Each is driven over HTTP by the ``openai`` client with the same
+prompts (world evaluation suites, images as data: URLs), first one stream at a time, then ``--concurrency`` streams
+at once. Before the servers start, the same prompts are decoded **in process** (``SpecEngine``, plain and with the
+default drafter, the same torch threads in total), so the served figures sit beside what one process does::
+
+    specula bench served                              # the shipped target, every suite, 1 and 8 streams
+    specula bench served --suite caption --n 6 --concurrency 1
+    specula bench served --config specula.yaml --num-cpus 2 --out reports/bench-served
+
+Reported per (runtime, configuration, streams): tokens/s (completion tokens / wall time of the whole set), the
+speedup over plain decoding of the same runtime and over in-process plain, tau, and the per-phase time split the
+verifier reports (vision, prefill, draft, verify, sample, commit; seconds per generated token). Greedy outputs are
+compared with in-process plain decoding token for token (``exact``). Writes ``served.json`` and ``served.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import io
+import json
+import os
+import platform
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from specula.runtime.engine.metrics import TIME_KEYS
+
+SUITES = ("caption", "vqa", "reasoning", "chart", "ocr", "multi_image", "video", "text")
+BENCH_OFFSET = 30_000  # the evaluation-split indices every bench uses (runtime/bench/spec.py)
+READY = "specula: serving"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    suite: str
+    prompt_id: str
+    messages: list  # OpenAI chat messages, images as data: URLs
+    encoded: object  # EncodedPrompt for the in-process runs
+
+
+def world_prompts(processor, suites, n: int, seed: int = 0) -> list[Prompt]:
+    """``n`` evaluation prompts per suite, as OpenAI messages and as the target's own encoding of the same turn."""
+    from specula.runtime.engine.prompts import encode_prompt, prompt_messages
+    from specula.world import generate
+
+    out = []
+    for suite in suites:
+        for i in range(n):
+            s = generate(suite, "eval", BENCH_OFFSET + i, seed)
+            images = iter([_data_url(im) for im in s.images])
+            messages = []
+            for m in prompt_messages(s.prompt, len(s.images), s.system):
+                parts = [{"type": "image_url", "image_url": {"url": next(images)}} if p["type"] == "image" else p
+                         for p in m["content"]]
+                messages.append({"role": m["role"], "content": parts})
+            out.append(Prompt(suite, f"{suite}-{i}", messages, encode_prompt(processor, s.prompt, s.images, s.system)))
+    return out
+
+
+def _data_url(image) -> str:
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+# ----------------------------------------------------------------------------------------------- one served app
+
+
+class ServedApp:
+    """``specula serve --config <cfg>`` in a child process on a free port, until ``close`` (SIGTERM, then kill).
+
+    ``ready_timeout`` bounds the start; the child's output goes to ``log`` (a file), and its tail is in the error
+    when it does not come up."""
+
+    def __init__(self, config: dict, *, num_cpus: int | None, log: Path, ready_timeout: float = 300.0):
+        self.port = _free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="sb", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+        cfg_file = self.dir / "config.yaml"
+        cfg_file.write_text(json.dumps(config))  # JSON is YAML
+        cmd = [sys.executable, "-m", "specula.cli", "serve", "--config", str(cfg_file), "--port", str(self.port), "--ray-temp-dir", str(self.dir / "ray")]
+        if num_cpus is not None:
+            cmd += ["--num-cpus", str(num_cpus)]
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_TMPDIR": str(self.dir), "PYTHONUNBUFFERED": "1"}
+        self.log = log
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     start_new_session=True)
+        lines: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._pump, args=(lines,), daemon=True).start()
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError(f"specula serve did not become ready (see {log}): {_tail(log)}")
+            try:
+                if READY in lines.get(timeout=min(left, 1.0)):
+                    break
+            except queue.Empty:
+                continue
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def _pump(self, lines) -> None:
+        for line in self.proc.stdout:
+            self._out.write(line)
+            self._out.flush()
+            lines.put(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self._out.close()
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> ServedApp:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        return path.read_text()[-n:]
+    except OSError:
+        return ""
+
+
+def drive(url: str, prompts: list[Prompt], streams: int, max_tokens: int) -> dict:
+    """Every prompt through the OpenAI chat route, ``streams`` at a time (greedy): the set's wall time, and per
+    answer its text, completion tokens, wall time and the verifier's metrics (the ``specula`` extension)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600.0)
+    model = client.models.list().data[0].id  # the served name (http.served_model_name, else the model's)
+
+    def one(p: Prompt) -> dict:
+        t0 = time.perf_counter()
+        r = client.chat.completions.create(model=model, messages=p.messages, max_tokens=max_tokens,
+                                           temperature=0.0)
+        wall = time.perf_counter() - t0
+        ext = (r.model_extra or {}).get("specula") or {}
+        return {"prompt_id": p.prompt_id, "suite": p.suite, "wall_s": wall, "text": r.choices[0].message.content,
+                "tokens": r.usage.completion_tokens, "metrics": ext.get("metrics") or {}}
+
+    one(prompts[0])  # warm-up: the first request pays lazy initialisation in every replica
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        rows = list(pool.map(one, prompts))
+    return {"wall_s": time.perf_counter() - t0, "rows": rows}
+
+
+# ----------------------------------------------------------------------------------------------- in process
+
+
+def in_process(model: str, drafter: dict, gamma: int, prompts: list[Prompt], streams: int, max_tokens: int,
+               threads: int, loaded=None) -> dict[str, dict]:
+    """Plain and speculative ``SpecEngine`` over ``prompts`` in this process, ``streams`` requests per batch (the
+    whole set's wall time, as ``drive`` reports)."""
+    import torch
+
+    from specula.runtime.bench.spec import make_drafter
+    from specula.runtime.core.sampling import SamplingParams
+    from specula.runtime.engine.loop import SpecEngine
+    from specula.runtime.engine.prompts import eos_ids
+
+    torch.set_num_threads(threads)
+    target, processor = loaded if loaded is not None else _load(model)
+    eos = eos_ids(processor.tokenizer, target)
+    engines = {"plain": SpecEngine(target, None, gamma=0, eos_token_ids=eos)}
+    if gamma > 0:
+        engines["default"] = SpecEngine(target, make_drafter(drafter, target, processor.tokenizer), gamma=gamma,
+                                        eos_token_ids=eos)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    out = {}
+    for name, engine in engines.items():
+        engine.generate([prompts[0].encoded.request("warm", params)])
+        rows = []
+        t0 = time.perf_counter()
+        for a in range(0, len(prompts), streams):
+            batch = prompts[a:a + streams]
+            res = engine.generate([p.encoded.request(p.prompt_id, params) for p in batch])
+            for p in batch:
+                r = res[p.prompt_id]
+                rows.append({"prompt_id": p.prompt_id, "suite": p.suite, "ids": r.tokens, "tokens": len(r.tokens),
+                             "text": processor.tokenizer.decode(r.tokens, skip_special_tokens=True),
+                             "metrics": r.metrics.to_dict()})
+        out[name] = {"wall_s": time.perf_counter() - t0, "rows": rows}
+    return out
+
+
+def _load(model: str):
+    from specula.runtime.bench.spec import load
+
+    _, processor, target, _ = load(model, hf=False)
+    return target, processor
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+
+def configs(base: dict) -> dict[str, dict]:
+    """The default configuration and its plain twin (``drafter.gamma: 0``)."""
+    plain = json.loads(json.dumps(base))
+    plain.setdefault("drafter", {})["gamma"] = 0
+    return {"default": base, "plain": plain}
+
+
+def summarize(sets: dict, reference: dict) -> dict:
+    """One row per (runtime, config, streams): tokens/s, tau, time split per token, exact vs in-process plain."""
+    ref_text = {r["prompt_id"]: r["text"] for r in reference["rows"]}
+    out = {}
+    for key, s in sets.items():
+        rows = s["rows"]
+        tokens = sum(r["tokens"] for r in rows)
+        blocks = sum((r["metrics"] or {}).get("blocks", 0) for r in rows)
+        accepted = sum((r["metrics"] or {}).get("accepted_tokens", 0) for r in rows)
+        split = defaultdict(float)
+        for r in rows:
+            for k, v in ((r["metrics"] or {}).get("time_s") or {}).items():
+                split[k] += v
+        per_suite = defaultdict(lambda: [0, 0.0])
+        for r in rows:
+            per_suite[r["suite"]][0] += r["tokens"]
+            per_suite[r["suite"]][1] += r.get("wall_s", 0.0)
+        out[key] = {
+            "tokens": tokens, "wall_s": round(s["wall_s"], 3), "tokens_per_s": round(tokens / s["wall_s"], 2),
+            "tau": round((accepted + blocks) / blocks, 3) if blocks else None,  # the metrics' convention
+            "ms_per_token": {k: round(1000 * split[k] / max(tokens, 1), 3) for k in TIME_KEYS if k in split},
+            "exact": all(ref_text.get(r["prompt_id"]) == r["text"] for r in rows),
+            "per_suite_tokens_per_s": {k: round(v[0] / v[1], 2) for k, v in per_suite.items() if v[1] > 0},
+        }
+    return out
+
+
+def run(args) -> dict:
+    from specula.runtime.config import load_config, read_config
+
+    raw = read_config(args.config) if args.config else {}
+    if args.model:
+        raw = {**raw, "model": {**(raw.get("model") or {}), "path": args.model}}
+    raw = {**raw, "grpc": {**(raw.get("grpc") or {}), "enabled": False}}
+    cfg = load_config(raw)
+    gamma, model = cfg.drafter.gamma, cfg.model.path
+    drafter = {"kind": cfg.drafter.kind, **cfg.drafter.options}
+    target, processor = _load(model)
+    prompts = world_prompts(processor, args.suite or SUITES, args.n, args.seed)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sets: dict[str, dict] = {}
+    log = print
+    for streams in args.concurrency:
+        log(f"[bench served] in process, {streams} stream(s): plain and {cfg.drafter.kind}@{gamma}")
+        for name, s in in_process(model, drafter, gamma, prompts, streams, args.max_tokens, args.threads,
+                                  (target, processor)).items():
+            sets[f"in_process/{name}/{streams}"] = s
+    del target
+    for name, c in configs(raw).items():
+        log(f"[bench served] starting specula serve ({name}: drafter {cfg.drafter.kind}, gamma "
+            f"{c.get('drafter', {}).get('gamma', gamma)})")
+        with ServedApp(c, num_cpus=args.num_cpus, log=out_dir / f"serve-{name}.log") as app:
+            for streams in args.concurrency:
+                log(f"[bench served] served {name}, {streams} stream(s)")
+                sets[f"served/{name}/{streams}"] = drive(app.url, prompts, streams, args.max_tokens)
+    rows = summarize(sets, sets[f"in_process/plain/{args.concurrency[0]}"])
+    for key, r in rows.items():
+        runtime, name, streams = key.split("/")
+        base = rows.get(f"{runtime}/plain/{streams}")
+        ip = rows.get(f"in_process/plain/{streams}")
+        r["speedup_vs_plain"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3) if base else None
+        r["vs_in_process_plain"] = round(r["tokens_per_s"] / ip["tokens_per_s"], 3) if ip else None
+    import torch
+
+    return {"bench": "served", "model": str(model), "drafter": drafter, "gamma": gamma,
+            "suites": list(args.suite or SUITES), "n_per_suite": args.n, "max_tokens": args.max_tokens,
+            "concurrency": list(args.concurrency), "threads_in_process": args.threads, "num_cpus": args.num_cpus,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+            "rows": rows, "raw": {k: v["rows"] for k, v in sets.items()}}
+
+
+def render_markdown(r: dict) -> str:
+    lines = [f"# Specula bench: served vs in-process, plain vs {r['drafter']['kind']}@{r['gamma']}", "",
+             f"Model `{r['model']}`, {r['machine']['cpus']} CPUs, torch {r['machine']['torch']}; "
+             f"{r['n_per_suite']} prompts x {len(r['suites'])} suites, max_tokens {r['max_tokens']}, greedy. Served: "
+             "`specula serve` on a local Ray, the openai client over HTTP; in process: SpecEngine at "
+             f"{r['threads_in_process']} torch threads.", "",
+             "| runtime | config | streams | tokens/s | x plain (same runtime) | x in-process plain | tau | "
+             "exact |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for key, row in r["rows"].items():
+        runtime, name, streams = key.split("/")
+        lines.append(f"| {runtime} | {name} | {streams} | {row['tokens_per_s']} | {row['speedup_vs_plain']} | "
+                     f"{row['vs_in_process_plain']} | {row['tau']} | {row['exact']} |")
+    lines += ["", "## Time split (ms per generated token, as the verifier books it)", "",
+              "| runtime | config | streams | " + " | ".join(TIME_KEYS) + " |",
+              "| --- | --- | ---: |" + " ---: |" * len(TIME_KEYS)]
+    for key, row in r["rows"].items():
+        runtime, name, streams = key.split("/")
+        cells = " | ".join(str(row["ms_per_token"].get(k, "")) for k in TIME_KEYS)
+        lines.append(f"| {runtime} | {name} | {streams} | {cells} |")
+    suites = r["suites"]
+    lines += ["", "## tokens/s per suite (one stream: each request's own wall time)", "",
+              "| runtime | config | " + " | ".join(suites) + " |", "| --- | --- |" + " ---: |" * len(suites)]
+    first = r["concurrency"][0]
+    for key, row in r["rows"].items():
+        runtime, name, streams = key.split("/")
+        if int(streams) != first or runtime == "in_process":
+            continue
+        lines.append(f"| {runtime} | {name} | " + " | ".join(str(row["per_suite_tokens_per_s"].get(s, ""))
+                                                             for s in suites) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(r: dict, out: str | Path) -> Path:
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "served.json").write_text(json.dumps(r, indent=1))
+    (d / "served.md").write_text(render_markdown(r))
+    return d
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML config of the served application (default: the defaults)")
+    p.add_argument("--model", default=None, help="model.path over the config's (default: the config's)")
+    p.add_argument("--suite", action="append", default=[], help=f"suite, repeatable (default: all of {SUITES})")
+    p.add_argument("--n", type=int, default=4, help="prompts per suite (default: 4)")
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt at most (default: 64)")
+    p.add_argument("--concurrency", type=int, action="append", default=[],
+                   help="streams at once, repeatable (default: 1 and 8)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of the in-process runs (default: the machine's CPUs, or --num-cpus)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="reports/bench-served", help="output directory (default: reports/bench-served)")
+
+
+def main(args) -> int:
+    if not args.concurrency:
+        args.concurrency = [1, 8]
+    if any(c < 1 for c in args.concurrency) or args.n < 1 or args.max_tokens < 1:
+        print("bench served: --concurrency, --n and --max-tokens must be >= 1", file=sys.stderr)
+        return 2
+    if args.threads is None:
+        args.threads = args.num_cpus or os.cpu_count() or 1
+    r = run(args)
+    d = write_report(r, args.out)
+    print(render_markdown(r))
+    print(f"[bench served] wrote {d / 'served.json'} and {d / 'served.md'}")
+    return 0

@@ -1,0 +1,40 @@
+"""``specula bench served`` on a tiny lively LLaVA: it starts real ``specula serve`` processes (the default drafter
+and gamma 0), drives them with the openai client at one and two streams, decodes the same prompts in process, and
+writes a report whose served answers equal in-process plain decoding token for token (the report's ``exact``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from ray_kit import RAY_ENV
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_bench_served_reports_both_runtimes_and_equal_answers(model_dir, tmp_path, monkeypatch):
+    from specula.runtime.bench.served import add_arguments, main
+
+    for k, v in RAY_ENV.items():
+        monkeypatch.setenv(k, v)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    out = tmp_path / "report"
+    args = p.parse_args(["--model", str(model_dir), "--suite", "caption", "--suite", "text", "--n", "2",
+                         "--max-tokens", "12", "--concurrency", "1", "--concurrency", "2", "--num-cpus", "2",
+                         "--threads", "1", "--out", str(out)])
+    assert main(args) == 0
+    report = json.loads((out / "served.json").read_text())
+    keys = {f"{rt}/{cfg}/{s}" for rt in ("in_process", "served") for cfg in ("plain", "default") for s in (1, 2)}
+    assert set(report["rows"]) == keys
+    for key, row in report["rows"].items():
+        assert row["tokens"] > 0 and row["tokens_per_s"] > 0, key
+        assert row["exact"], f"{key}: answers differ from in-process plain decoding"
+    assert report["rows"]["served/default/1"]["tau"] >= 1.0
+    served = report["raw"]["served/default/1"]
+    assert len(served) == 4 and all(r["metrics"].get("blocks", 0) > 0 for r in served)
+    assert sum(r["metrics"].get("draft_tokens", 0) for r in served) > 0  # the served default drafter drafted
+    md = (out / "served.md").read_text()
+    assert "| served | default | 1 |" in md and "Time split" in md
