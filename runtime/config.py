@@ -183,6 +183,12 @@ class VerifierSettings(DeviceDeploymentSettings):
 
     max_batch_size: int = Field(
         16, ge=1, description="Live requests decoded together (continuous batching); more wait to join.")
+    stream_interval_ms: float = Field(
+        20.0, ge=0, description="Least time between two chunks of one request's stream from the verifier to the "
+                                "ingress: the tokens of the decoding steps in between travel as one chunk (each "
+                                "chunk is a Ray streaming message, and one per step costs the decode loop's CPU on "
+                                "a small machine). A request's first token and its last chunk are never held "
+                                "back. 0 = one chunk per decoding step.")
 
 
 class Deployments(_Strict):
@@ -308,6 +314,14 @@ class DrafterConfig(_Strict):
                     "draft every branch in about the time of one block. Drafters that can rank outcomes (text_lm, "
                     "eagle and msd chains) do it; "
                     "0 turns it off. Lossless either way.")
+    colocate: bool | None = Field(
+        None, description="Run the drafter inside each TargetVerifier replica (no DrafterEnsemble deployment, no "
+                          "data plane: drafts and target features never leave the process, as in `specula "
+                          "generate`) instead of in DrafterEnsemble replicas reached over gRPC. null = decided when "
+                          "the application is built: colocated when the drafter and the verifier both run on the "
+                          "CPU of a one-node cluster (a laptop, where a second process only adds hand-offs and "
+                          "competes for the same cores), separate otherwise (GPUs, clusters). overlap, predraft, "
+                          "offers, codecs and the timeouts apply only to a separate drafter.")
     offers: bool = Field(
         True, description="With overlap, the drafter sends each block it drafted ahead as soon as it is whole, "
                           "with the verdict it is for (an Offer); the verifier verifies a matching one at once "

@@ -1,11 +1,13 @@
 """``specula bench served``: the served runtime against plain decoding, on real Ray Serve, in one run.
 
-Two applications are started one after the other with ``specula serve`` (a real process, a local Ray, the given
-config): the **default** configuration (its drafter and gamma) and the same with ``drafter.gamma: 0`` (**plain**:
-no DrafterEnsemble, the verifier decodes alone). Each is driven over HTTP by the ``openai`` client with the same
-prompts (world evaluation suites, images as data: URLs), first one stream at a time, then ``--concurrency`` streams
-at once. Before the servers start, the same prompts are decoded **in process** (``SpecEngine``, plain and with the
-default drafter, the same torch threads in total), so the served figures sit beside what one process does::
+Two applications are started with ``specula serve`` (real processes, each on its own local Ray, the given config):
+the **default** configuration (its drafter and gamma) and the same with ``drafter.gamma: 0`` (**plain**: no
+DrafterEnsemble, the verifier decodes alone). Beside them, this process decodes **in process** (``SpecEngine``,
+plain and with the default drafter, ``--threads`` torch threads). The four runners take the same prompts (world
+evaluation suites; served ones get them over HTTP from the ``openai`` client, images as data: URLs) batch by batch,
+round robin with the order rotating, so drift of the machine hits them alike: first one stream at a time, then
+``--concurrency`` streams at once (a batch of that many prompts decoded together in process, as many concurrent
+HTTP requests served)::
 
     specula bench served                              # the shipped target, every suite, 1 and 8 streams
     specula bench served --suite caption --n 6 --concurrency 1
@@ -122,7 +124,34 @@ class ServedApp:
             self._out.flush()
             lines.put(line)
 
+    def processes(self) -> list[int]:
+        """This app's processes: ``specula serve`` and every descendant (its Ray: GCS, raylet, workers, replicas)."""
+        children: dict[int, list[int]] = defaultdict(list)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += children.get(pid, [])
+        return out
+
+    def freeze(self, frozen: bool) -> None:
+        """Stop (SIGSTOP) or resume (SIGCONT) every process of this app: an idle Ray still wakes up many times a
+        second, and on a small machine that would be charged to whatever else is measured meanwhile."""
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def close(self) -> None:
+        self.freeze(False)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -155,67 +184,107 @@ def _tail(path: Path, n: int = 1500) -> str:
         return ""
 
 
-def drive(url: str, prompts: list[Prompt], streams: int, max_tokens: int) -> dict:
-    """Every prompt through the OpenAI chat route, ``streams`` at a time (greedy): the set's wall time, and per
-    answer its text, completion tokens, wall time and the verifier's metrics (the ``specula`` extension)."""
-    from openai import OpenAI
+class ServedRunner:
+    """Batches of prompts through one served app's OpenAI chat route, a stream per prompt of the batch (greedy)."""
 
-    client = OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600.0)
-    model = client.models.list().data[0].id  # the served name (http.served_model_name, else the model's)
+    def __init__(self, url: str, max_tokens: int, streams: int):
+        from openai import OpenAI
 
-    def one(p: Prompt) -> dict:
+        self.client = OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600.0)
+        self.model = self.client.models.list().data[0].id  # the served name (http.served_model_name, else the model's)
+        self.max_tokens = max_tokens
+        self.pool = concurrent.futures.ThreadPoolExecutor(streams)
+
+    def one(self, p: Prompt) -> dict:
         t0 = time.perf_counter()
-        r = client.chat.completions.create(model=model, messages=p.messages, max_tokens=max_tokens,
-                                           temperature=0.0)
-        wall = time.perf_counter() - t0
+        r = self.client.chat.completions.create(model=self.model, messages=p.messages, max_tokens=self.max_tokens,
+                                                temperature=0.0)
         ext = (r.model_extra or {}).get("specula") or {}
-        return {"prompt_id": p.prompt_id, "suite": p.suite, "wall_s": wall, "text": r.choices[0].message.content,
-                "tokens": r.usage.completion_tokens, "metrics": ext.get("metrics") or {}}
+        return {"prompt_id": p.prompt_id, "suite": p.suite, "wall_s": time.perf_counter() - t0,
+                "text": r.choices[0].message.content, "tokens": r.usage.completion_tokens,
+                "metrics": ext.get("metrics") or {}}
 
-    one(prompts[0])  # warm-up: the first request pays lazy initialisation in every replica
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        rows = list(pool.map(one, prompts))
-    return {"wall_s": time.perf_counter() - t0, "rows": rows}
+    def __call__(self, batch: list[Prompt]) -> list[dict]:
+        return list(self.pool.map(self.one, batch))
 
-
-# ----------------------------------------------------------------------------------------------- in process
+    def close(self) -> None:
+        self.pool.shutdown()
 
 
-def in_process(model: str, drafter: dict, gamma: int, prompts: list[Prompt], streams: int, max_tokens: int,
-               threads: int, loaded=None) -> dict[str, dict]:
-    """Plain and speculative ``SpecEngine`` over ``prompts`` in this process, ``streams`` requests per batch (the
-    whole set's wall time, as ``drive`` reports)."""
-    import torch
+class InProcessRunner:
+    """Batches of prompts decoded together by a ``SpecEngine`` in this process (greedy)."""
 
+    def __init__(self, engine, tokenizer, max_tokens: int):
+        from specula.runtime.core.sampling import SamplingParams
+
+        self.engine, self.tokenizer = engine, tokenizer
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        self.calls = 0
+
+    def __call__(self, batch: list[Prompt]) -> list[dict]:
+        self.calls += 1
+        t0 = time.perf_counter()
+        res = self.engine.generate([p.encoded.request(f"{p.prompt_id}#{self.calls}", self.params) for p in batch])
+        wall = time.perf_counter() - t0
+        rows = []
+        for p in batch:
+            r = res[f"{p.prompt_id}#{self.calls}"]
+            rows.append({"prompt_id": p.prompt_id, "suite": p.suite, "wall_s": wall, "tokens": len(r.tokens),
+                         "text": self.tokenizer.decode(r.tokens, skip_special_tokens=True),
+                         "metrics": r.metrics.to_dict()})
+        return rows
+
+    def close(self) -> None:
+        pass
+
+
+def in_process_runners(target, processor, drafter: dict, gamma: int, max_tokens: int) -> dict:
+    """``plain`` (no drafter) and, with gamma > 0, ``default`` (the config's drafter) in this process."""
     from specula.runtime.bench.spec import make_drafter
-    from specula.runtime.core.sampling import SamplingParams
     from specula.runtime.engine.loop import SpecEngine
     from specula.runtime.engine.prompts import eos_ids
 
-    torch.set_num_threads(threads)
-    target, processor = loaded if loaded is not None else _load(model)
     eos = eos_ids(processor.tokenizer, target)
-    engines = {"plain": SpecEngine(target, None, gamma=0, eos_token_ids=eos)}
+    out = {"plain": InProcessRunner(SpecEngine(target, None, gamma=0, eos_token_ids=eos), processor.tokenizer,
+                                    max_tokens)}
     if gamma > 0:
-        engines["default"] = SpecEngine(target, make_drafter(drafter, target, processor.tokenizer), gamma=gamma,
-                                        eos_token_ids=eos)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    out = {}
-    for name, engine in engines.items():
-        engine.generate([prompts[0].encoded.request("warm", params)])
-        rows = []
-        t0 = time.perf_counter()
-        for a in range(0, len(prompts), streams):
-            batch = prompts[a:a + streams]
-            res = engine.generate([p.encoded.request(p.prompt_id, params) for p in batch])
-            for p in batch:
-                r = res[p.prompt_id]
-                rows.append({"prompt_id": p.prompt_id, "suite": p.suite, "ids": r.tokens, "tokens": len(r.tokens),
-                             "text": processor.tokenizer.decode(r.tokens, skip_special_tokens=True),
-                             "metrics": r.metrics.to_dict()})
-        out[name] = {"wall_s": time.perf_counter() - t0, "rows": rows}
+        engine = SpecEngine(target, make_drafter(drafter, target, processor.tokenizer), gamma=gamma,
+                            eos_token_ids=eos)
+        out["default"] = InProcessRunner(engine, processor.tokenizer, max_tokens)
     return out
+
+
+def round_robin(runners: dict, prompts: list[Prompt], streams: int, apps: dict | None = None) -> dict[str, dict]:
+    """Every runner on every batch of ``streams`` prompts, the runners' order rotating from batch to batch, so
+    drift of the machine hits them alike; per runner the summed wall time of its batches and its rows. ``apps``
+    (runner name -> its ``ServedApp``): while a runner runs, every other app is frozen, so each runtime is measured
+    as it would run alone on the machine (the in-process runners with no Ray beside them)."""
+    from tqdm import tqdm
+
+    apps = apps or {}
+
+    def alone(name: str, batch: list[Prompt]) -> tuple[float, list[dict]]:
+        for other, app in apps.items():
+            app.freeze(other != name)
+        try:
+            t0 = time.perf_counter()
+            rows = runners[name](batch)
+            return time.perf_counter() - t0, rows
+        finally:
+            for app in apps.values():
+                app.freeze(False)
+
+    for name in runners:  # warm-up: lazy initialisation in every replica and engine
+        alone(name, prompts[:1])
+    names = list(runners)
+    sets = {n: {"wall_s": 0.0, "rows": []} for n in names}
+    batches = [prompts[a:a + streams] for a in range(0, len(prompts), streams)]
+    for i, batch in enumerate(tqdm(batches, desc=f"{streams} stream(s)", unit="batch")):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            wall, rows = alone(name, batch)
+            sets[name]["wall_s"] += wall
+            sets[name]["rows"] += rows
+    return sets
 
 
 def _load(model: str):
@@ -262,7 +331,9 @@ def summarize(sets: dict, reference: dict) -> dict:
     return out
 
 
-def run(args) -> dict:
+def run(args, log=print) -> dict:
+    import torch
+
     from specula.runtime.config import load_config, read_config
 
     raw = read_config(args.config) if args.config else {}
@@ -272,25 +343,32 @@ def run(args) -> dict:
     cfg = load_config(raw)
     gamma, model = cfg.drafter.gamma, cfg.model.path
     drafter = {"kind": cfg.drafter.kind, **cfg.drafter.options}
+    torch.set_num_threads(args.threads)
     target, processor = _load(model)
     prompts = world_prompts(processor, args.suite or SUITES, args.n, args.seed)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sets: dict[str, dict] = {}
-    log = print
-    for streams in args.concurrency:
-        log(f"[bench served] in process, {streams} stream(s): plain and {cfg.drafter.kind}@{gamma}")
-        for name, s in in_process(model, drafter, gamma, prompts, streams, args.max_tokens, args.threads,
-                                  (target, processor)).items():
-            sets[f"in_process/{name}/{streams}"] = s
-    del target
-    for name, c in configs(raw).items():
-        log(f"[bench served] starting specula serve ({name}: drafter {cfg.drafter.kind}, gamma "
-            f"{c.get('drafter', {}).get('gamma', gamma)})")
-        with ServedApp(c, num_cpus=args.num_cpus, log=out_dir / f"serve-{name}.log") as app:
-            for streams in args.concurrency:
-                log(f"[bench served] served {name}, {streams} stream(s)")
-                sets[f"served/{name}/{streams}"] = drive(app.url, prompts, streams, args.max_tokens)
+    apps = {}
+    try:
+        for name, c in configs(raw).items():  # both up before anything is measured (each on its own local Ray)
+            if name == "default" and gamma == 0:
+                continue
+            log(f"[bench served] starting specula serve ({name}: drafter {cfg.drafter.kind}, gamma "
+                f"{c.get('drafter', {}).get('gamma', gamma)})")
+            apps[name] = ServedApp(c, num_cpus=args.num_cpus, log=out_dir / f"serve-{name}.log")
+        sets: dict[str, dict] = {}
+        for streams in args.concurrency:
+            runners = {f"in_process/{n}/{streams}": r
+                       for n, r in in_process_runners(target, processor, drafter, gamma, args.max_tokens).items()}
+            runners.update({f"served/{n}/{streams}": ServedRunner(a.url, args.max_tokens, streams)
+                            for n, a in apps.items()})
+            log(f"[bench served] {streams} stream(s): {', '.join(runners)}, round robin, each alone")
+            sets.update(round_robin(runners, prompts, streams, {f"served/{n}/{streams}": a for n, a in apps.items()}))
+            for r in runners.values():
+                r.close()
+    finally:
+        for a in apps.values():
+            a.close()
     rows = summarize(sets, sets[f"in_process/plain/{args.concurrency[0]}"])
     for key, r in rows.items():
         runtime, name, streams = key.split("/")
@@ -298,12 +376,11 @@ def run(args) -> dict:
         ip = rows.get(f"in_process/plain/{streams}")
         r["speedup_vs_plain"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3) if base else None
         r["vs_in_process_plain"] = round(r["tokens_per_s"] / ip["tokens_per_s"], 3) if ip else None
-    import torch
-
     return {"bench": "served", "model": str(model), "drafter": drafter, "gamma": gamma,
             "suites": list(args.suite or SUITES), "n_per_suite": args.n, "max_tokens": args.max_tokens,
             "concurrency": list(args.concurrency), "threads_in_process": args.threads, "num_cpus": args.num_cpus,
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+            "config": raw, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                       "torch": torch.__version__},
             "rows": rows, "raw": {k: v["rows"] for k, v in sets.items()}}
 
 

@@ -57,29 +57,30 @@ def target_facts(config: SpeculaConfig) -> dict:
     return facts
 
 
-def make_drafter(config: SpeculaConfig):
+def make_drafter(config: SpeculaConfig, device: str | None = None):
     """The drafter of ``config.drafter``; options it leaves out that its class takes by name (``vocab_size``,
-    ``image_token_id``, ``device``) come from the target and the DrafterEnsemble's device. With
+    ``image_token_id``, ``device``) come from the target and ``device`` (default: the DrafterEnsemble's). With
     ``drafter.alternatives`` a ``MultiDrafter`` over all of them (the default under ``drafter.default_name``), so
     each request drafts with the one it names."""
     d = config.drafter
     tok: dict = {}  # the served model's tokenizer, loaded once for all the drafters that compare against it
-    default = _one_drafter(config, d.kind, d.options, tok)
+    device = device or config.deployments.drafter_ensemble.device
+    default = _one_drafter(config, d.kind, d.options, tok, device)
     if not d.alternatives:
         return default
     from specula.drafters.multi_drafter import MultiDrafter
 
     subs = {d.default_name: default}
-    subs.update({name: _one_drafter(config, a.kind, a.options, tok) for name, a in d.alternatives.items()})
+    subs.update({name: _one_drafter(config, a.kind, a.options, tok, device) for name, a in d.alternatives.items()})
     return MultiDrafter(subs, default=d.default_name)
 
 
-def _one_drafter(config: SpeculaConfig, kind: str, options: dict, tok: dict):
+def _one_drafter(config: SpeculaConfig, kind: str, options: dict, tok: dict, device: str):
     from specula.drafters import create, registry
 
     opts = dict(options)
     named = registry.accepted_options(kind)
-    defaults = {**target_facts(config), "device": config.deployments.drafter_ensemble.device}
+    defaults = {**target_facts(config), "device": device}
     for name, value in defaults.items():
         if name in named and name not in opts:
             opts[name] = value

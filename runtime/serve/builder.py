@@ -42,7 +42,8 @@ Placement, replicas and autoscaling come from the config's ``deployments`` secti
 the Serve config would override them; cluster.yaml does not use one). A ``ray_actor_options.num_cpus`` left null is
 sized here from the CPUs of the Ray cluster the builder runs in (placement.py; outside Ray, this machine's), so the
 default config fits a 2-CPU laptop as well as a cluster; the replicas get the sized config. With
-``drafter.gamma: 0`` no DrafterEnsemble is deployed and the verifier decodes alone.
+``drafter.gamma: 0`` no DrafterEnsemble is deployed and the verifier decodes alone; with ``drafter.colocate``
+(decided here when null: placement.colocates) none is either, and each verifier replica drafts itself.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from ray.serve import Application
 
 from specula.runtime.config import SpeculaConfig, load_config
 from specula.runtime.serve.deployments import DrafterEnsemble, Ingress, TargetVerifier, VisionEncoder
-from specula.runtime.serve.placement import ClusterResources, size_reservations
+from specula.runtime.serve.placement import ClusterResources, deployed, size_reservations
 
 
 def build_app(config: SpeculaConfig | dict | str | os.PathLike, *,
@@ -79,7 +80,7 @@ def build_app(config: SpeculaConfig | dict | str | os.PathLike, *,
 
     vision = VisionEncoder.options(**d.vision_encoder.serve_options()).bind(args, **kw("vision_encoder"))
     drafter = None
-    if cfg.drafter.gamma > 0:
+    if "drafter_ensemble" in deployed(cfg):  # gamma > 0 and not colocated with the verifier
         drafter = DrafterEnsemble.options(**d.drafter_ensemble.serve_options()).bind(args, **kw("drafter_ensemble"))
     verifier = TargetVerifier.options(**d.target_verifier.serve_options()).bind(args, drafter, **kw("target_verifier"))
     # the ingress's own admission (limits.max_concurrent_requests + max_queued_requests, then 503) must see every

@@ -1,5 +1,6 @@
 """``LocalApp``: the application in one process, without Ray: the same four engines the deployments wrap, wired
-directly; the drafter still runs a real DrafterService on loopback gRPC, so the data plane is the deployed one::
+directly; the drafter still runs a real DrafterService on loopback gRPC, so the data plane is the deployed one
+(unless the config says ``drafter.colocate: true``; null means separate here, where there is no cluster to judge)::
 
     with LocalApp.from_config(load_config("specula.yaml")) as app:
         app.generate({"prompt": "What colour is the circle?", "images": [b64_png], "max_tokens": 32})
@@ -32,7 +33,7 @@ class LocalApp:
     @classmethod
     def from_config(cls, config) -> LocalApp:
         drafter = None
-        if config.drafter.gamma > 0:
+        if config.drafter.gamma > 0 and not config.drafter.colocate:  # null: a DrafterService, as documented above
             drafter = DrafterServer.from_config(config)
             drafter.start()
         return cls(IngressEngine.from_config(config), VisionEngine.from_config(config),

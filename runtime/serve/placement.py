@@ -6,13 +6,16 @@ Sizing (``size_reservations``, called by ``build_app``): every deployment whose 
 null gets a share of the cluster's CPUs, after the explicit reservations are taken out::
 
     per replica = (cluster CPUs - explicit reservations) * weight / sum(weight * replicas) of the null ones
-    weights: ingress 1, vision_encoder 1, drafter_ensemble 1 (only with drafter.gamma > 0), target_verifier 2
+    weights: ingress 1, vision_encoder 1, drafter_ensemble 1 (only with a separate drafter), target_verifier 2
     replicas: num_replicas, or autoscaling_config.max_replicas (so the autoscaler can place all of them)
 
 rounded down (to Ray's 0.0001 CPU below one CPU, to whole CPUs above) and never above the largest node's CPUs, so
-the application always fits: 0.4 / 0.4 / 0.4 / 0.8 CPUs on a 2-CPU machine, 1 / 1 / 1 / 3 on an 8-CPU one. Each
-replica's torch threads then follow its reservation (``DeploymentSettings.threads``). Explicit values are
-honoured as given (cluster.yaml reserves 1 CPU and 1 GPU per model deployment).
+the application always fits: 0.4 / 0.4 / 0.4 / 0.8 CPUs on a 2-CPU machine, 1 / 1 / 1 / 3 on an 8-CPU one (with a
+colocated drafter, ``drafter.colocate``, there is no DrafterEnsemble: 0.5 / 0.5 / 1.0 on 2 CPUs). Each replica's
+torch threads then follow its reservation (``DeploymentSettings.threads``), except a sized verifier's, which takes
+the node's CPUs less a separate drafter's threads (``verifier_threads``: 2 on a 2-CPU laptop with the drafter
+colocated, 1 with it separate). Explicit values are honoured as given (cluster.yaml reserves 1 CPU and 1 GPU per
+model deployment).
 
 Checking (``placement_problems``): with the reservations known, does every replica fit? A replica asking more than
 any node has, or deployments asking more in all than the cluster has, cannot be placed on this cluster as it is.
@@ -93,20 +96,43 @@ class ClusterResources:
 
 
 def deployed(cfg: SpeculaConfig) -> list[str]:
-    """The config keys of the deployments the application runs (no DrafterEnsemble with drafter.gamma 0)."""
-    return [k for k in DEPLOYMENTS if k != "drafter_ensemble" or cfg.drafter.gamma > 0]
+    """The config keys of the deployments the application runs (no DrafterEnsemble with drafter.gamma 0 or a
+    drafter colocated with the verifier)."""
+    remote = cfg.drafter.gamma > 0 and cfg.drafter.colocate is not True
+    return [k for k in DEPLOYMENTS if k != "drafter_ensemble" or remote]
+
+
+def colocates(cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
+    """``drafter.colocate``, or where it is null: whether the drafter and the verifier both run on the CPU of a
+    one-node cluster (then a DrafterEnsemble process would only add hand-offs and compete for the same cores)."""
+    if cfg.drafter.colocate is not None:
+        return cfg.drafter.colocate
+    d = cfg.deployments
+    on_cpu = d.drafter_ensemble.device == "cpu" and d.target_verifier.device == "cpu"
+    return on_cpu and len(cluster.nodes) <= 1
+
+
+def resolve_colocation(cfg: SpeculaConfig, cluster: ClusterResources | None = None) -> SpeculaConfig:
+    """``cfg`` with ``drafter.colocate`` decided (``colocates``), so every replica reads the same answer."""
+    if cfg.drafter.colocate is not None:
+        return cfg
+    raw = cfg.model_dump(mode="json")
+    raw["drafter"]["colocate"] = colocates(cfg, cluster if cluster is not None else _current_cluster())
+    return load_config(raw)
 
 
 def size_reservations(cfg: SpeculaConfig, cluster: ClusterResources | None = None) -> SpeculaConfig:
-    """``cfg`` with every null ``num_cpus`` of a deployed deployment sized from ``cluster`` (see the module doc); a
-    config with none null is returned as is. ``cluster`` defaults to Ray's (when connected), else this machine's."""
+    """``cfg`` with ``drafter.colocate`` decided and every null ``num_cpus`` of a deployed deployment sized from
+    ``cluster`` (see the module doc), the verifier's torch threads with them; a config with none null is returned
+    as is. ``cluster`` defaults to Ray's (when connected), else this machine's."""
+    if cluster is None:
+        cluster = _current_cluster()
+    cfg = resolve_colocation(cfg, cluster)
     d = cfg.deployments
     keys = deployed(cfg)
     auto = [k for k in keys if getattr(d, k).ray_actor_options.num_cpus is None]
     if not auto:
         return cfg
-    if cluster is None:
-        cluster = _current_cluster()
     explicit = sum(_units(getattr(d, k).ray_actor_options.num_cpus) * getattr(d, k).replicas_at_most()
                    for k in keys if k not in auto)
     budget = max(0, _units(cluster.totals.get("CPU", 0.0)) - explicit)
@@ -119,7 +145,23 @@ def size_reservations(cfg: SpeculaConfig, cluster: ClusterResources | None = Non
         if share >= _UNIT:
             share -= share % _UNIT  # whole CPUs above one: whole torch threads, no CPU half shared
         raw["deployments"][k]["ray_actor_options"]["num_cpus"] = share / _UNIT
-    return load_config(raw)
+    sized = load_config(raw)
+    if "target_verifier" in auto and d.target_verifier.torch_threads is None:
+        raw["deployments"]["target_verifier"]["torch_threads"] = verifier_threads(sized, cluster)
+        sized = load_config(raw)
+    return sized
+
+
+def verifier_threads(cfg: SpeculaConfig, cluster: ClusterResources) -> int:
+    """Torch threads of a verifier replica whose CPUs were sized here: decoding is the verifier's work (the ingress
+    and the vision encoder compute in short bursts), so it takes the node's whole CPUs, less the threads of a
+    DrafterEnsemble replica on the same CPUs, which drafts while it verifies. Reservations stay as sized (they only
+    place replicas); one verifier replica per node is what they allow on a small machine."""
+    node = int(cluster.largest("CPU")) if not math.isinf(cluster.largest("CPU")) else 1
+    drafter = 0
+    if "drafter_ensemble" in deployed(cfg) and cfg.deployments.drafter_ensemble.device == "cpu":
+        drafter = cfg.deployments.drafter_ensemble.threads() or 1
+    return max(1, node - drafter)
 
 
 def request(settings: DeploymentSettings) -> dict[str, float]:

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -49,17 +50,27 @@ class VerifierEngine:
 
     Args:
         target: a ``specula.targets.Target`` (only the loop thread touches it).
-        drafter: the ``RemoteDrafter`` sessions go through, or None for plain decoding.
+        drafter: the ``RemoteDrafter`` sessions go through; or a drafter of this process (``drafter.colocate``:
+            the loop drafts itself, as ``SpecEngine`` in one process does); or None for plain decoding.
+        drafter_name: the name a colocated drafter reports in each request's metrics when the request chose none.
         gamma: draft tokens per block.
         eos_token_ids: default the target's.
         max_batch_size: live requests decoded together; more wait in arrival order.
+        stream_interval_s: least time between two chunks ``astream`` yields for one request (the steps in between
+            are merged into one chunk; the first token and the last chunk go at once); 0 = a chunk per step.
     """
 
-    def __init__(self, target, drafter: RemoteDrafter | None = None, *, gamma: int = 4,
-                 eos_token_ids=None, max_batch_size: int = 16) -> None:
+    def __init__(self, target, drafter=None, *, gamma: int = 4, eos_token_ids=None, max_batch_size: int = 16,
+                 stream_interval_s: float = 0.0, drafter_name: str = "") -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self.target, self.remote, self.max_batch_size = target, drafter, max_batch_size
+        if stream_interval_s < 0:
+            raise ValueError(f"stream_interval_s must be >= 0, got {stream_interval_s}")
+        self.target, self.max_batch_size = target, max_batch_size
+        self.remote = drafter if isinstance(drafter, RemoteDrafter) else None
+        self.local = drafter if drafter is not None and self.remote is None else None
+        self.stream_interval_s, self.drafter_name = stream_interval_s, drafter_name
+        self._chosen: dict[str, str] = {}  # request id -> the colocated drafter it drafts with
         self.engine = SpecEngine(target, drafter, gamma=gamma if drafter is not None else 0,
                                  eos_token_ids=eos_token_ids)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", request, sink) | ("cancel", id) | ("stop",)
@@ -81,12 +92,17 @@ class VerifierEngine:
         set_threads(settings)
         target = load_target_for(config, settings.device)
         remote = None
-        if d.gamma > 0:
+        if d.gamma > 0 and d.colocate:  # the drafter lives here, on the verifier's device
+            from specula.runtime.engine.factory import make_drafter
+
+            remote = make_drafter(config, device=settings.device)
+        elif d.gamma > 0:
             remote = RemoteDrafter(vocab_size=target.info.vocab_size, codec_preference=d.codec_preference,
                                    limits=WireLimits(max_message_bytes=config.dataplane.max_message_bytes),
                                    propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s,
                                    overlap=d.overlap, offers=d.offers)
-        return cls(target, remote, gamma=d.gamma, max_batch_size=settings.max_batch_size)
+        return cls(target, remote, gamma=d.gamma, max_batch_size=settings.max_batch_size,
+                   stream_interval_s=settings.stream_interval_ms / 1000.0, drafter_name=d.default_name)
 
     # ------------------------------------------------------------------------------------------- callers' side
 
@@ -101,6 +117,9 @@ class VerifierEngine:
         if self.remote is not None:
             self.remote.attach(request.request_id, drafter_address)
             request = _keep_what_is_needed(request, self.remote.spec.needs)
+        elif self.local is not None:
+            self._chosen[request.request_id] = request.drafter or self.drafter_name
+            request = _keep_what_is_needed(request, self.local.spec.needs)
         self._inbox.put(("add", request, sink))
 
     def cancel(self, request_id: str) -> None:
@@ -126,7 +145,8 @@ class VerifierEngine:
                 self.cancel(request.request_id)
 
     async def astream(self, request: GenerationRequest, drafter_address: str | None = None) -> AsyncIterator[dict]:
-        """``stream`` for an event loop: nothing blocks the loop; leaving early cancels the request."""
+        """``stream`` for an event loop: nothing blocks the loop; leaving early cancels the request. Chunks of steps
+        that come within ``stream_interval_s`` of the last one yielded are merged into one (``merge_chunks``)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
 
@@ -137,12 +157,24 @@ class VerifierEngine:
                 pass
 
         await asyncio.to_thread(self.submit, request, sink, drafter_address)
-        done = False
+        done, last = False, None  # last: when a chunk was last yielded (None: the first is yielded at once)
         try:
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
+                while self.stream_interval_s > 0 and not item["finished"] and last is not None:  # the interval's steps
+                    wait = last + self.stream_interval_s - time.monotonic()
+                    if wait <= 0 and q.empty():
+                        break
+                    try:
+                        more = q.get_nowait() if not q.empty() else await asyncio.wait_for(q.get(), wait)
+                    except asyncio.TimeoutError:
+                        break
+                    if isinstance(more, BaseException):
+                        raise more
+                    item = merge_chunks(item, more)
+                last = time.monotonic()
                 yield item
                 if item["finished"]:
                     done = True
@@ -255,8 +287,9 @@ class VerifierEngine:
                 chunk["metrics"] = result.metrics.to_dict() if result is not None else None
                 chunk["drafter"] = self._drafter_status(ev.request_id)
                 chunk["dataplane"] = self._dataplane(ev.request_id, result)
+                chosen = self._chosen.pop(ev.request_id, "")
                 if chunk["metrics"] is not None:  # which drafter drafted (the request's choice): "" = none did
-                    chunk["metrics"]["drafter"] = (chunk["dataplane"] or {}).get("drafter", "")
+                    chunk["metrics"]["drafter"] = (chunk["dataplane"] or {}).get("drafter", chosen)
                 sink = self._sinks.pop(ev.request_id, None)
                 with self._ids_lock:
                     self._ids.discard(ev.request_id)
@@ -266,6 +299,8 @@ class VerifierEngine:
                 sink(chunk)
 
     def _drafter_status(self, rid: str) -> str:
+        if self.local is not None:
+            return "ok"
         if self.remote is None:
             return "off"
         reason = self.remote.fallbacks.pop(rid, None)
@@ -292,6 +327,7 @@ class VerifierEngine:
 
     def _send_error(self, rid: str, err: VerifierError) -> None:
         sink = self._sinks.pop(rid, None)
+        self._chosen.pop(rid, None)
         with self._ids_lock:
             self._ids.discard(rid)
         if self.remote is not None:
@@ -299,6 +335,12 @@ class VerifierEngine:
             self.remote.stats.pop(rid, None)
         if sink is not None:
             sink(err)
+
+
+def merge_chunks(first: dict, then: dict) -> dict:
+    """One chunk for two consecutive chunks of a request: ``then``'s fields (finished, metrics, ...) with the tokens
+    of both, in order."""
+    return {**then, "tokens": first["tokens"] + then["tokens"]}
 
 
 def _keep_what_is_needed(request: GenerationRequest, needs: frozenset[str]) -> GenerationRequest:

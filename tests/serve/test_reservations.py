@@ -33,31 +33,56 @@ def test_the_default_reserves_nothing_until_sized():
     assert "num_cpus" not in cfg.deployments.ingress.serve_options()["ray_actor_options"]
 
 
-@pytest.mark.parametrize("cpus, want", [
-    (2, {"ingress": 0.4, "vision_encoder": 0.4, "drafter_ensemble": 0.4, "target_verifier": 0.8}),
-    (1, {"ingress": 0.2, "vision_encoder": 0.2, "drafter_ensemble": 0.2, "target_verifier": 0.4}),
-    (8, {"ingress": 1.0, "vision_encoder": 1.0, "drafter_ensemble": 1.0, "target_verifier": 3.0}),
-    (3, {"ingress": 0.6, "vision_encoder": 0.6, "drafter_ensemble": 0.6, "target_verifier": 1.0}),
+SEPARATE = {"drafter": {"colocate": False}}  # a DrafterEnsemble beside the verifier (the default on GPUs, clusters)
+
+
+@pytest.mark.parametrize("cpus, want, verifier_threads", [
+    (2, {"ingress": 0.4, "vision_encoder": 0.4, "drafter_ensemble": 0.4, "target_verifier": 0.8}, 1),
+    (1, {"ingress": 0.2, "vision_encoder": 0.2, "drafter_ensemble": 0.2, "target_verifier": 0.4}, 1),
+    (8, {"ingress": 1.0, "vision_encoder": 1.0, "drafter_ensemble": 1.0, "target_verifier": 3.0}, 7),
+    (3, {"ingress": 0.6, "vision_encoder": 0.6, "drafter_ensemble": 0.6, "target_verifier": 1.0}, 2),
 ])
-def test_default_reservations_share_the_cluster_and_always_fit(cpus, want):
-    sized = size_reservations(load_config({}), _cluster(cpus))
+def test_default_reservations_share_the_cluster_and_always_fit(cpus, want, verifier_threads):
+    sized = size_reservations(load_config(SEPARATE), _cluster(cpus))
     assert _cpus(sized) == want
     assert sum(want.values()) <= cpus
     assert placement_problems(sized, _cluster(cpus)) == []
-    for k in KEYS:  # torch threads follow the reservation: no replica oversubscribes a small machine
+    for k in ("ingress", "vision_encoder", "drafter_ensemble"):  # torch threads follow the reservation
         assert getattr(sized.deployments, k).threads() == max(1, int(want[k]))
+    # the verifier decodes: the node's CPUs less the drafter's thread, so the two never oversubscribe it
+    assert sized.deployments.target_verifier.threads() == verifier_threads
     assert size_reservations(sized, _cluster(64)) is sized  # sized once: nothing null is left
 
 
+@pytest.mark.parametrize("cpus, want, threads", [(2, (0.5, 0.5, 1.0), 2), (1, (0.25, 0.25, 0.5), 1),
+                                                  (8, (2.0, 2.0, 4.0), 8)])
+def test_the_default_on_one_cpu_node_drafts_in_the_verifier_which_takes_every_core(cpus, want, threads):
+    sized = size_reservations(load_config({}), _cluster(cpus))
+    assert sized.drafter.colocate is True
+    assert _cpus(sized) == {"ingress": want[0], "vision_encoder": want[1], "drafter_ensemble": None,
+                            "target_verifier": want[2]}
+    assert sized.deployments.target_verifier.threads() == threads
+    assert placement_problems(sized, _cluster(cpus)) == []
+
+
+def test_gpus_or_several_nodes_keep_the_drafter_apart():
+    gpu = {"device": "cuda", "ray_actor_options": {"num_gpus": 1}}
+    on_gpus = load_config({"deployments": {"drafter_ensemble": gpu, "target_verifier": gpu}})
+    assert size_reservations(on_gpus, _cluster(8, gpus=2)).drafter.colocate is False
+    assert size_reservations(load_config({}), _cluster(16, nodes=8)).drafter.colocate is False
+    assert size_reservations(load_config({"drafter": {"colocate": True}}), _cluster(16, nodes=8)).drafter.colocate
+
+
 def test_explicit_reservations_are_honoured_and_the_rest_share_what_is_left():
-    cfg = load_config({"deployments": {"target_verifier": {"ray_actor_options": {"num_cpus": 1}, "torch_threads": 2},
+    cfg = load_config({**SEPARATE,
+                       "deployments": {"target_verifier": {"ray_actor_options": {"num_cpus": 1}, "torch_threads": 2},
                                        "ingress": {"ray_actor_options": {"num_cpus": 0}}}})
     sized = size_reservations(cfg, _cluster(2))
     assert _cpus(sized) == {"ingress": 0.0, "vision_encoder": 0.5, "drafter_ensemble": 0.5, "target_verifier": 1.0}
     assert sized.deployments.target_verifier.threads() == 2 and sized.deployments.ingress.threads() == 1
     # explicit reservations beyond the cluster leave nothing to share; the check then says what does not fit
-    over = size_reservations(load_config({"deployments": {"target_verifier": {"ray_actor_options": {"num_cpus": 4}}}}),
-                             _cluster(2))
+    over = size_reservations(load_config({**SEPARATE, "deployments": {
+        "target_verifier": {"ray_actor_options": {"num_cpus": 4}}}}), _cluster(2))
     assert _cpus(over) == {"ingress": 0.0, "vision_encoder": 0.0, "drafter_ensemble": 0.0, "target_verifier": 4.0}
 
 
@@ -80,11 +105,17 @@ def test_no_replica_is_sized_beyond_the_largest_node():
 def test_the_builder_ships_the_sized_reservations_to_serve_and_to_the_replicas():
     from specula.runtime.serve.builder import build_app
 
-    ingress = build_app({}, cluster=_cluster(2))._bound_deployment
+    ingress = build_app(SEPARATE, cluster=_cluster(2))._bound_deployment
     assert ingress.ray_actor_options["num_cpus"] == 0.4
     shipped = ingress.init_args[0]["deployments"]
     assert {k: shipped[k]["ray_actor_options"]["num_cpus"] for k in KEYS} == {
         "ingress": 0.4, "vision_encoder": 0.4, "drafter_ensemble": 0.4, "target_verifier": 0.8}
+    # the default: the drafter in the verifier, decided once here and shipped to every replica
+    ingress = build_app({}, cluster=_cluster(2))._bound_deployment
+    shipped = ingress.init_args[0]
+    assert shipped["drafter"]["colocate"] is True and shipped["deployments"]["target_verifier"]["torch_threads"] == 2
+    verifier = ingress.init_args[2]._bound_deployment  # the TargetVerifier: bound with no DrafterEnsemble
+    assert verifier.init_args[1] is None
 
 
 def test_cluster_yaml_reservations_are_explicit_and_kept():
@@ -108,7 +139,7 @@ def test_a_replica_bigger_than_any_node_is_named_with_its_field():
 
 def test_replicas_that_do_not_fit_together_are_all_named():
     one = {"ray_actor_options": {"num_cpus": 1}}
-    cfg = load_config({"deployments": {k: one for k in KEYS}})
+    cfg = load_config({**SEPARATE, "deployments": {k: one for k in KEYS}})
     (p,) = placement_problems(cfg, _cluster(2))
     assert "the deployments ask 4 CPU in all, more than the cluster's 2 CPU" in p
     for k in KEYS:

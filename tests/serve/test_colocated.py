@@ -1,0 +1,53 @@
+"""``drafter.colocate``: the drafter runs inside the verifier (no DrafterService, no data plane). Answers equal
+plain decoding token for token (greedy) and the single-process engine's blocks, drafts are made and rejected,
+a request's metrics name the drafter it chose, and the served application's stream is unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_kit import make_config, world_body
+from specula.runtime.engine.factory import make_drafter
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.serve import LocalApp
+from specula.targets import load_target
+
+
+@pytest.fixture(scope="module")
+def app(model_dir):
+    cfg = make_config(model_dir, drafter={"colocate": True, "alternatives": {"short": {"kind": "ngram",
+                                                                                      "options": {"max_n": 2}}}})
+    with LocalApp.from_config(cfg) as a:
+        assert a.drafter is None and a.verifier.remote is None and a.verifier.local is not None
+        yield a, cfg
+
+
+@pytest.mark.parametrize("sample", [0, 1, 2, 3, 4, 5])
+def test_colocated_answers_equal_plain_decoding_and_the_single_process_engine(model_dir, app, sample):
+    a, cfg = app
+    body = world_body(sample, max_tokens=24)
+    req = a.ingress.prepare(a.ingress.parse(body), "ref")
+    target = load_target(model_dir)
+    plain = SpecEngine(target, None, gamma=0).generate([req])["ref"]
+    spec = SpecEngine(target, make_drafter(cfg), gamma=cfg.drafter.gamma).generate([req])["ref"]
+    got = a.generate(body)
+    assert got["tokens"] == plain.tokens == spec.tokens
+    m = got["metrics"]
+    assert m["blocks"] == spec.metrics.blocks and m["accepted_tokens"] == spec.metrics.accepted_tokens
+    assert m["drafter"] == "ngram" and got["drafter"] == "ok"
+
+
+def test_drafts_are_made_accepted_and_rejected_over_the_prompts(app):
+    a, _ = app
+    drafted = accepted = 0
+    for sample in range(6):
+        m = a.generate(world_body(sample, max_tokens=24))["metrics"]
+        drafted, accepted = drafted + m["draft_tokens"], accepted + m["accepted_tokens"]
+    assert drafted > 0 and 0 < accepted < drafted
+
+
+def test_a_request_naming_an_alternative_drafts_with_it(app):
+    a, _ = app
+    got = a.generate({**world_body(1, max_tokens=16), "drafter": "short"})
+    assert got["metrics"]["drafter"] == "short"
+    assert got["tokens"] == a.generate(world_body(1, max_tokens=16))["tokens"]
