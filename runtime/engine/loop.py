@@ -82,13 +82,22 @@ class SpecEngine:
         eos_token_ids: generation ends after any of these (default: the target's).
         decode: ids -> text, needed for stop strings and returned text.
         siblings: how a tree drafter drew sibling candidates ("without_replacement" or "independent").
+        adaptive: choose each step's draft length in 0 .. gamma by expected goodput (``adaptive.GoodputPolicy``:
+            fewer drafts for rows that keep rejecting them and as the batch grows, none when plain steps pay more);
+            only what is drafted changes, never the output.
     """
 
     def __init__(self, target, drafter=None, gamma: int = 5, eos_token_ids: Sequence[int] | None = None,
-                 decode: Callable[[list[int]], str] | None = None, siblings: str = "without_replacement"):
+                 decode: Callable[[list[int]], str] | None = None, siblings: str = "without_replacement",
+                 adaptive: bool = False):
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
         self.target, self.drafter, self.gamma = target, drafter, gamma
+        self.policy = None
+        if adaptive and drafter is not None and gamma > 0:
+            from specula.runtime.engine.adaptive import GoodputPolicy
+
+            self.policy = GoodputPolicy(gamma, tree=drafter.spec.structure == "tree")
         self.eos = frozenset(eos_token_ids if eos_token_ids is not None else target.info.eos_token_ids)
         self.decode, self.siblings = decode, siblings
         self.rows: dict[str, _Row] = {}
@@ -233,6 +242,8 @@ class SpecEngine:
             # rows the drafter holds; one that can begin before the prefill (prepare) may hold rows add never made
             early = hasattr(self.drafter, "prepare")
             self.drafter.release([r for r in ids if r in self.rows or early])
+        if self.policy is not None:
+            self.policy.release(ids)
         for rid in ids:
             self.rows.pop(rid, None)
             self._cancelled.discard(rid)
@@ -254,6 +265,8 @@ class SpecEngine:
         params = [row.req.params for row in rows]
         budget = [row.req.params.max_tokens - len(row.tokens) for row in rows]  # >= 1 for live rows
         gamma = self.gamma if self.drafter is not None else 0
+        if gamma > 0 and self.policy is not None:
+            gamma = self.policy.choose(ids)  # 0: a plain step, the drafter only observes its verdicts
         t0 = time.perf_counter()
         prop = self.drafter.propose(ids, gamma) if gamma > 0 else None
         t1 = time.perf_counter()
@@ -265,6 +278,9 @@ class SpecEngine:
         if self.drafter is not None:
             self.drafter.observe([self._verdict_record(v, out, b) for b, v in enumerate(verdicts)])
         t5 = time.perf_counter()
+        if self.policy is not None:
+            self.policy.record_step(ids, gamma, t1 - t0, t2 - t1, [v[5] for v in verdicts],
+                                    [len(v[1]) for v in verdicts])
         share = 1.0 / len(ids)
         for row, (rid, path, toks, nxt, n_draft, depth) in zip(rows, verdicts):
             m = row.metrics
@@ -365,6 +381,8 @@ class SpecEngine:
         self.target.release(ids)
         if self.drafter is not None:
             self.drafter.release(ids)
+        if self.policy is not None:
+            self.policy.release(ids)
         for rid in ids:
             row = self.rows.pop(rid)
             text = row.text if row.finish_reason == "stop" else (self.decode(row.tokens) if self.decode else None)
