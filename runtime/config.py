@@ -250,8 +250,8 @@ class AlternativeDrafter(_Strict):
 
     @field_validator("kind")
     @classmethod
-    def _kind(cls, v: str) -> str:
-        return _drafter_kind(v)
+    def _kind(cls, v: str | None) -> str | None:
+        return None if v is None else _drafter_kind(v)
 
 
 class DrafterConfig(_Strict):
@@ -268,7 +268,11 @@ class DrafterConfig(_Strict):
             ngram_long: {kind: ngram, options: {max_n: 6}}
     """
 
-    kind: str = Field("ngram", description="Drafter registry key (specula.drafters.kinds()), e.g. 'ngram'.")
+    kind: str | None = Field(
+        None, description="Drafter registry key (specula.drafters.kinds()), e.g. 'ngram'. null = the best measured "
+                          "drafter for model.path: 'flash' with its shipped weights where they were trained for "
+                          "this model (the embedded target; bench served / bench report), else 'ngram', which needs "
+                          "no weights (also when options are given without a kind).")
     options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options of that drafter (see its class); 'vocab_size' and "
                                           "'image_token_id' default to the target's when the drafter takes them.")
@@ -314,6 +318,12 @@ class DrafterConfig(_Strict):
                     "draft every branch in about the time of one block. Drafters that can rank outcomes (text_lm, "
                     "eagle and msd chains) do it; "
                     "0 turns it off. Lossless either way.")
+    adaptive: bool = Field(
+        True, description="Choose each step's draft length in 0..gamma by expected goodput (runtime/engine/"
+                          "adaptive.py): per-request acceptance and the measured cost of drafting and of verifying "
+                          "the batch, so speculation backs off for requests whose drafts are rejected and as the "
+                          "batch grows (to plain steps), and comes back. Applies to a colocated drafter; a separate "
+                          "drafter drafts gamma every step. Lossless either way.")
     colocate: bool | None = Field(
         None, description="Run the drafter inside each TargetVerifier replica (no DrafterEnsemble deployment, no "
                           "data plane: drafts and target features never leave the process, as in `specula "
@@ -342,8 +352,8 @@ class DrafterConfig(_Strict):
 
     @field_validator("kind")
     @classmethod
-    def _kind(cls, v: str) -> str:
-        return _drafter_kind(v)
+    def _kind(cls, v: str | None) -> str | None:
+        return None if v is None else _drafter_kind(v)
 
     @field_validator("name")
     @classmethod
@@ -519,6 +529,21 @@ class SpeculaConfig(_Strict):
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Bearer-token auth (HTTP and gRPC).")
     deployments: Deployments = Field(default_factory=Deployments, description="Placement and scaling.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_drafter(cls, data):
+        """A null ``drafter.kind`` becomes the best drafter known for the model (``default_drafter_kind``)."""
+        if not isinstance(data, dict):
+            return data
+        d = data.get("drafter")
+        if d is None or (isinstance(d, dict) and d.get("kind") is None):
+            d = dict(d or {})
+            model = data.get("model")
+            path = model.get("path", "target") if isinstance(model, dict) else getattr(model, "path", "target")
+            d["kind"] = "ngram" if d.get("options") else default_drafter_kind(path)
+            data = {**data, "drafter": d}
+        return data
+
     @model_validator(mode="after")
     def _drafters_fit_the_model(self) -> SpeculaConfig:
         from specula.runtime.config_records import record_mismatches
@@ -526,6 +551,21 @@ class SpeculaConfig(_Strict):
         if problems := record_mismatches(self.model.path, self.drafter):
             raise ValueError("; ".join(problems))
         return self
+
+
+BEST_DRAFTER = "flash"  # the best served drafter for the embedded target (bench served; bench report: all suites)
+
+
+def default_drafter_kind(model_path) -> str:
+    """``BEST_DRAFTER`` when its shipped weights were trained for ``model_path``'s weights (their record's
+    ``target_sha256``), else "ngram": a drafter trained for another model would run losslessly but draft badly."""
+    from specula.zoo.store import ZOO_DIR, drafter_record, resolve, weights_fingerprint
+
+    try:
+        want = drafter_record(ZOO_DIR / BEST_DRAFTER).get("target_sha256")
+        return BEST_DRAFTER if want and want == weights_fingerprint(resolve(str(model_path))) else "ngram"
+    except (OSError, ValueError):  # no such model or weights here: the model's own loader says so later
+        return "ngram"
 
 
 def read_config(source: dict | str | os.PathLike) -> dict:

@@ -25,7 +25,7 @@ from PIL import Image, UnidentifiedImageError
 
 # The drafter `specula generate` (and so `make run`) uses: the best over all suites in the newest full bench report
 # (reports/2026-12-02-linux-x86_64-2c: flash 1.19x over plain decoding, captions 2.08x; next text_lm and pooled
-# 1.11x). The serving config's default (runtime/config.py DrafterConfig.kind) is ngram, which needs no weights.
+# 1.11x). The serving config's default (runtime/config.py default_drafter_kind) is the same choice.
 DEFAULT_DRAFTER = "flash"
 FALLBACK_DRAFTER = "ngram"  # the default on a model the default drafter was not trained for: needs no weights
 DEFAULT_GAMMA = 5  # draft tokens per block, as in that report

@@ -44,7 +44,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, metavar="KIND|DIR",
                    help="a trained drafter's directory (its specula.json names the kind and the target it was "
                         "trained for), a shipped drafter (flash, eagle, ... for the embedded target) or a kind "
-                        "without weights (ngram); default: the config's drafter")
+                        "without weights (ngram); default: the config's drafter, else flash on the embedded "
+                        "target and ngram on any other model")
     p.add_argument("--gamma", type=int, default=None, metavar="N",
                    help="draft tokens per block (0 = plain decoding); default: the config's drafter.gamma")
     p.add_argument("--speculative-config", default=None, metavar="JSON",

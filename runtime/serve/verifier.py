@@ -53,6 +53,7 @@ class VerifierEngine:
         drafter: the ``RemoteDrafter`` sessions go through; or a drafter of this process (``drafter.colocate``:
             the loop drafts itself, as ``SpecEngine`` in one process does); or None for plain decoding.
         drafter_name: the name a colocated drafter reports in each request's metrics when the request chose none.
+        adaptive: a colocated drafter's draft length chosen per step by expected goodput (runtime/engine/adaptive.py).
         gamma: draft tokens per block.
         eos_token_ids: default the target's.
         max_batch_size: live requests decoded together; more wait in arrival order.
@@ -61,7 +62,7 @@ class VerifierEngine:
     """
 
     def __init__(self, target, drafter=None, *, gamma: int = 4, eos_token_ids=None, max_batch_size: int = 16,
-                 stream_interval_s: float = 0.0, drafter_name: str = "") -> None:
+                 stream_interval_s: float = 0.0, drafter_name: str = "", adaptive: bool = False) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if stream_interval_s < 0:
@@ -72,7 +73,7 @@ class VerifierEngine:
         self.stream_interval_s, self.drafter_name = stream_interval_s, drafter_name
         self._chosen: dict[str, str] = {}  # request id -> the colocated drafter it drafts with
         self.engine = SpecEngine(target, drafter, gamma=gamma if drafter is not None else 0,
-                                 eos_token_ids=eos_token_ids)
+                                 eos_token_ids=eos_token_ids, adaptive=adaptive and self.local is not None)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", request, sink) | ("cancel", id) | ("stop",)
         self._waiting: deque[tuple[GenerationRequest, Sink]] = deque()
         self._sinks: dict[str, Sink] = {}
@@ -102,7 +103,8 @@ class VerifierEngine:
                                    propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s,
                                    overlap=d.overlap, offers=d.offers)
         return cls(target, remote, gamma=d.gamma, max_batch_size=settings.max_batch_size,
-                   stream_interval_s=settings.stream_interval_ms / 1000.0, drafter_name=d.default_name)
+                   stream_interval_s=settings.stream_interval_ms / 1000.0, drafter_name=d.default_name,
+                   adaptive=d.adaptive)
 
     # ------------------------------------------------------------------------------------------- callers' side
 
