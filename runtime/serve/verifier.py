@@ -148,35 +148,36 @@ class VerifierEngine:
 
     async def astream(self, request: GenerationRequest, drafter_address: str | None = None) -> AsyncIterator[dict]:
         """``stream`` for an event loop: nothing blocks the loop; leaving early cancels the request. Chunks of steps
-        that come within ``stream_interval_s`` of the last one yielded are merged into one (``merge_chunks``)."""
+        that come within ``stream_interval_s`` of the last one sent are merged into one (``merge_chunks``) on the
+        loop thread, before they wake the event loop: a request costs the event loop (and Ray's streaming) one
+        message per interval, not one per step. Every step emits a chunk for each live request, and the last chunk
+        is never held, so nothing stays pending."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        held: dict = {"chunk": None, "sent": None}  # merged chunks not sent yet; when the last one was sent
 
         def sink(item) -> None:
+            if not isinstance(item, BaseException):
+                if held["chunk"] is not None:
+                    item, held["chunk"] = merge_chunks(held["chunk"], item), None
+                now = time.monotonic()
+                if (self.stream_interval_s > 0 and not item["finished"] and held["sent"] is not None
+                        and now - held["sent"] < self.stream_interval_s):
+                    held["chunk"] = item  # within the interval: wait for the next step's
+                    return
+                held["sent"] = now
             try:
                 loop.call_soon_threadsafe(q.put_nowait, item)
             except RuntimeError:  # the caller's loop is gone
                 pass
 
         await asyncio.to_thread(self.submit, request, sink, drafter_address)
-        done, last = False, None  # last: when a chunk was last yielded (None: the first is yielded at once)
+        done = False
         try:
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                while self.stream_interval_s > 0 and not item["finished"] and last is not None:  # the interval's steps
-                    wait = last + self.stream_interval_s - time.monotonic()
-                    if wait <= 0 and q.empty():
-                        break
-                    try:
-                        more = q.get_nowait() if not q.empty() else await asyncio.wait_for(q.get(), wait)
-                    except asyncio.TimeoutError:
-                        break
-                    if isinstance(more, BaseException):
-                        raise more
-                    item = merge_chunks(item, more)
-                last = time.monotonic()
                 yield item
                 if item["finished"]:
                     done = True
