@@ -74,13 +74,15 @@ def test_the_default_config_serves_an_image_question_on_two_cpus(tmp_path):
             answer = json.loads(raw)
             assert answer["choices"][0]["message"]["content"].strip()
             assert answer["usage"]["prompt_tokens"] > 100  # the image's tokens are in the prompt
+            assert answer["specula"]["metrics"]["drafter"] == "flash"  # the default drafter, in the verifier
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=STOP_S)
         finally:
             _reap(proc)
     text = log.read_text()
     assert rc == 0, text[-3000:]
-    assert "specula: serving 'specula' (model target, drafter ngram" in text and "cannot place" not in text
+    assert ("specula: serving 'specula' (model target, drafter flash, gamma 4, drafting in the verifier)" in text
+            and "cannot place" not in text)
     assert text.rstrip().endswith("specula: stopped"), text[-3000:]
     print(f"\nspecula serve (default config, 2 CPUs): serving and /health answering {up:.0f} s after start; "
           f"the answer was {answer['choices'][0]['message']['content']!r}")
