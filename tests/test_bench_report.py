@@ -58,7 +58,8 @@ def report(model_dirs, tmp_path_factory):
         suites=("vqa", "text"), n_per_suite=1, max_tokens=6, gammas=(2, 3), gamma_suites=("vqa",), gamma_n=1,
         temperature_suites=("vqa",), temperature_n=1, image_counts=(1, 2), images_n=1, streams=(1, 2),
         hf_suites=("vqa",), hf_n=1, target_max_gamma=3, target_repeats=2, codecs=("fp32", "int8+zstd"),
-        wire_repeats=1, overlap_suites=("vqa",), overlap_n=1)
+        wire_repeats=1, overlap_suites=("vqa",), overlap_n=1, served_suites=("vqa", "text"), served_n=1,
+        served_streams=(1,))
     r = run(cfg, log=lambda *_: None)
     out = write_report(r, tmp_path_factory.mktemp("report"))
     return r, out
@@ -115,6 +116,10 @@ def test_sections_measure_what_they_say(report):
     assert set(ov["configs"]) == {"plain", "single_process", "sequential", "pipelined", "predraft", "offers"}
     assert ov["configs"]["pipelined"]["greedy_exact"] is True and ov["overlap"]["efficiency"] > 0
     assert ov["drafter"]["kind"] == "text_lm"  # never ngram / random: their drafting leaves nothing to overlap
+    sv = S["served"]  # specula serve (default config, and gamma 0) over HTTP beside in-process decoding
+    assert set(sv["rows"]) == {f"{rt}/{c}/1" for rt in ("in_process", "served") for c in ("plain", "default")}
+    assert all(row["exact"] and row["tokens_per_s"] > 0 for row in sv["rows"].values()), sv["rows"]
+    assert sv["drafter"]["kind"] == "ngram"  # the default on a model flash was not trained for
     assert r["machine"]["cpu_count"] >= 1 and r["machine"]["torch"] and r["machine"]["torch_threads"] == 1
 
 
@@ -154,7 +159,8 @@ def test_markdown_tables_plots_and_claim_lines(report):
 def test_a_failing_section_is_recorded_not_fatal(model_dirs):
     cfg = ReportConfig(model=str(model_dirs / "target"), drafters=({"kind": "ngram"},), suites=("text",),
                        n_per_suite=1, max_tokens=3, codecs=("no_such_codec",),
-                       skip=("temperature", "gamma", "multi_image", "concurrency", "hf", "target", "overlap"))
+                       skip=("temperature", "gamma", "multi_image", "concurrency", "hf", "target", "overlap",
+                             "served"))
     r = run(cfg, log=lambda *_: None)
     assert r["sections"]["wire"]["status"] == "failed" and "no_such_codec" in r["sections"]["wire"]["reason"]
     assert r["sections"]["main"]["status"] == "ok"
@@ -237,7 +243,7 @@ def test_quick_keeps_one_variant_per_kind_after_the_main_table(model_dirs):
     cfg = ReportConfig(model=str(model_dirs / "target"), drafters=({"kind": "random"}, {"kind": "random",
                        "structure": "tree"}), suites=("text",), n_per_suite=1, max_tokens=3, every_variant=False,
                        temperature_suites=("text",), temperature_n=1,
-                       skip=("gamma", "multi_image", "concurrency", "hf", "target", "wire", "overlap"))
+                       skip=("gamma", "multi_image", "concurrency", "hf", "target", "wire", "overlap", "served"))
     r = run(cfg, log=lambda *_: None)
     main = r["sections"]["main"]["configs"]
     faster = max(("random", "random/tree"), key=lambda n: main[n]["all"]["speedup_vs_plain"])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 # the report's sections, in run order (runtime/bench/report/run.py maps each to its function)
-SECTION_NAMES = ("main", "temperature", "gamma", "multi_image", "concurrency", "hf", "target", "wire", "overlap")
+SECTION_NAMES = ("main", "temperature", "gamma", "multi_image", "concurrency", "hf", "target", "wire", "overlap",
+                 "served")
 
 
 def add_arguments(p) -> None:

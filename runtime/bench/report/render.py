@@ -16,6 +16,7 @@ TITLES = {
     "target": "target costs: T_verify(gamma) / T_decode",
     "wire": "wire bytes per codec",
     "overlap": "overlap efficiency of the distributed runtime",
+    "served": "served (Ray Serve, openai client) vs in process",
 }
 
 
@@ -191,6 +192,17 @@ def _overlap_md(sec, r):
 RELIABILITY_TITLE = "reliability and security suite: each test's figure"
 
 
+def _served_md(sec, r):
+    rows = [[*k.split("/"), _f(v["tokens_per_s"], 1), _f(v["speedup_vs_plain"], 3), _f(v["vs_in_process_plain"], 3),
+             _f(v["tau"], 2), _f(v["exact"]), " / ".join(f"{p} {v['ms_per_token'][p]:.2f}" for p in
+                                                   ("prefill", "draft", "verify") if p in v["ms_per_token"])]
+            for k, v in sec["rows"].items()]
+    return [f"Default drafter {sec['drafter']['kind']}@{sec['gamma']}, {sec['n_per_suite']} prompts x "
+            f"{len(sec['suites'])} suites, round robin, each runtime alone on the machine.", "",
+            *_table(["runtime", "config", "streams", "tokens/s", "x plain (same runtime)", "x in-process plain",
+                     "tau", "greedy == in-process plain", "ms per token: prefill / draft / verify"], rows)]
+
+
 def _cell(text) -> str:
     """Text that stays in its markdown table cell."""
     return str(text).replace("\n", " ").replace("|", "\\|")
@@ -222,7 +234,8 @@ def _reliability_md(sec: dict | None) -> list[str]:
 
 SECTION_MD = {"main": lambda s, r: _main(s, r.get("ideal") or {}), "gamma": _gamma_md,
               "temperature": _temperature_md, "multi_image": _multi_md, "concurrency": _concurrency_md,
-              "hf": _hf_md, "target": _target_md, "wire": _wire_md, "overlap": _overlap_md}
+              "hf": _hf_md, "target": _target_md, "wire": _wire_md, "overlap": _overlap_md,
+              "served": _served_md}
 
 
 # ---------------------------------------------------------------------------------------------------- plots

@@ -13,6 +13,8 @@ Sections (``runtime/bench/report/sections.py``; each records its reason instead 
   target        T_decode and T_verify(gamma) / T_decode (``bench target``)
   wire          bytes on the wire per codec (``runtime/bench/wire.py``)
   overlap       the distributed runtime's overlap efficiency (``bench distributed``, when present)
+  served        real Ray Serve (``specula serve``) with the default config and with gamma 0, driven over HTTP by the
+                openai client at 1 and 8 streams, beside in-process decoding (``bench served``)
   reliability   only with ``--reliability`` (off by default, in both modes: it takes the suite's own time and
                 starts servers): the reliability and security suite run by pytest in a child process, each test's
                 figure ("1000/1000 malformed requests rejected, ...") and pass / fail (``report/reliability.py``)
@@ -49,6 +51,7 @@ SECTIONS = {  # in run order: main first (later sections reuse its prompts, outp
     "main": sections.main_table, "temperature": sections.temperature, "gamma": sections.gamma_sweep,
     "multi_image": sections.multi_image, "concurrency": sections.concurrency, "hf": sections.hf_comparison,
     "target": sections.target_costs, "wire": sections.wire, "overlap": sections.overlap,
+    "served": sections.served,
 }
 assert tuple(SECTIONS) == SECTION_NAMES
 
@@ -79,6 +82,9 @@ class ReportConfig:
     target_repeats: int = 20
     overlap_suites: tuple[str, ...] = ("caption", "vqa", "reasoning", "text")
     overlap_n: int = 2
+    served_suites: tuple[str, ...] = ALL_SUITES
+    served_n: int = 4
+    served_streams: tuple[int, ...] = (1, 8)
     codecs: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp16+lz4", "fp16+zstd", "int8+lz4", "int8+zstd")
     wire_repeats: int = 5
     skip: tuple[str, ...] = ()  # section names not to run
@@ -93,13 +99,13 @@ QUICK = dict(n_per_suite=1, max_tokens=40, gammas=(2, 4, 6), gamma_suites=("capt
              gamma_all_drafters=False, every_variant=False, temperature_suites=("caption", "reasoning", "chart"),
              temperature_n=1, image_counts=(1, 3, 5), images_n=1, hf_suites=("caption", "reasoning"), hf_n=1,
              target_max_gamma=6, target_repeats=5, wire_repeats=2, overlap_suites=("caption", "text"), overlap_n=1,
-             quick=True)
+             served_suites=("caption", "vqa", "text"), served_n=1, served_streams=(1,), quick=True)
 
 
 def _check(cfg: ReportConfig) -> None:
     from specula.world.suites import SUITES
 
-    for name in ("suites", "gamma_suites", "temperature_suites", "hf_suites", "overlap_suites"):
+    for name in ("suites", "gamma_suites", "temperature_suites", "hf_suites", "overlap_suites", "served_suites"):
         bad = [s for s in getattr(cfg, name) if s not in SUITES]
         if bad:
             raise ValueError(f"{name}: unknown suite(s) {bad}; known: {', '.join(SUITES)}")
@@ -107,13 +113,13 @@ def _check(cfg: ReportConfig) -> None:
     if bad:
         raise ValueError(f"skip: unknown section(s) {bad}; known: {', '.join(SECTIONS)}")
     for name in ("n_per_suite", "max_tokens", "gamma", "gamma_n", "temperature_n", "images_n", "hf_n",
-                 "overlap_n", "target_max_gamma", "target_repeats", "wire_repeats"):
+                 "overlap_n", "served_n", "target_max_gamma", "target_repeats", "wire_repeats"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if not all(1 <= k <= 5 for k in cfg.image_counts):
         raise ValueError(f"image_counts must be in 1..5 (the world's sets), got {cfg.image_counts}")
-    if any(g < 1 for g in cfg.gammas) or any(s < 1 for s in cfg.streams):
-        raise ValueError("gammas and streams must be >= 1")
+    if any(g < 1 for g in cfg.gammas) or any(s < 1 for s in (*cfg.streams, *cfg.served_streams)):
+        raise ValueError("gammas, streams and served_streams must be >= 1")
     if cfg.reliability_timeout_s <= 0:
         raise ValueError(f"reliability_timeout_s must be > 0, got {cfg.reliability_timeout_s}")
 

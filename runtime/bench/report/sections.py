@@ -280,6 +280,27 @@ def overlap(ctx: Ctx) -> dict:
             "configs": {n: {k: c[k] for k in keep if k in c} for n, c in r["configs"].items()}}
 
 
+def served(ctx: Ctx) -> dict:
+    """The served runtime (``bench served``): ``specula serve`` with the default config for ``ctx.path`` and with
+    gamma 0, each on its own local Ray, driven over HTTP with the openai client round robin with in-process decoding
+    (the other apps frozen while one runs); its JSON and markdown also go to ``<report>/served/``."""
+    import argparse
+
+    import torch
+
+    from specula.runtime.bench import served as bench_served
+
+    cfg = ctx.cfg
+    args = argparse.Namespace(config=None, model=str(ctx.path), suite=list(cfg.served_suites), n=cfg.served_n,
+                              max_tokens=cfg.max_tokens, concurrency=list(cfg.served_streams), num_cpus=None,
+                              threads=torch.get_num_threads(), seed=cfg.seed, out=str(ctx.workdir / "served"))
+    r = bench_served.run(args, log=lambda *_: None)
+    bench_served.write_report(r, args.out)
+    torch.set_num_threads(args.threads)
+    return {"status": "ok", "drafter": r["drafter"], "gamma": r["gamma"], "suites": r["suites"],
+            "n_per_suite": r["n_per_suite"], "concurrency": r["concurrency"], "rows": r["rows"]}
+
+
 def reliability(ctx: Ctx) -> dict:
     """The reliability and security suite's figures (``--reliability``): pytest in a child process from the
     checkout, each test's figure collected from $SPECULA_FIGURES_OUT (``report/reliability.py``)."""
