@@ -15,11 +15,25 @@ from specula.targets import load_target
 
 @pytest.fixture(scope="module")
 def app(model_dir):
-    cfg = make_config(model_dir, drafter={"colocate": True, "alternatives": {"short": {"kind": "ngram",
-                                                                                      "options": {"max_n": 2}}}})
+    """Fixed draft length (adaptive off), so its blocks can be compared with the single-process engine's."""
+    cfg = make_config(model_dir, drafter={"colocate": True, "adaptive": False,
+                                          "alternatives": {"short": {"kind": "ngram", "options": {"max_n": 2}}}})
     with LocalApp.from_config(cfg) as a:
         assert a.drafter is None and a.verifier.remote is None and a.verifier.local is not None
+        assert a.verifier.engine.policy is None
         yield a, cfg
+
+
+def test_the_adaptive_colocated_verifier_answers_as_plain_decoding(model_dir):
+    """The default: draft lengths chosen per step from measured costs (so blocks vary run to run; tokens never)."""
+    cfg = make_config(model_dir, drafter={"colocate": True})
+    target = load_target(model_dir)
+    with LocalApp.from_config(cfg) as a:
+        assert a.verifier.engine.policy is not None
+        for sample in range(6):
+            body = world_body(sample, max_tokens=24)
+            req = a.ingress.prepare(a.ingress.parse(body), "ref")
+            assert a.generate(body)["tokens"] == SpecEngine(target, None, gamma=0).generate([req])["ref"].tokens
 
 
 @pytest.mark.parametrize("sample", [0, 1, 2, 3, 4, 5])
