@@ -22,7 +22,9 @@ def test_bench_served_reports_both_runtimes_and_equal_answers(model_dir, tmp_pat
     p = argparse.ArgumentParser()
     add_arguments(p)
     out = tmp_path / "report"
-    args = p.parse_args(["--model", str(model_dir), "--suite", "caption", "--suite", "text", "--n", "2",
+    config = tmp_path / "config.yaml"  # a fixed draft length: the adaptive default may choose plain steps here
+    config.write_text(json.dumps({"drafter": {"adaptive": False}}))
+    args = p.parse_args(["--config", str(config), "--model", str(model_dir), "--suite", "caption", "--suite", "text", "--n", "2",
                          "--max-tokens", "12", "--concurrency", "1", "--concurrency", "2", "--num-cpus", "2",
                          "--threads", "1", "--out", str(out)])
     assert main(args) == 0
