@@ -283,20 +283,25 @@ def overlap(ctx: Ctx) -> dict:
 def served(ctx: Ctx) -> dict:
     """The served runtime (``bench served``): ``specula serve`` with the default config for ``ctx.path`` and with
     gamma 0, each on its own local Ray, driven over HTTP with the openai client round robin with in-process decoding
-    (the other apps frozen while one runs); its JSON and markdown also go to ``<report>/served/``."""
+    (the other apps frozen while one runs); the servers' logs go to a temporary folder, the figures to the report."""
     import argparse
+    import shutil
+    import tempfile
 
     import torch
 
     from specula.runtime.bench import served as bench_served
 
     cfg = ctx.cfg
+    logs = tempfile.mkdtemp(prefix="specula-served-")
     args = argparse.Namespace(config=None, model=str(ctx.path), suite=list(cfg.served_suites), n=cfg.served_n,
                               max_tokens=cfg.max_tokens, concurrency=list(cfg.served_streams), num_cpus=None,
-                              threads=torch.get_num_threads(), seed=cfg.seed, out=str(ctx.workdir / "served"))
-    r = bench_served.run(args, log=lambda *_: None)
-    bench_served.write_report(r, args.out)
-    torch.set_num_threads(args.threads)
+                              threads=torch.get_num_threads(), seed=cfg.seed, out=logs)
+    try:
+        r = bench_served.run(args, log=lambda *_: None)
+    finally:
+        torch.set_num_threads(args.threads)
+        shutil.rmtree(logs, ignore_errors=True)
     return {"status": "ok", "drafter": r["drafter"], "gamma": r["gamma"], "suites": r["suites"],
             "n_per_suite": r["n_per_suite"], "concurrency": r["concurrency"], "rows": r["rows"]}
 
