@@ -84,7 +84,6 @@ class GoodputPolicy:
     draft: _Line = field(default_factory=_Line)  # seconds ~ k, steps that drafted
     rows: dict[str, _Acceptance] = field(default_factory=dict)
     steps: int = 0
-    last: int = -1  # the previous choice (for metrics)
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
@@ -114,9 +113,7 @@ class GoodputPolicy:
             return 0
         if self.steps < self.warmup or self.draft.n < 1:  # a few lengths, so both cost lines get a slope
             half = self.gamma if self.tree else max(1, self.gamma // 2)
-            k = (self.gamma, 0, self.gamma, half)[self.steps % 4]
-            self.last = k
-            return k
+            return (self.gamma, 0, self.gamma, half)[self.steps % 4]
         best, best_k = -1.0, self.gamma
         for k in ((0, self.gamma) if self.tree else range(self.gamma + 1)):
             g = self.goodput(request_ids, k)
@@ -124,7 +121,6 @@ class GoodputPolicy:
                 return self.gamma
             if g > best * 1.0001:  # ties go to the shorter block
                 best, best_k = g, k
-        self.last = best_k
         return best_k
 
     def record_step(self, request_ids: Sequence[str], k: int, draft_s: float, verify_s: float,
