@@ -92,17 +92,17 @@ class VerifierEngine:
         settings, d = config.deployments.target_verifier, config.drafter
         set_threads(settings)
         target = load_target_for(config, settings.device)
-        remote = None
+        drafter = None
         if d.gamma > 0 and d.colocate:  # the drafter lives here, on the verifier's device
             from specula.runtime.engine.factory import make_drafter
 
-            remote = make_drafter(config, device=settings.device)
+            drafter = make_drafter(config, device=settings.device)
         elif d.gamma > 0:
-            remote = RemoteDrafter(vocab_size=target.info.vocab_size, codec_preference=d.codec_preference,
-                                   limits=WireLimits(max_message_bytes=config.dataplane.max_message_bytes),
-                                   propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s,
-                                   overlap=d.overlap, offers=d.offers)
-        return cls(target, remote, gamma=d.gamma, max_batch_size=settings.max_batch_size,
+            drafter = RemoteDrafter(vocab_size=target.info.vocab_size, codec_preference=d.codec_preference,
+                                    limits=WireLimits(max_message_bytes=config.dataplane.max_message_bytes),
+                                    propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s,
+                                    overlap=d.overlap, offers=d.offers)
+        return cls(target, drafter, gamma=d.gamma, max_batch_size=settings.max_batch_size,
                    stream_interval_s=settings.stream_interval_ms / 1000.0, drafter_name=d.default_name,
                    adaptive=d.adaptive)
 
