@@ -56,9 +56,12 @@ def register(sub) -> None:
     sv = bsub.add_parser("served", help="the served runtime (real Ray Serve, the openai client over HTTP) with the "
                                         "default drafter and with gamma 0, beside in-process decoding",
                          description="Starts `specula serve` with the config (default drafter) and with "
-                                     "drafter.gamma 0, drives each over HTTP with the openai client (1 and 8 streams "
-                                     "by default, every suite), decodes the same prompts in process first; JSON + "
-                                     "markdown with tokens/s, speedups, tau and the verifier's time split.")
+                                     "drafter.gamma 0, each on its own local Ray, and drives both over HTTP with the "
+                                     "openai client (1 and 8 streams by default, every suite), round robin with "
+                                     "in-process decoding of the same prompts, each runtime alone on the machine "
+                                     "(the other servers stopped meanwhile); JSON + markdown with tokens/s, "
+                                     "speedups, tau, the verifier's time split and answers checked against "
+                                     "in-process plain decoding.")
     served_arguments(sv)
     sv.set_defaults(func=run_served)
 
