@@ -105,6 +105,34 @@ def test_random_chain_bonus(kit):
     assert_lossless(kit, random_drafter(kit), N, gamma=1, max_tokens=3)
 
 
+class AfterRejections:
+    """A draft-length policy that reads the sampler's outcomes: 2 drafts after a step in which most rows rejected,
+    1 otherwise, and a plain step every third step: the length of a block depends on the randomness of the blocks
+    before it, the case an adaptive length must still keep lossless."""
+
+    def __init__(self) -> None:
+        self.steps, self.rejected_most, self.seen = 0, False, set()
+
+    def choose(self, ids) -> int:
+        k = 0 if self.steps % 3 == 2 else (2 if self.rejected_most else 1)
+        self.seen.add(k)
+        return k
+
+    def record_step(self, ids, k, draft_s, verify_s, drafted, accepted) -> None:
+        self.steps += 1
+        if k > 0:
+            self.rejected_most = sum(a < n for n, a in zip(drafted, accepted)) > len(ids) / 2
+
+    def release(self, ids) -> None:
+        pass
+
+
+def test_random_chain_with_a_draft_length_chosen_from_past_outcomes(kit):
+    policy = AfterRejections()
+    assert_lossless(kit, random_drafter(kit), N, gamma=2, max_tokens=4, policy=policy, chunk=64)
+    assert policy.seen == {0, 1, 2}
+
+
 def test_random_tree(kit):
     """Two root siblings drawn without replacement, two children of the first (max_tokens 6: 4 nodes)."""
     assert_lossless(kit, random_drafter(kit, "tree", power=16.0), N, gamma=2, max_tokens=6)
