@@ -324,6 +324,13 @@ class DrafterConfig(_Strict):
                           "the batch, so speculation backs off for requests whose drafts are rejected and as the "
                           "batch grows (to plain steps), and comes back. Applies to a colocated drafter; a separate "
                           "drafter drafts gamma every step. Lossless either way.")
+    begin_after: int = Field(
+        2, ge=0, le=1024,
+        description="A request's drafter begins once its answer has this many tokens (0 or 1: right after the "
+                    "prefill); until then it decodes plainly and the drafter catches up on those steps when it "
+                    "begins. One-word answers (a VQA 'yes' and its end token) then never pay the drafter's prompt "
+                    "prefill or a block; a long answer pays one plain step or so. Applies to a colocated drafter; "
+                    "a separate drafter begins with the target's prefill. Lossless either way.")
     colocate: bool | None = Field(
         None, description="Run the drafter inside each TargetVerifier replica (no DrafterEnsemble deployment, no "
                           "data plane: drafts and target features never leave the process, as in `specula "

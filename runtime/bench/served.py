@@ -238,9 +238,10 @@ class InProcessRunner:
         pass
 
 
-def in_process_runners(target, processor, drafter: dict, gamma: int, max_tokens: int, adaptive: bool = False) -> dict:
+def in_process_runners(target, processor, drafter: dict, gamma: int, max_tokens: int, adaptive: bool = False,
+                       begin_after: int = 0) -> dict:
     """``plain`` (no drafter) and, with gamma > 0, ``default`` (the config's drafter, its draft length chosen per
-    step with ``adaptive``, as a colocated drafter's) in this process."""
+    step with ``adaptive`` and begun after ``begin_after`` tokens, as a colocated drafter's) in this process."""
     from specula.runtime.bench.spec import make_drafter
     from specula.runtime.engine.loop import SpecEngine
     from specula.runtime.engine.prompts import eos_ids
@@ -250,7 +251,7 @@ def in_process_runners(target, processor, drafter: dict, gamma: int, max_tokens:
                                     max_tokens)}
     if gamma > 0:
         engine = SpecEngine(target, make_drafter(drafter, target, processor.tokenizer), gamma=gamma,
-                            eos_token_ids=eos, adaptive=adaptive)
+                            eos_token_ids=eos, adaptive=adaptive, begin_after=begin_after)
         out["default"] = InProcessRunner(engine, processor.tokenizer, max_tokens)
     return out
 
@@ -361,7 +362,7 @@ def run(args, log=print) -> dict:
         for streams in args.concurrency:
             runners = {f"in_process/{n}/{streams}": r
                        for n, r in in_process_runners(target, processor, drafter, gamma, args.max_tokens,
-                                                             cfg.drafter.adaptive).items()}
+                                                      cfg.drafter.adaptive, cfg.drafter.begin_after).items()}
             runners.update({f"served/{n}/{streams}": ServedRunner(a.url, args.max_tokens, streams)
                             for n, a in apps.items()})
             log(f"[bench served] {streams} stream(s): {', '.join(runners)}, round robin, each alone")

@@ -80,11 +80,13 @@ _prompts = bench_prompts  # the name earlier callers used
 
 def config_label(config: dict) -> str:
     """How a drafter config is named in reports: its ``label`` if given, else its kind (+ "/tree" for trees,
-    + "+adaptive" with ``"adaptive": true``: the engine chooses each step's draft length, runtime/engine/adaptive.py)."""
+    + "+adaptive" with ``"adaptive": true``: the engine chooses each step's draft length, runtime/engine/adaptive.py;
+    + "+after<N>" with ``"begin_after": N`` > 1: a request's drafter begins once it has N tokens)."""
     if "label" in config:
         return str(config["label"])
+    after = int(config.get("begin_after") or 0)
     return (config["kind"] + ("/tree" if config.get("structure") == "tree" else "")
-            + ("+adaptive" if config.get("adaptive") else ""))
+            + ("+adaptive" if config.get("adaptive") else "") + (f"+after{after}" if after > 1 else ""))
 
 
 def make_drafter(config: dict, target, tokenizer=None):
@@ -172,7 +174,8 @@ def run(cfg: BenchConfig, log=print, loaded=None, user_prompts=None) -> dict:
     for d, drafter in drafters:
         for g in cfg.gammas:
             engines[f"{config_label(d)}@{g}"] = SpecEngine(target, drafter, gamma=g, eos_token_ids=eos,
-                                                           adaptive=bool(d.get("adaptive")))
+                                                           adaptive=bool(d.get("adaptive")),
+                                                           begin_after=int(d.get("begin_after") or 0))
     assistant, assisted_reason = _hf_assistant([x for _, x in drafters])
     params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed, max_tokens=cfg.max_tokens)
     hf_kw = dict(max_new_tokens=cfg.max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)

@@ -14,8 +14,8 @@ def check_kind(kind: str) -> None:
 
 
 def build_local_drafter(config: dict, target, tokenizer=None):
-    """The drafter of ``{"kind": ..., <options>}`` (``label`` is only a name and ``adaptive`` an engine setting
-    (SpecEngine(adaptive=...)): both are dropped).
+    """The drafter of ``{"kind": ..., <options>}`` (``label`` is only a name, ``adaptive`` and ``begin_after``
+    engine settings (SpecEngine(adaptive=..., begin_after=...)): they are dropped).
 
     Options the config leaves out that the drafter takes by name (``registry.accepted_options``: its class's
     parameters and, through ``**options``, its base's) come from the target: ``target`` and ``tokenizer``
@@ -24,7 +24,7 @@ def build_local_drafter(config: dict, target, tokenizer=None):
     """
     from specula.drafters import create, registry
 
-    opts = {k: v for k, v in config.items() if k not in ("label", "adaptive")}  # names / engine settings
+    opts = {k: v for k, v in config.items() if k not in ("label", "adaptive", "begin_after")}  # names / engine settings
     if "kind" not in opts:
         raise ValueError("drafter config needs a 'kind'")
     named = registry.accepted_options(opts["kind"])

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specula.drafters.protocol import PREFILL_FREE, DraftContext, Verdict
+from specula.drafters.protocol import PREFILL_FREE, DraftContext, Proposal, Verdict
 from specula.runtime.engine.metrics import RequestMetrics
 from specula.runtime.core.chain_rejection import verify_chain
 from specula.runtime.core.sampling import SamplingParams, logits_to_probs, sample_next
@@ -85,14 +85,25 @@ class SpecEngine:
         adaptive: choose each step's draft length in 0 .. gamma by expected goodput (``adaptive.GoodputPolicy``:
             fewer drafts for rows that keep rejecting them and as the batch grows, none when plain steps pay more);
             only what is drafted changes, never the output.
+        begin_after: a row's drafter begins once the row has this many tokens (0 or 1: right after the prefill);
+            until then the row decodes plainly and its verdicts are kept, then replayed to the drafter after its
+            ``begin``, so it ends up where an eager begin would have left it. Answers shorter than this never pay
+            the drafter's begin (its prompt prefill) or a block. Not for a drafter that begins before the prefill
+            (``prepare``: the data plane's RemoteDrafter), which always begins at once. Lossless either way.
     """
 
     def __init__(self, target, drafter=None, gamma: int = 5, eos_token_ids: Sequence[int] | None = None,
                  decode: Callable[[list[int]], str] | None = None, siblings: str = "without_replacement",
-                 adaptive: bool = False):
+                 adaptive: bool = False, begin_after: int = 0):
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
+        if begin_after < 0:
+            raise ValueError(f"begin_after must be >= 0, got {begin_after}")
         self.target, self.drafter, self.gamma = target, drafter, gamma
+        lazy = drafter is not None and gamma > 0 and begin_after > 1 and not hasattr(drafter, "prepare")
+        self.begin_after = begin_after if lazy else 0
+        # rows whose drafter has not begun: their DraftContext and the verdicts of their plain steps so far
+        self._unbegun: dict[str, tuple[DraftContext, list[Verdict]]] = {}
         self.policy = None
         if adaptive and drafter is not None and gamma > 0:
             from specula.runtime.engine.adaptive import GoodputPolicy
@@ -142,20 +153,68 @@ class SpecEngine:
             self.rows[r.request_id] = _Row(r, g, [], m)
         if self.drafter is not None:
             t3 = time.perf_counter()
-            self.drafter.begin([self._context(r, tok, out, b) for b, (r, tok) in enumerate(zip(requests, first))])
-            # drafter-side parts of begin it timed itself (e.g. captioning) are booked apart from "draft"
-            side = self.drafter.pop_begin_times() if hasattr(self.drafter, "pop_begin_times") else {}
-            rest = (time.perf_counter() - t3 - sum(v for p in side.values() for v in p.values())) / len(requests)
-            for r in requests:
-                m = self.rows[r.request_id].metrics
-                m.time["draft"] += rest
-                for k, v in side.get(r.request_id, {}).items():
-                    m.time[k] += v
+            contexts = [self._context(r, tok, out, b) for b, (r, tok) in enumerate(zip(requests, first))]
+            if self.begin_after:  # begun later (_begin_due), by then the row's answer is known to run on
+                for c in contexts:
+                    self._unbegun[c.request_id] = (_own(c), [])
+                for r in requests:
+                    self.rows[r.request_id].metrics.time["draft"] += (time.perf_counter() - t3) / len(requests)
+            else:
+                self._begin(contexts, t3)
         for r, tok in zip(requests, first):
             ev = self._emit(self.rows[r.request_id], [tok])
             events.append(ev)
         self._retire([e for e in events if e.finished])
         return events
+
+    def _begin(self, contexts: list[DraftContext], t0: float) -> None:
+        """``drafter.begin`` for these rows, its time booked to them (from ``t0``)."""
+        self.drafter.begin(contexts)
+        # drafter-side parts of begin it timed itself (e.g. captioning) are booked apart from "draft"
+        side = self.drafter.pop_begin_times() if hasattr(self.drafter, "pop_begin_times") else {}
+        rest = (time.perf_counter() - t0 - sum(v for p in side.values() for v in p.values())) / len(contexts)
+        for c in contexts:
+            m = self.rows[c.request_id].metrics
+            m.time["draft"] += rest
+            for k, v in side.get(c.request_id, {}).items():
+                m.time[k] += v
+
+    def _begin_due(self, ids: list[str]) -> None:
+        """Begin the drafter for rows that reached ``begin_after`` tokens, and replay their plain steps' verdicts
+        to it, step by step, as it would have observed them."""
+        due = [rid for rid in ids if rid in self._unbegun and len(self.rows[rid].tokens) >= self.begin_after]
+        if not due:
+            return
+        t0 = time.perf_counter()
+        held = [self._unbegun.pop(rid) for rid in due]
+        self._begin([c for c, _ in held], t0)
+        t1 = time.perf_counter()
+        for i in range(max(len(v) for _, v in held)):
+            self.drafter.observe([v[i] for _, v in held if len(v) > i])
+        share = (time.perf_counter() - t1) / len(due)
+        for rid in due:
+            self.rows[rid].metrics.time["draft"] += share
+
+    def _propose(self, ids: list[str], drafting: list[str], gamma: int):
+        """The drafter's proposal for ``drafting`` (``ids`` less the rows not begun), widened to every row of the
+        step: a row not begun gets count 0 (a plain step for it), its padding a one-hot q on token 0."""
+        prop = self.drafter.propose(drafting, gamma)
+        if len(drafting) == len(ids):
+            return prop
+        pos = {rid: i for i, rid in enumerate(prop.request_ids)}
+        b, n = len(ids), prop.tokens.shape[1]
+        idx = torch.tensor([j for j, rid in enumerate(ids) if rid in pos], device=prop.tokens.device)
+        tokens = prop.tokens.new_zeros((b, n)).index_copy_(0, idx, prop.tokens)  # [B, N]
+        q = parents = None
+        if prop.q is not None:
+            q = prop.q.new_zeros((b, n, prop.q.shape[-1]))  # [B, N, V]
+            q[:, :, 0] = 1.0
+            q.index_copy_(0, idx, prop.q)
+        if prop.parents is not None:  # a valid chain for the rows not drafted
+            parents = (torch.arange(n, device=prop.parents.device) - 1).repeat(b, 1)  # [B, N]
+            parents.index_copy_(0, idx, prop.parents)
+        counts = tuple(prop.counts[pos[rid]] if rid in pos else 0 for rid in ids)
+        return Proposal(tuple(ids), tokens, counts, parents, q)
 
     def _context(self, r: GenerationRequest, first: int, out, b: int) -> DraftContext:
         needs = self.drafter.spec.needs
@@ -241,7 +300,7 @@ class SpecEngine:
         if self.drafter is not None:
             # rows the drafter holds; one that can begin before the prefill (prepare) may hold rows add never made
             early = hasattr(self.drafter, "prepare")
-            self.drafter.release([r for r in ids if r in self.rows or early])
+            self.drafter.release([r for r in ids if (r in self.rows or early) and self._unbegun.pop(r, None) is None])
         if self.policy is not None:
             self.policy.release(ids)
         for rid in ids:
@@ -265,10 +324,15 @@ class SpecEngine:
         params = [row.req.params for row in rows]
         budget = [row.req.params.max_tokens - len(row.tokens) for row in rows]  # >= 1 for live rows
         gamma = self.gamma if self.drafter is not None else 0
+        drafting = ids
+        if gamma > 0 and self._unbegun:
+            self._begin_due(ids)
+            drafting = [rid for rid in ids if rid not in self._unbegun]
+            gamma = gamma if drafting else 0
         if gamma > 0 and self.policy is not None:
-            gamma = self.policy.choose(ids)  # 0: a plain step, the drafter only observes its verdicts
+            gamma = self.policy.choose(drafting)  # 0: a plain step, the drafter only observes its verdicts
         t0 = time.perf_counter()
-        prop = self.drafter.propose(ids, gamma) if gamma > 0 else None
+        prop = self._propose(ids, drafting, gamma) if gamma > 0 else None
         t1 = time.perf_counter()
         if prop is None or max(prop.counts, default=0) == 0:
             verdicts, out, t2, t3 = self._plain_step(ids, params, rows)
@@ -276,7 +340,13 @@ class SpecEngine:
             verdicts, out, t2, t3 = self._spec_step(ids, params, rows, prop, budget)
         t4 = time.perf_counter()
         if self.drafter is not None:
-            self.drafter.observe([self._verdict_record(v, out, b) for b, v in enumerate(verdicts)])
+            records = [self._verdict_record(v, out, b) for b, v in enumerate(verdicts)]
+            for rec in records:
+                if rec.request_id in self._unbegun:  # replayed when its drafter begins
+                    self._unbegun[rec.request_id][1].append(rec)
+            records = [rec for rec in records if rec.request_id not in self._unbegun]
+            if records:
+                self.drafter.observe(records)
         t5 = time.perf_counter()
         if self.policy is not None:
             self.policy.record_step(ids, gamma, t1 - t0, t2 - t1, [v[5] for v in verdicts],
@@ -380,7 +450,9 @@ class SpecEngine:
             return
         self.target.release(ids)
         if self.drafter is not None:
-            self.drafter.release(ids)
+            begun = [rid for rid in ids if self._unbegun.pop(rid, None) is None]
+            if begun:
+                self.drafter.release(begun)
         if self.policy is not None:
             self.policy.release(ids)
         for rid in ids:
@@ -413,6 +485,14 @@ class SpecEngine:
             pass
         return {r.request_id: self.finished.pop(r.request_id) for r in requests}
 
+
+
+def _own(c: DraftContext) -> DraftContext:
+    """``c`` with its tensors copied out of the batch's prefill outputs (held until the row's drafter begins, they
+    must not keep the whole batch's features alive)."""
+    hidden = c.hidden.clone() if c.hidden is not None else None
+    extra = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in c.extra.items()}
+    return dataclasses.replace(c, hidden=hidden, extra=extra)
 
 
 def _depth(parents: list[int]) -> int:

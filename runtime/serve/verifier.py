@@ -54,6 +54,7 @@ class VerifierEngine:
             the loop drafts itself, as ``SpecEngine`` in one process does); or None for plain decoding.
         drafter_name: the name a colocated drafter reports in each request's metrics when the request chose none.
         adaptive: a colocated drafter's draft length chosen per step by expected goodput (runtime/engine/adaptive.py).
+        begin_after: a colocated drafter begins for a request once it has this many tokens (SpecEngine's).
         gamma: draft tokens per block.
         eos_token_ids: default the target's.
         max_batch_size: live requests decoded together; more wait in arrival order.
@@ -62,7 +63,8 @@ class VerifierEngine:
     """
 
     def __init__(self, target, drafter=None, *, gamma: int = 4, eos_token_ids=None, max_batch_size: int = 16,
-                 stream_interval_s: float = 0.0, drafter_name: str = "", adaptive: bool = False) -> None:
+                 stream_interval_s: float = 0.0, drafter_name: str = "", adaptive: bool = False,
+                 begin_after: int = 0) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if stream_interval_s < 0:
@@ -73,7 +75,8 @@ class VerifierEngine:
         self.stream_interval_s, self.drafter_name = stream_interval_s, drafter_name
         self._chosen: dict[str, str] = {}  # request id -> the colocated drafter it drafts with
         self.engine = SpecEngine(target, drafter, gamma=gamma if drafter is not None else 0,
-                                 eos_token_ids=eos_token_ids, adaptive=adaptive and self.local is not None)
+                                 eos_token_ids=eos_token_ids, adaptive=adaptive and self.local is not None,
+                                 begin_after=begin_after if self.local is not None else 0)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", request, sink) | ("cancel", id) | ("stop",)
         self._waiting: deque[tuple[GenerationRequest, Sink]] = deque()
         self._sinks: dict[str, Sink] = {}
@@ -104,7 +107,7 @@ class VerifierEngine:
                                     overlap=d.overlap, offers=d.offers)
         return cls(target, drafter, gamma=d.gamma, max_batch_size=settings.max_batch_size,
                    stream_interval_s=settings.stream_interval_ms / 1000.0, drafter_name=d.default_name,
-                   adaptive=d.adaptive)
+                   adaptive=d.adaptive, begin_after=d.begin_after)
 
     # ------------------------------------------------------------------------------------------- callers' side
 

@@ -20,7 +20,7 @@ def app(model_dir):
                                           "alternatives": {"short": {"kind": "ngram", "options": {"max_n": 2}}}})
     with LocalApp.from_config(cfg) as a:
         assert a.drafter is None and a.verifier.remote is None and a.verifier.local is not None
-        assert a.verifier.engine.policy is None
+        assert a.verifier.engine.policy is None and a.verifier.engine.begin_after == cfg.drafter.begin_after > 1
         yield a, cfg
 
 
@@ -43,7 +43,8 @@ def test_colocated_answers_equal_plain_decoding_and_the_single_process_engine(mo
     req = a.ingress.prepare(a.ingress.parse(body), "ref")
     target = load_target(model_dir)
     plain = SpecEngine(target, None, gamma=0).generate([req])["ref"]
-    spec = SpecEngine(target, make_drafter(cfg), gamma=cfg.drafter.gamma).generate([req])["ref"]
+    spec = SpecEngine(target, make_drafter(cfg), gamma=cfg.drafter.gamma,  # begun as late as the config says
+                      begin_after=cfg.drafter.begin_after).generate([req])["ref"]
     got = a.generate(body)
     assert got["tokens"] == plain.tokens == spec.tokens
     m = got["metrics"]

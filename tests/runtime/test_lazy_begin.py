@@ -1,0 +1,140 @@
+"""A drafter begun late (SpecEngine(begin_after=N)): a row decodes plainly until it has N tokens, then its drafter
+begins and replays those plain steps' verdicts. Answers shorter than N never reach the drafter; greedy output
+equals plain decoding for every drafter kind, chain and tree, with begun and not-yet-begun rows in one batch; and
+the replay leaves the drafter where an eager begin with the same plain steps would have left it (same drafts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_engine import greedy_drafter, kit, plain_greedy  # noqa: F401 (fixtures)
+from specula.runtime.engine.loop import SpecEngine
+from specula.targets import load_target
+
+AFTER = 3
+
+
+class Watch:
+    """Wraps a drafter (delegating everything else) and records what the engine asked of it."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.spec = inner, inner.spec
+        self.begun: dict[str, int] = {}  # request id -> its tokens when the drafter began it
+        self.proposals: list[tuple[tuple[str, ...], list[list[int]]]] = []
+        self.engine = None
+
+    def begin(self, contexts):
+        for c in contexts:
+            row = self.engine.rows.get(c.request_id)
+            self.begun[c.request_id] = len(row.tokens) if row is not None else 0
+        return self.inner.begin(contexts)
+
+    def propose(self, ids, gamma):
+        prop = self.inner.propose(ids, gamma)
+        self.proposals.append((tuple(ids), [prop.tokens[b, :c].tolist() for b, c in enumerate(prop.counts)]))
+        return prop
+
+    def observe(self, verdicts):
+        return self.inner.observe(verdicts)
+
+    def release(self, ids):
+        return self.inner.release(ids)
+
+
+def _run_staggered(eng: SpecEngine, reqs) -> dict:
+    """Two rows join, two steps pass, two more join: begun and unbegun rows share steps."""
+    out = {}
+    events = list(eng.add(reqs[:2]))
+    for _ in range(2):
+        if eng.rows:
+            events += eng.step()
+    events += eng.add(reqs[2:])
+    while eng.rows:
+        events += eng.step()
+    for r in reqs:
+        out[r.request_id] = eng.finished.pop(r.request_id)
+    return out
+
+
+@pytest.mark.parametrize("drafter_kind", ["ngram", "text_lm", "text_lm_tree", "noisy_chain", "noisy_tree"])
+def test_greedy_equals_plain_with_the_drafter_begun_late(kit, plain_greedy, drafter_kind):  # noqa: F811
+    model, processor = kit
+    reqs, ref = plain_greedy
+    reqs = reqs[:16]
+    target = load_target(model)
+    inner, _ = greedy_drafter(drafter_kind, model, target, ref)
+    drafter = Watch(inner)
+    eng = SpecEngine(target, drafter, gamma=4, eos_token_ids=[processor.tokenizer.eos_token_id],
+                     begin_after=AFTER)
+    drafter.engine = eng
+    accepted = 0
+    for i in range(0, len(reqs), 4):
+        got = _run_staggered(eng, reqs[i:i + 4])
+        for r in reqs[i:i + 4]:
+            assert got[r.request_id].tokens == ref[r.request_id].tokens, r.request_id
+            accepted += got[r.request_id].metrics.accepted_tokens
+    assert accepted > 0
+    long_ones = {r.request_id for r in reqs if len(ref[r.request_id].tokens) > AFTER}
+    assert set(drafter.begun) == long_ones and set(drafter.begun.values()) == {AFTER}
+    for ids, _ in drafter.proposals:  # never asked for a row it had not begun
+        assert set(ids) <= set(drafter.begun)
+    assert not target.live_ids and not eng._unbegun
+
+
+def test_a_short_answer_never_reaches_the_drafter(kit, plain_greedy):  # noqa: F811
+    model, processor = kit
+    reqs, ref = plain_greedy
+    target = load_target(model)
+    inner, _ = greedy_drafter("text_lm", model, target, ref)
+    drafter = Watch(inner)
+    eng = SpecEngine(target, drafter, gamma=4, eos_token_ids=[processor.tokenizer.eos_token_id], begin_after=AFTER)
+    drafter.engine = eng
+    from dataclasses import replace
+
+    short = [replace(r, params=replace(r.params, max_tokens=AFTER - 1)) for r in reqs[:4]]
+    got = eng.generate(short)
+    assert all(got[r.request_id].tokens == ref[r.request_id].tokens[:AFTER - 1] for r in short)
+    assert drafter.begun == {} and drafter.proposals == []
+    assert all(got[r.request_id].metrics.draft_tokens == 0 for r in short)
+
+
+class FixedStart:
+    """A policy drafting nothing for the first ``plain`` steps, then gamma: what an eager begin sees when a lazy
+    one (begin_after = plain + 1) replays."""
+
+    def __init__(self, gamma: int, plain: int) -> None:
+        self.gamma, self.plain, self.steps = gamma, plain, 0
+
+    def choose(self, ids):
+        self.steps += 1
+        return 0 if self.steps <= self.plain else self.gamma
+
+    def record_step(self, *a, **k):
+        pass
+
+    def release(self, ids):
+        pass
+
+
+@pytest.mark.parametrize("drafter_kind", ["ngram", "text_lm", "text_lm_tree"])
+def test_the_replay_leaves_the_drafter_where_an_eager_begin_would(kit, plain_greedy, drafter_kind):  # noqa: F811
+    model, processor = kit
+    reqs, ref = plain_greedy
+    target = load_target(model)
+    eos = [processor.tokenizer.eos_token_id]
+    runs = []
+    for lazy in (False, True):
+        inner, _ = greedy_drafter(drafter_kind, model, target, ref)
+        drafter = Watch(inner)
+        if lazy:
+            eng = SpecEngine(target, drafter, gamma=4, eos_token_ids=eos, begin_after=AFTER)
+        else:
+            eng = SpecEngine(target, drafter, gamma=4, eos_token_ids=eos, adaptive=True)
+            eng.policy = FixedStart(4, plain=AFTER - 1)
+        drafter.engine = eng
+        long = next(r for r in reqs if len(ref[r.request_id].tokens) > AFTER + 4)
+        got = eng.generate([long])
+        assert got[long.request_id].tokens == ref[long.request_id].tokens
+        runs.append(drafter.proposals)
+    eager, lazy = runs
+    assert lazy and lazy == eager  # the same drafts at every step after the plain ones
