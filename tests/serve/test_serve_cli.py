@@ -39,6 +39,30 @@ def _ready(url: str, proc: subprocess.Popen, log) -> bool:
     return len(json.loads(raw)["tokens"]) == 8
 
 
+def _local_ray_facts(root: int) -> dict:
+    """The niceness of the TargetVerifier replica(s) among ``root``'s descendants, and whether a dashboard with its
+    frontend runs."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    todo, cmds = [root], {}
+    while todo:
+        pid = todo.pop()
+        try:
+            cmds[pid] = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+        except OSError:
+            continue
+        todo += children.get(pid, [])
+    return {"verifier_nice": [os.getpriority(os.PRIO_PROCESS, p) for p, c in cmds.items() if "TargetVerifier" in c],
+            "dashboard": [c[:120] for c in cmds.values()  # Ray keeps a head without its UI modules
+                          if "dashboard/dashboard.py" in c and "--disable-frontend" not in c]}
+
+
 def test_sigterm_shuts_down_gracefully(model_dir, tmp_path):
     port = free_port()
     cfg = make_config(model_dir, {"gamma": 0}, http={"host": "127.0.0.1", "port": port})  # no drafter: starts faster
@@ -55,6 +79,7 @@ def test_sigterm_shuts_down_gracefully(model_dir, tmp_path):
         try:
             wait_for("specula serve answering POST /generate",
                      lambda: _ready(f"http://127.0.0.1:{port}/generate", proc, log), START_S, every=1.0)
+            quiet = _local_ray_facts(proc.pid)
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             try:
@@ -68,6 +93,10 @@ def test_sigterm_shuts_down_gracefully(model_dir, tmp_path):
                 proc.wait(10)
     text = log()
     assert rc == 0, text[-3000:]
+    # the local Ray is kept quiet for the decoding beside it (launch.LOCAL_RAY_ENV): replicas at normal priority,
+    # not Ray's nice 15, and no dashboard
+    assert quiet["verifier_nice"] == [0], quiet
+    assert not quiet["dashboard"], quiet
     assert "specula: serving 'specula'" in text
     assert "specula: shutting down" in text and text.rstrip().endswith("specula: stopped"), text[-3000:]
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # Serve's proxy is gone with it
