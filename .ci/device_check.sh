@@ -9,7 +9,10 @@
 #    (tests/training/test_your_model_cuda.py);
 # 2. bench spec on cuda with the candidate zoo (zoo/candidates, when there is one) or else the shipped one: its
 #    target with ngram, eagle, flash and msd (tau, speedup vs plain, exactness), JSON +
-#    markdown into OUT_DIR (default reports/cuda).
+#    markdown into OUT_DIR (default reports/cuda);
+# 3. bench served on cuda: `specula serve` with the verifier, the vision encoder and a separate drafter (flash) on the
+#    GPU, and its gamma-0 twin, over HTTP at 1 and 8 streams (caption, vqa, text), against in-process decoding on the
+#    GPU (OUT_DIR/served).
 # Works with `pip install -e .` or, on a machine that cannot install (no registry), from a package layout of the
 # checkout built here (SPECULA_LAYOUT=1): a transformers wheel of the pinned range may be put in gpu/.
 set -eu
@@ -28,3 +31,13 @@ for d in eagle flash msd; do
 done
 "${SPECULA[@]}" bench spec --device cuda --model $Z/target --drafter ngram "${DR[@]}" --gamma 5 --n 2 --max-tokens 64 \
   --out "$OUT"
+cat > "$OUT/served-cuda.yaml" <<EOF
+model: {path: $Z/target}
+drafter: {kind: flash, options: {path: $Z/flash}}
+deployments:
+  vision_encoder: {device: cuda, ray_actor_options: {num_cpus: 1, num_gpus: 0.2}}
+  drafter_ensemble: {device: cuda, ray_actor_options: {num_cpus: 1, num_gpus: 0.2}}
+  target_verifier: {device: cuda, ray_actor_options: {num_cpus: 2, num_gpus: 0.6}}
+EOF
+"${SPECULA[@]}" bench served --config "$OUT/served-cuda.yaml" --device cuda --suite caption --suite vqa --suite text \
+  --n 4 --out "$OUT/served"

@@ -289,10 +289,10 @@ def round_robin(runners: dict, prompts: list[Prompt], streams: int, apps: dict |
     return sets
 
 
-def _load(model: str):
+def _load(model: str, device: str = "cpu"):
     from specula.runtime.bench.spec import load
 
-    _, processor, target, _ = load(model, hf=False)
+    _, processor, target, _ = load(model, device=device, hf=False)
     return target, processor
 
 
@@ -346,7 +346,7 @@ def run(args, log=print) -> dict:
     gamma, model = cfg.drafter.gamma, cfg.model.path
     drafter = {"kind": cfg.drafter.kind, **cfg.drafter.options}
     torch.set_num_threads(args.threads)
-    target, processor = _load(model)
+    target, processor = _load(model, getattr(args, "device", "cpu"))
     prompts = world_prompts(processor, args.suite or SUITES, args.n, args.seed)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -438,6 +438,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads of the in-process runs (default: the machine's CPUs, or --num-cpus)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N: the in-process runs' target and drafter (the served ones follow the "
+                        "config's deployments.*.device; default: cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="reports/bench-served", help="output directory (default: reports/bench-served)")
 
