@@ -171,6 +171,13 @@ class VisionSettings(DeviceDeploymentSettings):
     max_batch_size: int = Field(8, ge=1, description="Images of concurrent requests encoded in one forward pass.")
     batch_wait_timeout_s: float = Field(
         0.005, ge=0, description="How long the first request of a batch waits for company.")
+    colocate: bool | None = Field(
+        None, description="Encode images inside each TargetVerifier replica (its target's own vision tower, as "
+                          "`specula generate` does) instead of in VisionEncoder replicas: no VisionEncoder "
+                          "deployment, no extra hop per image request (about 17 ms per request measured on 2 CPUs). "
+                          "null = decided when the application is built: colocated when the vision encoder and the "
+                          "verifier both run on the CPU of a one-node cluster, separate otherwise (GPUs, clusters). "
+                          "The other fields of this section apply only to a separate vision encoder.")
     pre_projector: bool = Field(
         True, description="Also return the tower's pre-projector features (what massv, caption, pooled and "
                           "ensemble drafters feed their own projector), so the verifier never runs the vision tower "

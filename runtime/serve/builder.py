@@ -43,7 +43,9 @@ the Serve config would override them; cluster.yaml does not use one). A ``ray_ac
 sized here from the CPUs of the Ray cluster the builder runs in (placement.py; outside Ray, this machine's), so the
 default config fits a 2-CPU laptop as well as a cluster; the replicas get the sized config. With
 ``drafter.gamma: 0`` no DrafterEnsemble is deployed and the verifier decodes alone; with ``drafter.colocate``
-(decided here when null: placement.colocates) none is either, and each verifier replica drafts itself.
+(decided here when null: placement.colocates) none is either, and each verifier replica drafts itself; with
+``deployments.vision_encoder.colocate`` (placement.vision_colocates) no VisionEncoder is deployed and each verifier
+replica encodes its requests' images with its target's own tower.
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ def build_app(config: SpeculaConfig | dict | str | os.PathLike, *,
     def kw(key: str) -> dict:
         return {"engine_cls": engines[key]} if key in engines else {}
 
-    vision = VisionEncoder.options(**d.vision_encoder.serve_options()).bind(args, **kw("vision_encoder"))
+    vision = None  # with vision_encoder.colocate the verifier encodes the images itself
+    if "vision_encoder" in deployed(cfg):
+        vision = VisionEncoder.options(**d.vision_encoder.serve_options()).bind(args, **kw("vision_encoder"))
     drafter = None
     if "drafter_ensemble" in deployed(cfg):  # gamma > 0 and not colocated with the verifier
         drafter = DrafterEnsemble.options(**d.drafter_ensemble.serve_options()).bind(args, **kw("drafter_ensemble"))

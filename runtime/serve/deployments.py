@@ -161,6 +161,7 @@ class Ingress:
     """
 
     def __init__(self, config: dict, vision, verifier, engine_cls=IngressEngine) -> None:
+        # vision: the VisionEncoder's handle, or None when the verifier encodes images (vision_encoder.colocate)
         self.config = load_config(config)
         self.engine = engine_cls.from_config(self.config)
         self.vision, self.verifier = vision, verifier
@@ -189,7 +190,8 @@ class Ingress:
     async def run(self, request: GenerationRequest) -> AsyncIterator[dict]:
         request = IngressEngine.upstream(request)
         visual = None
-        if request.pixel_values is not None:  # not awaited: Serve hands the result straight to the verifier
+        if request.pixel_values is not None and self.vision is not None:  # not awaited: Serve hands the result
+            # straight to the verifier; with no VisionEncoder (vision_encoder.colocate) the verifier encodes them
             visual = self.vision.encode.remote(request.pixel_values, request.image_grid_thw)
         chunks = self.verifier.options(stream=True).generate.remote(request, visual)
         meter = GenerationMeter(self.metrics, int(request.input_ids.numel()))

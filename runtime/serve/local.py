@@ -1,6 +1,7 @@
 """``LocalApp``: the application in one process, without Ray: the same four engines the deployments wrap, wired
 directly; the drafter still runs a real DrafterService on loopback gRPC, so the data plane is the deployed one
-(unless the config says ``drafter.colocate: true``; null means separate here, where there is no cluster to judge)::
+(unless the config says ``drafter.colocate: true``; null means separate here, where there is no cluster to judge;
+likewise ``deployments.vision_encoder.colocate: true`` has the verifier encode the images, with no VisionEngine)::
 
     with LocalApp.from_config(load_config("specula.yaml")) as app:
         app.generate({"prompt": "What colour is the circle?", "images": [b64_png], "max_tokens": 32})
@@ -25,7 +26,7 @@ from specula.runtime.serve.vision import VisionEngine
 
 
 class LocalApp:
-    def __init__(self, ingress: IngressEngine, vision: VisionEngine, verifier: VerifierEngine,
+    def __init__(self, ingress: IngressEngine, vision: VisionEngine | None, verifier: VerifierEngine,
                  drafter: DrafterServer | None = None) -> None:
         self.ingress, self.vision, self.verifier, self.drafter = ingress, vision, verifier, drafter
         self.openai_api = OpenAIApi(ingress)
@@ -36,8 +37,8 @@ class LocalApp:
         if config.drafter.gamma > 0 and not config.drafter.colocate:  # null: a DrafterService, as documented above
             drafter = DrafterServer.from_config(config)
             drafter.start()
-        return cls(IngressEngine.from_config(config), VisionEngine.from_config(config),
-                   VerifierEngine.from_config(config), drafter)
+        vision = None if config.deployments.vision_encoder.colocate else VisionEngine.from_config(config)
+        return cls(IngressEngine.from_config(config), vision, VerifierEngine.from_config(config), drafter)
 
     def stream(self, body: dict | bytes) -> Iterator[dict]:
         """The records of ``POST /generate`` with ``stream: true`` (RequestError / VerifierError on failure)."""
@@ -75,7 +76,7 @@ class LocalApp:
         """The Ingress deployment's ``run`` in one process: vision encode, then the verifier's chunks (closing the
         iterator early cancels the request)."""
         req = IngressEngine.upstream(request)
-        if req.pixel_values is not None:  # the VisionEncoder's step
+        if req.pixel_values is not None and self.vision is not None:  # the VisionEncoder's step
             req = replace(req, visual=self.vision.encode(req.pixel_values, req.image_grid_thw))
         address = self.drafter.address if self.drafter is not None else None
         yield from self.verifier.stream(req, drafter_address=address)

@@ -11,7 +11,9 @@ null gets a share of the cluster's CPUs, after the explicit reservations are tak
 
 rounded down (to Ray's 0.0001 CPU below one CPU, to whole CPUs above) and never above the largest node's CPUs, so
 the application always fits: 0.4 / 0.4 / 0.4 / 0.8 CPUs on a 2-CPU machine, 1 / 1 / 1 / 3 on an 8-CPU one (with a
-colocated drafter, ``drafter.colocate``, there is no DrafterEnsemble: 0.5 / 0.5 / 1.0 on 2 CPUs). Each replica's
+colocated drafter, ``drafter.colocate``, there is no DrafterEnsemble: 0.5 / 0.5 / 1.0 on 2 CPUs; with the vision
+encoder colocated too, ``deployments.vision_encoder.colocate``, the default on one CPU node, there is no
+VisionEncoder either: ingress 0.6666 / verifier 1.0 on 2 CPUs). Each replica's
 torch threads then follow its reservation (``DeploymentSettings.threads``), except a sized verifier's, which takes
 the node's CPUs less a separate drafter's threads (``verifier_threads``: 2 on a 2-CPU laptop with the drafter
 colocated, 1 with it separate). Explicit values are honoured as given (cluster.yaml reserves 1 CPU and 1 GPU per
@@ -97,9 +99,10 @@ class ClusterResources:
 
 def deployed(cfg: SpeculaConfig) -> list[str]:
     """The config keys of the deployments the application runs (no DrafterEnsemble with drafter.gamma 0 or a
-    drafter colocated with the verifier)."""
+    drafter colocated with the verifier; no VisionEncoder with vision_encoder.colocate)."""
     remote = cfg.drafter.gamma > 0 and cfg.drafter.colocate is not True
-    return [k for k in DEPLOYMENTS if k != "drafter_ensemble" or remote]
+    vision = cfg.deployments.vision_encoder.colocate is not True
+    return [k for k in DEPLOYMENTS if (k != "drafter_ensemble" or remote) and (k != "vision_encoder" or vision)]
 
 
 def colocates(cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
@@ -107,17 +110,30 @@ def colocates(cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
     one-node cluster (then a DrafterEnsemble process would only add hand-offs and compete for the same cores)."""
     if cfg.drafter.colocate is not None:
         return cfg.drafter.colocate
-    d = cfg.deployments
-    on_cpu = d.drafter_ensemble.device == "cpu" and d.target_verifier.device == "cpu"
-    return on_cpu and len(cluster.nodes) <= 1
+    return _one_cpu_node(cfg.deployments.drafter_ensemble.device, cfg, cluster)
+
+
+def vision_colocates(cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
+    """``deployments.vision_encoder.colocate``, or where it is null: whether the vision encoder and the verifier both
+    run on the CPU of a one-node cluster (then the verifier's own tower saves a hop per image request)."""
+    if cfg.deployments.vision_encoder.colocate is not None:
+        return cfg.deployments.vision_encoder.colocate
+    return _one_cpu_node(cfg.deployments.vision_encoder.device, cfg, cluster)
+
+
+def _one_cpu_node(device: str, cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
+    return device == "cpu" and cfg.deployments.target_verifier.device == "cpu" and len(cluster.nodes) <= 1
 
 
 def resolve_colocation(cfg: SpeculaConfig, cluster: ClusterResources | None = None) -> SpeculaConfig:
-    """``cfg`` with ``drafter.colocate`` decided (``colocates``), so every replica reads the same answer."""
-    if cfg.drafter.colocate is not None:
+    """``cfg`` with ``drafter.colocate`` and ``deployments.vision_encoder.colocate`` decided (``colocates``,
+    ``vision_colocates``), so every replica reads the same answer."""
+    if cfg.drafter.colocate is not None and cfg.deployments.vision_encoder.colocate is not None:
         return cfg
+    cluster = cluster if cluster is not None else _current_cluster()
     raw = cfg.model_dump(mode="json")
-    raw["drafter"]["colocate"] = colocates(cfg, cluster if cluster is not None else _current_cluster())
+    raw["drafter"]["colocate"] = colocates(cfg, cluster)
+    raw["deployments"]["vision_encoder"]["colocate"] = vision_colocates(cfg, cluster)
     return load_config(raw)
 
 

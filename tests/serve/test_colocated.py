@@ -66,3 +66,21 @@ def test_a_request_naming_an_alternative_drafts_with_it(app):
     got = a.generate({**world_body(1, max_tokens=16), "drafter": "short"})
     assert got["metrics"]["drafter"] == "short"
     assert got["tokens"] == a.generate(world_body(1, max_tokens=16))["tokens"]
+
+
+def test_images_encoded_in_the_verifier_answer_as_with_a_vision_encoder(model_dir, app):
+    """``deployments.vision_encoder.colocate``: no VisionEngine; the verifier's target encodes the pixels itself
+    (the default on one CPU node). Answers equal the app with a VisionEncoder's features, token for token."""
+    separate, _ = app
+    cfg = make_config(model_dir, drafter={"colocate": True, "adaptive": False},
+                      deployments={k: {"num_replicas": 1, "torch_threads": 1, "ray_actor_options": {"num_cpus": 0},
+                                       **({"colocate": True} if k == "vision_encoder" else {})}
+                                   for k in ("ingress", "vision_encoder", "drafter_ensemble", "target_verifier")})
+    assert cfg.deployments.vision_encoder.colocate is True
+    with LocalApp.from_config(cfg) as a:
+        assert a.vision is None
+        for sample in range(4):
+            body = world_body(sample, max_tokens=16)
+            got, want = a.generate(body), separate.generate(body)
+            assert got["tokens"] == want["tokens"]
+            assert got["metrics"]["accepted_tokens"] == want["metrics"]["accepted_tokens"]

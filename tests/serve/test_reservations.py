@@ -33,7 +33,8 @@ def test_the_default_reserves_nothing_until_sized():
     assert "num_cpus" not in cfg.deployments.ingress.serve_options()["ray_actor_options"]
 
 
-SEPARATE = {"drafter": {"colocate": False}}  # a DrafterEnsemble beside the verifier (the default on GPUs, clusters)
+# a DrafterEnsemble and a VisionEncoder beside the verifier (the default on GPUs, clusters)
+SEPARATE = {"drafter": {"colocate": False}, "deployments": {"vision_encoder": {"colocate": False}}}
 
 
 @pytest.mark.parametrize("cpus, want, verifier_threads", [
@@ -54,40 +55,46 @@ def test_default_reservations_share_the_cluster_and_always_fit(cpus, want, verif
     assert size_reservations(sized, _cluster(64)) is sized  # sized once: nothing null is left
 
 
-@pytest.mark.parametrize("cpus, want, threads", [(2, (0.5, 0.5, 1.0), 2), (1, (0.25, 0.25, 0.5), 1),
-                                                  (8, (2.0, 2.0, 4.0), 8)])
-def test_the_default_on_one_cpu_node_drafts_in_the_verifier_which_takes_every_core(cpus, want, threads):
+@pytest.mark.parametrize("cpus, want, threads", [(2, (0.6666, 1.0), 2), (1, (0.3333, 0.6666), 1),
+                                                  (8, (2.0, 5.0), 8)])
+def test_the_default_on_one_cpu_node_drafts_and_encodes_in_the_verifier_which_takes_every_core(cpus, want, threads):
     sized = size_reservations(load_config({}), _cluster(cpus))
-    assert sized.drafter.colocate is True
-    assert _cpus(sized) == {"ingress": want[0], "vision_encoder": want[1], "drafter_ensemble": None,
-                            "target_verifier": want[2]}
+    assert sized.drafter.colocate is True and sized.deployments.vision_encoder.colocate is True
+    assert _cpus(sized) == {"ingress": want[0], "vision_encoder": None, "drafter_ensemble": None,
+                            "target_verifier": want[1]}
     assert sized.deployments.target_verifier.threads() == threads
     assert placement_problems(sized, _cluster(cpus)) == []
 
 
-def test_gpus_or_several_nodes_keep_the_drafter_apart():
+def test_gpus_or_several_nodes_keep_the_drafter_and_the_vision_encoder_apart():
     gpu = {"device": "cuda", "ray_actor_options": {"num_gpus": 1}}
     on_gpus = load_config({"deployments": {"drafter_ensemble": gpu, "target_verifier": gpu}})
     assert size_reservations(on_gpus, _cluster(8, gpus=2)).drafter.colocate is False
     assert size_reservations(load_config({}), _cluster(16, nodes=8)).drafter.colocate is False
     assert size_reservations(load_config({"drafter": {"colocate": True}}), _cluster(16, nodes=8)).drafter.colocate
+    vision = {"device": "cuda", "ray_actor_options": {"num_gpus": 1}}
+    on_gpus = load_config({"deployments": {"vision_encoder": vision, "target_verifier": gpu}})
+    assert size_reservations(on_gpus, _cluster(8, gpus=2)).deployments.vision_encoder.colocate is False
+    assert size_reservations(load_config({}), _cluster(16, nodes=8)).deployments.vision_encoder.colocate is False
 
 
 def test_explicit_reservations_are_honoured_and_the_rest_share_what_is_left():
     cfg = load_config({**SEPARATE,
                        "deployments": {"target_verifier": {"ray_actor_options": {"num_cpus": 1}, "torch_threads": 2},
-                                       "ingress": {"ray_actor_options": {"num_cpus": 0}}}})
+                                       "ingress": {"ray_actor_options": {"num_cpus": 0}},
+                                       **SEPARATE["deployments"]}})
     sized = size_reservations(cfg, _cluster(2))
     assert _cpus(sized) == {"ingress": 0.0, "vision_encoder": 0.5, "drafter_ensemble": 0.5, "target_verifier": 1.0}
     assert sized.deployments.target_verifier.threads() == 2 and sized.deployments.ingress.threads() == 1
     # explicit reservations beyond the cluster leave nothing to share; the check then says what does not fit
     over = size_reservations(load_config({**SEPARATE, "deployments": {
-        "target_verifier": {"ray_actor_options": {"num_cpus": 4}}}}), _cluster(2))
+        "target_verifier": {"ray_actor_options": {"num_cpus": 4}}, **SEPARATE["deployments"]}}), _cluster(2))
     assert _cpus(over) == {"ingress": 0.0, "vision_encoder": 0.0, "drafter_ensemble": 0.0, "target_verifier": 4.0}
 
 
 def test_sizing_counts_autoscaled_replicas_at_their_most_and_skips_an_absent_drafter():
     cfg = load_config({"drafter": {"gamma": 0}, "deployments": {
+        "vision_encoder": {"colocate": False},
         "target_verifier": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 3}}}})
     sized = size_reservations(cfg, _cluster(4))
     got = _cpus(sized)
@@ -114,6 +121,8 @@ def test_the_builder_ships_the_sized_reservations_to_serve_and_to_the_replicas()
     ingress = build_app({}, cluster=_cluster(2))._bound_deployment
     shipped = ingress.init_args[0]
     assert shipped["drafter"]["colocate"] is True and shipped["deployments"]["target_verifier"]["torch_threads"] == 2
+    assert shipped["deployments"]["vision_encoder"]["colocate"] is True
+    assert ingress.init_args[1] is None  # no VisionEncoder: the verifier encodes the images
     verifier = ingress.init_args[2]._bound_deployment  # the TargetVerifier: bound with no DrafterEnsemble
     assert verifier.init_args[1] is None
 
