@@ -88,7 +88,9 @@ def _add_spec(bsub) -> None:
     sp.add_argument("--drafter", action="append", default=[], metavar="KIND|DIR|JSON",
                     help='drafter kind, trained drafter directory (its specula.json record checked against --model) '
                          'or JSON config, repeatable (default: ngram), e.g. --drafter runs/eagle-llava or --drafter '
-                         '\'{"kind": "ngram", "max_n": 3}\'')
+                         '\'{"kind": "ngram", "max_n": 3}\'; engine settings in the JSON: "adaptive": true (draft '
+                         'length chosen per step), "begin_after": N (the drafter begins once an answer has N tokens), '
+                         '"label"')
     sp.add_argument("--gamma", action="append", type=int, default=[], help="draft length, repeatable (default: 5)")
     sp.add_argument("--suite", action="append", default=[],
                     help="evaluation suite, repeatable (default: all of them, or none with --prompts)")
