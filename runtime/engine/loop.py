@@ -209,10 +209,10 @@ class SpecEngine:
         if prop.q is not None:
             q = prop.q.new_zeros((b, n, prop.q.shape[-1]))  # [B, N, V]
             q[:, :, 0] = 1.0
-            q.index_copy_(0, idx, prop.q)
+            q.index_copy_(0, idx.to(q.device), prop.q)
         if prop.parents is not None:  # a valid chain for the rows not drafted
             parents = (torch.arange(n, device=prop.parents.device) - 1).repeat(b, 1)  # [B, N]
-            parents.index_copy_(0, idx, prop.parents)
+            parents.index_copy_(0, idx.to(parents.device), prop.parents)
         counts = tuple(prop.counts[pos[rid]] if rid in pos else 0 for rid in ids)
         return Proposal(tuple(ids), tokens, counts, parents, q)
 

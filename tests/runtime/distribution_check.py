@@ -68,15 +68,16 @@ def exact_law(model, base: GenerationRequest, params: SamplingParams, k: int) ->
 def sample_first_tokens(model, drafter, base: GenerationRequest, params: SamplingParams, n: int, k: int,
                         seed0: int = 0, gamma: int = 3, chunk: int = 256, siblings: str = "without_replacement",
                         max_tokens: int | None = None, target=None, choices: tuple | None = None,
-                        policy=None) -> Run:
+                        policy=None, begin_after: int = 0) -> Run:
     """n copies of ``base`` (seeds seed0 .. seed0 + n - 1), ``chunk`` per ``generate`` call, through ``drafter``
     (None: plain sampling). ``max_tokens`` (default k) caps drafting: the first block holds at most
     max_tokens - 2 drafts, so it must exceed k for a draft deeper than k - 1 to be decided in the first k tokens.
     ``target``: the loaded target the drafter was built on (default: a fresh one from ``model``). ``choices``: request
     i chooses drafter ``choices[i % len(choices)]`` by name (a multi-drafter; None: the default). ``policy``: the
-    engine's draft-length policy (``SpecEngine.policy``, runtime/engine/adaptive.py's interface)."""
+    engine's draft-length policy (``SpecEngine.policy``, runtime/engine/adaptive.py's interface). ``begin_after``:
+    the drafter begins once a request has that many tokens (SpecEngine's)."""
     engine = SpecEngine(target or load_target(model), drafter, gamma=gamma, eos_token_ids=[-1], siblings=siblings,
-                        adaptive=policy is not None)
+                        adaptive=policy is not None, begin_after=begin_after)
     if policy is not None:
         engine.policy = policy
     p = dataclasses.replace(params, max_tokens=max_tokens or k)

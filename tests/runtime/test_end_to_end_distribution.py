@@ -56,12 +56,13 @@ def kit():
     return {"processor": processor, "model": model, "base": base, "law": exact_law(model, base, PARAMS, K)}
 
 
-def random_drafter(kit, structure: str = "chain", power: float = 4.0):
+def random_drafter(kit, structure: str = "chain", power: float = 4.0, position: int = 1):
     """The ``random`` drafter with a fixed peaked q over the tokens the target allows at the second position
-    (q ~ mean_x1 p(x_2 | x_1)^power, so 0 < p < q happens, which is where the faults act), trees 2 x 2."""
+    (q ~ mean_x1 p(x_2 | x_1)^power, so 0 < p < q happens, which is where the faults act), trees 2 x 2;
+    ``position`` 2: the third position's (for a drafter whose first draft decides token 3)."""
     vocab = kit["model"].config.text_config.vocab_size
     d = create({"kind": "random", "vocab_size": vocab, "structure": structure, "branching": 2, "depth": 2})
-    q = torch.stack(list(kit["law"].steps[1].values())).mean(0) ** power  # [V]
+    q = torch.stack(list(kit["law"].steps[position].values())).mean(0) ** power  # [V]
     d.q = q / q.sum()  # the law it draws from and reports: still its true q
     return d
 
@@ -131,6 +132,12 @@ def test_random_chain_with_a_draft_length_chosen_from_past_outcomes(kit):
     policy = AfterRejections()
     assert_lossless(kit, random_drafter(kit), N, gamma=2, max_tokens=4, policy=policy, chunk=64)
     assert policy.seen == {0, 1, 2}
+
+
+def test_random_chain_begun_after_the_second_token(kit):
+    """The drafter begins lazily (begin_after 2): tokens 1 and 2 are plain, the drafter then replays that step and
+    its first draft decides token 3 (max_tokens 4: one draft)."""
+    assert_lossless(kit, random_drafter(kit, position=2), N, gamma=2, max_tokens=4, begin_after=2)
 
 
 def test_random_tree(kit):

@@ -138,3 +138,46 @@ def test_the_replay_leaves_the_drafter_where_an_eager_begin_would(kit, plain_gre
         runs.append(drafter.proposals)
     eager, lazy = runs
     assert lazy and lazy == eager  # the same drafts at every step after the plain ones
+
+
+class Subset:
+    """A drafter stub whose proposal is fixed per row: tokens 10 + row, q one-hot on them, a tree's parents."""
+
+    def __init__(self, vocab: int, tree: bool) -> None:
+        from specula.drafters.protocol import DrafterSpec
+
+        self.spec, self.vocab, self.tree = DrafterSpec("stub", "tree" if tree else "chain"), vocab, tree
+
+    def propose(self, ids, gamma):
+        import torch
+
+        from specula.drafters.protocol import Proposal
+
+        b = len(ids)
+        tokens = torch.tensor([[10 + int(r[1:]) * 2 + j for j in range(gamma)] for r in ids])  # [B, gamma]
+        q = torch.nn.functional.one_hot(tokens, self.vocab).float()  # [B, gamma, V]
+        parents = torch.tensor([[-1, -1, 0][:gamma]] * b) if self.tree else None
+        return Proposal(tuple(ids), tokens, tuple(gamma - i % 2 for i in range(b)), parents, q)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_proposal_for_the_begun_rows_widens_to_the_whole_step(tree):
+    """Rows not begun get count 0 and padding; every begun row keeps its own tokens, q, parents and count."""
+    import torch
+
+    eng = SpecEngine.__new__(SpecEngine)
+    eng.drafter = Subset(64, tree)
+    ids = ["r0", "r1", "r2", "r3", "r4"]
+    drafting = ["r1", "r3", "r4"]
+    prop = eng._propose(ids, drafting, 3)
+    alone = eng.drafter.propose(drafting, 3)
+    assert prop.request_ids == tuple(ids) and prop.counts == (0, alone.counts[0], 0, *alone.counts[1:])
+    for i, rid in enumerate(drafting):
+        j = ids.index(rid)
+        assert torch.equal(prop.tokens[j], alone.tokens[i]) and torch.equal(prop.q[j], alone.q[i])
+        if tree:
+            assert torch.equal(prop.parents[j], alone.parents[i])
+    for j in (0, 2):  # padding: a valid chain, q a distribution
+        assert torch.allclose(prop.q[j].sum(-1), torch.ones(3))
+        if tree:
+            assert prop.parents[j].tolist() == [-1, 0, 1]
