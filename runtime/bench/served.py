@@ -40,10 +40,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from specula.runtime.bench.constants import BENCH_OFFSET, EVAL_SUITES
 from specula.runtime.engine.metrics import TIME_KEYS
 
-SUITES = ("caption", "vqa", "reasoning", "chart", "ocr", "multi_image", "video", "text")
-BENCH_OFFSET = 30_000  # the evaluation-split indices every bench uses (runtime/bench/spec.py)
+SUITES = EVAL_SUITES
 READY = "specula: serving"
 
 

@@ -33,15 +33,14 @@ from specula.runtime.engine.metrics import aggregate
 from specula.runtime.engine.prompts import eos_ids
 from specula.runtime.bench.plots import bar_chart, line_chart
 from specula.runtime.core.sampling import SamplingParams
-
-BENCH_OFFSET = 30_000  # evaluation-split indices used by benchmarks
+from specula.runtime.bench.constants import BENCH_OFFSET, EVAL_SUITES  # shared by every bench
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     model: str = "target"
     drafters: tuple[dict, ...] = ({"kind": "ngram"},)
-    suites: tuple[str, ...] = ("caption", "vqa", "reasoning", "chart", "ocr", "multi_image", "video", "text")
+    suites: tuple[str, ...] = EVAL_SUITES
     n_per_suite: int = 6
     gammas: tuple[int, ...] = (5,)
     max_tokens: int = 64

@@ -45,8 +45,8 @@ from specula.runtime.bench.report.drafters import discover
 from specula.runtime.bench.report.machine import machine_facts, machine_slug
 from specula.runtime.bench.report.reliability import DEFAULT_TESTS as RELIABILITY_TESTS
 from specula.runtime.bench.report.render import render_markdown, write_plots
+from specula.runtime.bench.constants import EVAL_SUITES as ALL_SUITES
 
-ALL_SUITES = ("caption", "vqa", "reasoning", "chart", "ocr", "multi_image", "video", "text")
 SECTIONS = {  # in run order: main first (later sections reuse its prompts, outputs and best drafter)
     "main": sections.main_table, "temperature": sections.temperature, "gamma": sections.gamma_sweep,
     "multi_image": sections.multi_image, "concurrency": sections.concurrency, "hf": sections.hf_comparison,
