@@ -18,7 +18,8 @@ A minimal file (everything else has a default)::
 CPU reservations: a deployment's ``ray_actor_options.num_cpus`` left null is sized from the CPUs Ray sees when the
 application is built (``specula.runtime.serve.placement.size_reservations``): the cluster's CPUs are shared out,
 ingress : vision_encoder : drafter_ensemble : target_verifier = 1 : 1 : 1 : 2 per replica, after any explicit
-reservations, so the whole application always fits (0.4 / 0.4 / 0.4 / 0.8 CPUs on a 2-CPU machine). An explicit
+reservations, counting only the deployments that run, so the whole application always fits (0.4 / 0.4 / 0.4 / 0.8
+CPUs on a 2-CPU machine with all four; ingress 0.6666 / verifier 1.0 with the default one-machine colocation). An explicit
 value is honoured as given. ``torch_threads`` left null follows the replica's reservation (its whole CPUs, at least
 one), so replicas sharing a small machine do not oversubscribe it.
 

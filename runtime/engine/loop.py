@@ -157,8 +157,9 @@ class SpecEngine:
             if self.begin_after:  # begun later (_begin_due), by then the row's answer is known to run on
                 for c in contexts:
                     self._unbegun[c.request_id] = (_own(c), [])
+                share = (time.perf_counter() - t3) / len(requests)
                 for r in requests:
-                    self.rows[r.request_id].metrics.time["draft"] += (time.perf_counter() - t3) / len(requests)
+                    self.rows[r.request_id].metrics.time["draft"] += share
             else:
                 self._begin(contexts, t3)
         for r, tok in zip(requests, first):

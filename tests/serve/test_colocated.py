@@ -68,19 +68,25 @@ def test_a_request_naming_an_alternative_drafts_with_it(app):
     assert got["tokens"] == a.generate(world_body(1, max_tokens=16))["tokens"]
 
 
-def test_images_encoded_in_the_verifier_answer_as_with_a_vision_encoder(model_dir, app):
+@pytest.mark.parametrize("drafter_colocate", [True, False])
+def test_images_encoded_in_the_verifier_answer_as_with_a_vision_encoder(model_dir, app, drafter_colocate):
     """``deployments.vision_encoder.colocate``: no VisionEngine; the verifier's target encodes the pixels itself
-    (the default on one CPU node). Answers equal the app with a VisionEncoder's features, token for token."""
+    (the default on one CPU node), with the drafter in the verifier or behind the data plane. Answers equal the app
+    with a VisionEncoder's features, token for token."""
     separate, _ = app
-    cfg = make_config(model_dir, drafter={"colocate": True, "adaptive": False},
+    cfg = make_config(model_dir, drafter={"colocate": drafter_colocate, "adaptive": False, "begin_after": 2},
                       deployments={k: {"num_replicas": 1, "torch_threads": 1, "ray_actor_options": {"num_cpus": 0},
                                        **({"colocate": True} if k == "vision_encoder" else {})}
                                    for k in ("ingress", "vision_encoder", "drafter_ensemble", "target_verifier")})
     assert cfg.deployments.vision_encoder.colocate is True
     with LocalApp.from_config(cfg) as a:
         assert a.vision is None
+        drafted = 0
         for sample in range(4):
             body = world_body(sample, max_tokens=16)
             got, want = a.generate(body), separate.generate(body)
-            assert got["tokens"] == want["tokens"]
-            assert got["metrics"]["accepted_tokens"] == want["metrics"]["accepted_tokens"]
+            assert got["tokens"] == want["tokens"] and got["drafter"] == "ok"
+            drafted += got["metrics"]["draft_tokens"]
+            if drafter_colocate:  # the same engine, drafting the same blocks
+                assert got["metrics"]["accepted_tokens"] == want["metrics"]["accepted_tokens"]
+        assert drafted > 0 and (a.drafter is None) == drafter_colocate
