@@ -6,21 +6,26 @@ unfamiliar image few) and the cost of verifying grows with the batch (eight rows
 bigger forward than eight single tokens). ``GoodputPolicy`` chooses, before every step, the block length ``k`` in
 0 .. gamma that maximises
 
-    goodput(k) = sum_r E_r(k) / (T_verify(B * (k + 1)) + T_draft(k))       E_r(k) = (1 - a_r^(k+1)) / (1 - a_r)
+    goodput(k) = sum_r E_r(k) / (T_verify(B, B * (k + 1)) + T_draft(k, B k))    E_r(k) = (1 - a_r^(k+1)) / (1 - a_r)
 
 where E_r(k) is row r's expected emitted tokens from a block of k drafts (bonus included) with per-position
-acceptance a_r, T_verify(n) the target's forward over n tokens and T_draft(k) the drafter's time for a block of k
-(0 when nothing is drafted). ``k = 0`` is a plain step: the drafter is not asked, the rows still go on (the drafter
-observes the verdict as always). So speculation backs off by itself as the batch grows, or for a request whose
-drafts keep being rejected, and comes back when the batch shrinks or acceptance returns.
+acceptance a_r, T_verify(B, n) the target's forward over B rows of n tokens in all and T_draft(k, B k) the
+drafter's time for a block of k for B rows (0 when nothing is drafted). Both costs are fitted with a term per row
+and a term per token: on a CPU a row's attention over its long (image) context costs about as much as several of
+its new tokens, so eight rows of five tokens cost far less than five times eight rows of one, and a model linear
+in tokens alone backs off at eight rows while drafting still pays. ``k = 0`` is a plain step: the drafter is not
+asked, the rows still go on (the drafter observes the verdict as always). So speculation backs off by itself as
+the batch grows, or for a request whose drafts keep being rejected, and comes back when the batch shrinks or
+acceptance returns.
 
 Lossless by construction: the policy only changes how many tokens are drafted, never how they are verified.
 
 Learning: a_r is a decayed count of accepted drafts over accepted drafts plus rejections (the maximum-likelihood
 acceptance of a geometric model), starting from ``prior`` and drifting back to it while the row is not drafted (so a
-row that backed off is tried again); T_verify and T_draft are least-squares lines over the steps seen (decayed), with
-``warmup`` steps of lengths gamma, 0, gamma, gamma / 2 before the policy decides anything. Tree drafters choose between 0 and gamma only
-(their budget is nodes, not a chain's length).
+row that backed off is tried again); T_verify and T_draft are least-squares fits over the steps seen (decayed,
+weights past the intercept kept >= 0), with ``warmup`` steps of lengths gamma, 0, gamma, gamma / 2 before the
+policy decides anything. Tree drafters choose between 0 and gamma only (their budget is nodes, not a chain's
+length).
 
     policy = GoodputPolicy(gamma=5)
     k = policy.choose(["r1", "r2"])                 # before the step
@@ -34,30 +39,84 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class _Line:
-    """y ~ a + b x by decayed least squares."""
+class _Fit:
+    """y ~ w . x by decayed least squares; x[0] is 1 (the intercept), every other weight is kept >= 0 (a forward
+    never gets cheaper with more rows or tokens): among the models on a subset of the features (intercept always
+    in) whose weights are all >= 0, the one with the least residual, the smaller model on a tie (so a feature that
+    never varied, e.g. one batch size only, adds nothing)."""
 
+    size: int
     decay: float = 0.98
     n: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
+    s: list = field(default_factory=list)  # [size, size] decayed sum of x x^T
+    r: list = field(default_factory=list)  # [size] decayed sum of x y
+    yy: float = 0.0
+    _w: tuple | None = None
 
-    def add(self, x: float, y: float) -> None:
+    def __post_init__(self) -> None:
+        self.s = [[0.0] * self.size for _ in range(self.size)]
+        self.r = [0.0] * self.size
+
+    def add(self, x: Sequence[float], y: float) -> None:
         d = self.decay
-        self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + x, d * self.sy + y
-        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+        self.n, self.yy = d * self.n + 1, d * self.yy + y * y
+        for i in range(self.size):
+            self.r[i] = d * self.r[i] + x[i] * y
+            for j in range(self.size):
+                self.s[i][j] = d * self.s[i][j] + x[i] * x[j]
+        self._w = None
 
-    def __call__(self, x: float) -> float | None:
+    def weights(self) -> tuple[float, ...] | None:
         if self.n < 1:
             return None
-        var = self.n * self.sxx - self.sx * self.sx
-        if var <= 1e-9 * max(self.n * self.sxx, 1.0):  # one x seen so far: a flat line through the mean
-            return self.sy / self.n
-        b = max(0.0, (self.n * self.sxy - self.sx * self.sy) / var)  # a forward never gets cheaper with more tokens
-        a = (self.sy - b * self.sx) / self.n
-        return max(0.0, a + b * x)
+        if self._w is None:
+            best, best_res = None, float("inf")
+            for keep in _subsets(self.size):  # smallest first
+                w = _solve([[self.s[i][j] for j in keep] for i in keep], [self.r[i] for i in keep])
+                if w is None or any(v < 0 for v in w[1:]):
+                    continue
+                res = self.yy - 2 * sum(wi * self.r[i] for wi, i in zip(w, keep)) + sum(
+                    wi * wj * self.s[i][j] for wi, i in zip(w, keep) for wj, j in zip(w, keep))
+                if res < best_res - 1e-9 * max(abs(self.yy), 1e-12):
+                    full = [0.0] * self.size
+                    for wi, i in zip(w, keep):
+                        full[i] = wi
+                    best, best_res = tuple(full), res
+            self._w = best if best is not None else (self.r[0] / self.s[0][0],) + (0.0,) * (self.size - 1)
+        return self._w
+
+    def __call__(self, *x: float) -> float | None:
+        w = self.weights()
+        if w is None:
+            return None
+        return max(0.0, w[0] + sum(wi * xi for wi, xi in zip(w[1:], x)))
+
+
+def _subsets(size: int) -> list[tuple[int, ...]]:
+    """Index sets that hold 0 (the intercept), by size: (0,), (0, 1), (0, 2), ..., (0, 1, ..., size - 1)."""
+    from itertools import combinations
+
+    return [(0, *c) for k in range(size) for c in combinations(range(1, size), k)]
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """a x = b by Gaussian elimination with partial pivoting; None when a is (nearly) singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    scale = max(max(abs(v) for v in row[:n]) for row in m) or 1.0
+    for c in range(n):
+        p = max(range(c, n), key=lambda i: abs(m[i][c]))
+        if abs(m[p][c]) <= 1e-10 * scale:
+            return None
+        m[c], m[p] = m[p], m[c]
+        for i in range(c + 1, n):
+            f = m[i][c] / m[c][c]
+            for j in range(c, n + 1):
+                m[i][j] -= f * m[c][j]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (m[i][n] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
+    return x
 
 
 @dataclass
@@ -80,8 +139,8 @@ class GoodputPolicy:
     prior_weight: float = 2.0  # in blocks
     decay: float = 0.9  # per block, for a row's acceptance
     warmup: int = 4  # steps of set lengths before choosing (the cost lines need points at several lengths)
-    verify: _Line = field(default_factory=_Line)  # seconds ~ tokens in the verify forward
-    draft: _Line = field(default_factory=_Line)  # seconds ~ k, steps that drafted
+    verify: _Fit = field(default_factory=lambda: _Fit(3))  # seconds ~ 1, rows, tokens of the verify forward
+    draft: _Fit = field(default_factory=lambda: _Fit(3))  # seconds ~ 1, k, k * rows drafted (steps that drafted)
     rows: dict[str, _Acceptance] = field(default_factory=dict)
     steps: int = 0
 
@@ -98,17 +157,20 @@ class GoodputPolicy:
         a = self.acceptance(rid)
         return (1 - a ** (k + 1)) / (1 - a)
 
-    def goodput(self, request_ids: Sequence[str], k: int) -> float | None:
-        """Expected tokens per second of a step of k drafts per row; None while a cost is unknown."""
+    def goodput(self, request_ids: Sequence[str], k: int, rows: int | None = None) -> float | None:
+        """Expected tokens per second of a step of k drafts per row of ``request_ids``, in a forward of ``rows``
+        rows (default: just them; the others emit one token each); None while a cost is unknown."""
         b = len(request_ids)
-        t = self.verify(b * (k + 1))
-        d = self.draft(k) if k > 0 else 0.0
+        rows = max(rows or b, b)
+        t = self.verify(rows, rows * (k + 1))  # the block is [rows, k + 1], whatever each row drafted
+        d = self.draft(k, k * b) if k > 0 else 0.0
         if t is None or d is None:
             return None
-        return sum(self.expected_tokens(r, k) for r in request_ids) / max(t + d, 1e-6)
+        return (sum(self.expected_tokens(r, k) for r in request_ids) + rows - b) / max(t + d, 1e-6)
 
-    def choose(self, request_ids: Sequence[str]) -> int:
-        """The next step's draft length for these rows (0 = a plain step)."""
+    def choose(self, request_ids: Sequence[str], rows: int | None = None) -> int:
+        """The next step's draft length for these rows (0 = a plain step); ``rows``: rows in the step's forward
+        when more than these (rows whose drafter has not begun)."""
         if self.gamma == 0 or not request_ids:
             return 0
         if self.steps < self.warmup or self.draft.n < 1:  # a few lengths, so both cost lines get a slope
@@ -116,7 +178,7 @@ class GoodputPolicy:
             return (self.gamma, 0, self.gamma, half)[self.steps % 4]
         best, best_k = -1.0, self.gamma
         for k in ((0, self.gamma) if self.tree else range(self.gamma + 1)):
-            g = self.goodput(request_ids, k)
+            g = self.goodput(request_ids, k, rows)
             if g is None:
                 return self.gamma
             if g > best * 1.0001:  # ties go to the shorter block
@@ -124,14 +186,18 @@ class GoodputPolicy:
         return best_k
 
     def record_step(self, request_ids: Sequence[str], k: int, draft_s: float, verify_s: float,
-                    drafted: Sequence[int], accepted: Sequence[int]) -> None:
+                    drafted: Sequence[int], accepted: Sequence[int], width: int | None = None,
+                    drafting: int | None = None) -> None:
         """What a step cost and what each row accepted: ``drafted[r]`` drafts verified (chain length or tree
-        depth), ``accepted[r]`` of them kept."""
+        depth), ``accepted[r]`` of them kept; ``width`` the verified block's draft width (every row's forward is
+        ``width + 1`` tokens; default the longest ``drafted``), ``drafting`` how many rows the drafter drafted
+        for (default all)."""
         self.steps += 1
-        tokens = sum(n + 1 for n in drafted) if k > 0 else len(request_ids)
-        self.verify.add(tokens, verify_s)
+        rows = len(request_ids)
+        width = max(drafted, default=0) if width is None else width
+        self.verify.add((1.0, rows, rows * (width + 1)), verify_s)
         if k > 0:
-            self.draft.add(k, draft_s)
+            self.draft.add((1.0, k, k * (rows if drafting is None else drafting)), draft_s)
         for rid, n, a in zip(request_ids, drafted, accepted):
             row = self.rows.setdefault(rid, _Acceptance(self.prior * self.prior_weight,
                                                         (1 - self.prior) * self.prior_weight))

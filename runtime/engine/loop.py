@@ -331,7 +331,7 @@ class SpecEngine:
             drafting = [rid for rid in ids if rid not in self._unbegun]
             gamma = gamma if drafting else 0
         if gamma > 0 and self.policy is not None:
-            gamma = self.policy.choose(drafting)  # 0: a plain step, the drafter only observes its verdicts
+            gamma = self.policy.choose(drafting, len(ids))  # 0: a plain step, the drafter only observes
         t0 = time.perf_counter()
         prop = self._propose(ids, drafting, gamma) if gamma > 0 else None
         t1 = time.perf_counter()
@@ -350,8 +350,11 @@ class SpecEngine:
                 self.drafter.observe(records)
         t5 = time.perf_counter()
         if self.policy is not None:
-            self.policy.record_step(ids, gamma, t1 - t0, t2 - t1, [v[5] for v in verdicts],
-                                    [len(v[1]) for v in verdicts])
+            # the step's whole cost past the proposal (forward, sampling, commit, the drafter observing) is the
+            # verify side: it is what a plain step costs too, so the choice weighs whole steps
+            self.policy.record_step(ids, gamma, t1 - t0, t5 - t1, [v[5] for v in verdicts],
+                                    [len(v[1]) for v in verdicts], width=max(v[4] for v in verdicts),
+                                    drafting=len(drafting) if gamma > 0 else 0)
         share = 1.0 / len(ids)
         for row, (rid, path, toks, nxt, n_draft, depth) in zip(rows, verdicts):
             m = row.metrics

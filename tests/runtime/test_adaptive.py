@@ -17,10 +17,14 @@ from specula.targets import load_target
 T_FIXED, T_TOKEN, T_DRAFT0, T_DRAFT1 = 0.010, 0.0008, 0.001, 0.0008  # a small model on a CPU: seconds
 
 
-def _train(policy: GoodputPolicy, ids: list[str], accept: dict[str, float], steps: int, token_cost=T_TOKEN):
-    """Runs ``steps`` steps of a simulated engine: costs from the lines above, rows accepting each draft with
-    probability ``accept[rid]`` (seeded); returns the lengths chosen."""
+def _train(policy: GoodputPolicy, ids: list[str], accept: dict[str, float], steps: int, token_cost=T_TOKEN,
+           verify_cost=None, draft_cost=None):
+    """Runs ``steps`` steps of a simulated engine: costs from the lines above (or ``verify_cost(rows, tokens)`` /
+    ``draft_cost(k, rows)``), rows accepting each draft with probability ``accept[rid]`` (seeded); returns the
+    lengths chosen."""
     rng = random.Random(0)
+    verify_cost = verify_cost or (lambda rows, n: T_FIXED + token_cost * n)
+    draft_cost = draft_cost or (lambda k, rows: T_DRAFT0 + T_DRAFT1 * k)
     chosen = []
     for _ in range(steps):
         k = policy.choose(ids)
@@ -32,7 +36,7 @@ def _train(policy: GoodputPolicy, ids: list[str], accept: dict[str, float], step
                 a += 1
             accepted.append(a)
         n = len(ids) * (k + 1)
-        policy.record_step(ids, k, T_DRAFT0 + T_DRAFT1 * k if k else 0.0, T_FIXED + token_cost * n, drafted, accepted)
+        policy.record_step(ids, k, draft_cost(k, len(ids)) if k else 0.0, verify_cost(len(ids), n), drafted, accepted)
     return chosen
 
 
@@ -60,6 +64,48 @@ def test_speculation_backs_off_as_the_batch_grows_and_returns_when_it_shrinks():
     assert _train(steep, eight, accept, 30, token_cost=0.004)[-5:] == [0] * 5
 
 
+def test_the_costs_are_fitted_per_row_and_per_token_so_eight_rows_still_draft_when_it_pays():
+    """A CPU target: a row's attention over its long context costs like many new tokens (2.5 ms a row, 0.1 ms a
+    token), the drafter 0.2 ms per row and draft. With requests coming and going (one row, then eight, and back),
+    a cost linear in tokens alone mixes the two batch sizes into a steep slope and backs off at eight rows; fitted
+    per row and per token it keeps drafting where the true goodput says so (k = 4 at eight rows, acceptance 0.7)."""
+    verify = lambda rows, n: 0.004 + 0.0025 * rows + 0.0001 * n  # noqa: E731
+    draft = lambda k, rows: 0.001 + 0.0002 * k * rows  # noqa: E731
+    one, eight = ["a"], [f"b{i}" for i in range(8)]
+    accept = {r: 0.7 for r in one + eight}
+
+    def best(rows: int) -> int:
+        e = [(1 - 0.7 ** (k + 1)) / 0.3 for k in range(6)]
+        return max(range(6), key=lambda k: e[k] / (verify(rows, rows * (k + 1)) + (draft(k, rows) if k else 0)))
+
+    policy = GoodputPolicy(gamma=5)
+    loaded = []
+    for _ in range(4):
+        _train(policy, one, accept, 8, verify_cost=verify, draft_cost=draft)
+        loaded += _train(policy, eight, accept, 8, verify_cost=verify, draft_cost=draft)[-4:]
+        policy.release(eight)
+    assert best(8) == 4
+    assert sorted(loaded)[len(loaded) // 2] >= best(8) - 1  # median choice at eight rows
+    fit = policy.verify.weights()
+    assert fit[1] == pytest.approx(0.0025, rel=0.05) and fit[2] == pytest.approx(0.0001, rel=0.05)
+
+
+def test_a_cost_fit_keeps_its_slopes_non_negative_and_ignores_a_feature_that_never_varied():
+    from specula.runtime.engine.adaptive import _Fit
+
+    fit = _Fit(3)
+    for k in range(6):  # one batch size only: rows cannot be told from the intercept
+        fit.add((1.0, 4, 4 * (k + 1)), 0.010 + 0.001 * 4 * (k + 1))
+    w = fit.weights()
+    assert w[1] == 0.0 and w[0] == pytest.approx(0.010) and w[2] == pytest.approx(0.001)
+    assert fit(4, 12) == pytest.approx(0.022)
+    falling = _Fit(2)  # noise that makes more tokens look cheaper: the slope is clipped at 0, the mean predicted
+    for n, y in ((1, 0.012), (5, 0.011), (9, 0.010)):
+        falling.add((1.0, n), y)
+    assert falling.weights()[1] == 0.0 and falling(100) == pytest.approx(0.011, rel=0.01)
+    assert _Fit(2)(3) is None  # nothing seen yet
+
+
 def test_a_tree_drafter_chooses_between_nothing_and_its_whole_budget():
     policy = GoodputPolicy(gamma=6, tree=True)
     assert set(_train(policy, ["r"], {"r": 0.3}, 40)) <= {0, 6}
@@ -71,7 +117,7 @@ class RandomLengths:
     def __init__(self, gamma: int, seed: int) -> None:
         self.gamma, self.rng, self.seen = gamma, random.Random(seed), set()
 
-    def choose(self, ids):
+    def choose(self, ids, rows=None):
         k = self.rng.randint(0, self.gamma)
         self.seen.add(k)
         return k

@@ -114,12 +114,12 @@ class AfterRejections:
     def __init__(self) -> None:
         self.steps, self.rejected_most, self.seen = 0, False, set()
 
-    def choose(self, ids) -> int:
+    def choose(self, ids, rows=None) -> int:
         k = 0 if self.steps % 3 == 2 else (2 if self.rejected_most else 1)
         self.seen.add(k)
         return k
 
-    def record_step(self, ids, k, draft_s, verify_s, drafted, accepted) -> None:
+    def record_step(self, ids, k, draft_s, verify_s, drafted, accepted, **_) -> None:
         self.steps += 1
         if k > 0:
             self.rejected_most = sum(a < n for n, a in zip(drafted, accepted)) > len(ids) / 2

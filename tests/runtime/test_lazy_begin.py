@@ -105,7 +105,7 @@ class FixedStart:
     def __init__(self, gamma: int, plain: int) -> None:
         self.gamma, self.plain, self.steps = gamma, plain, 0
 
-    def choose(self, ids):
+    def choose(self, ids, rows=None):
         self.steps += 1
         return 0 if self.steps <= self.plain else self.gamma
 
