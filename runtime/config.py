@@ -197,6 +197,24 @@ class VerifierSettings(DeviceDeploymentSettings):
                                 "chunk is a Ray streaming message, and one per step costs the decode loop's CPU on "
                                 "a small machine). A request's first token and its last chunk are never held "
                                 "back. 0 = one chunk per decoding step.")
+    in_ingress: bool | None = Field(
+        None, description="Run the verifier's engine (the target, each request's decode loop and its KV cache) "
+                          "inside each Ingress replica instead of in TargetVerifier replicas: no TargetVerifier "
+                          "deployment, no Ray call and stream between the ingress and the verifier per request. "
+                          "null = decided when the application is built: inside when the verifier runs on the CPU "
+                          "of a one-node cluster with one replica, no autoscaling and no ray_actor_options.num_cpus "
+                          "/ num_gpus of its own; separate otherwise (GPUs, clusters, scaled or reserved "
+                          "verifiers). true needs device cpu; the Ingress replicas then are the verifiers "
+                          "(deployments.ingress sets their number and CPUs) and this section's ray_actor_options, "
+                          "num_replicas and autoscaling_config do not apply; its device, torch_threads, "
+                          "max_batch_size and stream_interval_ms do.")
+
+    @model_validator(mode="after")
+    def _in_ingress_on_cpu(self) -> VerifierSettings:
+        if self.in_ingress and self.device != "cpu":
+            raise ValueError(f"in_ingress: true runs the verifier on the ingress replica's CPU; device {self.device!r} "
+                             "needs its own TargetVerifier deployment (in_ingress: false or null)")
+        return self
 
 
 class Deployments(_Strict):

@@ -45,7 +45,9 @@ default config fits a 2-CPU laptop as well as a cluster; the replicas get the si
 ``drafter.gamma: 0`` no DrafterEnsemble is deployed and the verifier decodes alone; with ``drafter.colocate``
 (decided here when null: placement.colocates) none is either, and each verifier replica drafts itself; with
 ``deployments.vision_encoder.colocate`` (placement.vision_colocates) no VisionEncoder is deployed and each verifier
-replica encodes its requests' images with its target's own tower.
+replica encodes its requests' images with its target's own tower; with ``deployments.target_verifier.in_ingress``
+(placement.verifier_in_ingress; all three are the default on one CPU node) no TargetVerifier is deployed either and
+each Ingress replica runs the verifier's engine (``Ingress.hosted``).
 """
 
 from __future__ import annotations
@@ -86,13 +88,20 @@ def build_app(config: SpeculaConfig | dict | str | os.PathLike, *,
     drafter = None
     if "drafter_ensemble" in deployed(cfg):  # gamma > 0 and not colocated with the verifier
         drafter = DrafterEnsemble.options(**d.drafter_ensemble.serve_options()).bind(args, **kw("drafter_ensemble"))
-    verifier = TargetVerifier.options(**d.target_verifier.serve_options()).bind(args, drafter, **kw("target_verifier"))
+    hosted = {}
+    verifier = None  # with target_verifier.in_ingress the ingress replica runs the verifier's engine itself
+    if "target_verifier" in deployed(cfg):
+        verifier = TargetVerifier.options(**d.target_verifier.serve_options()).bind(args, drafter,
+                                                                                    **kw("target_verifier"))
+    else:
+        hosted = {"drafter": drafter, **({"verifier_cls": engines["target_verifier"]}
+                                         if "target_verifier" in engines else {})}
     # the ingress's own admission (limits.max_concurrent_requests + max_queued_requests, then 503) must see every
     # request: Serve may not hold them back in its queue first (+16 for /health, /metrics and the like)
     ingress = d.ingress.serve_options()
     admitted = cfg.limits.max_concurrent_requests + cfg.limits.max_queued_requests + 16
     ingress["max_ongoing_requests"] = max(ingress["max_ongoing_requests"], admitted)
-    return Ingress.options(**ingress).bind(args, vision, verifier, **kw("ingress"))
+    return Ingress.options(**ingress).bind(args, vision, verifier, **kw("ingress"), **hosted)
 
 
 def app_builder(args: dict) -> Application:

@@ -160,11 +160,17 @@ class Ingress:
       cancelled, its KV cache freed. Raises the verifier's ``VerifierError`` (not Ray's wrapper) on failure.
     """
 
-    def __init__(self, config: dict, vision, verifier, engine_cls=IngressEngine) -> None:
-        # vision: the VisionEncoder's handle, or None when the verifier encodes images (vision_encoder.colocate)
+    def __init__(self, config: dict, vision, verifier, engine_cls=IngressEngine, drafter=None,
+                 verifier_cls=VerifierEngine) -> None:
+        # vision: the VisionEncoder's handle, or None when the verifier encodes images (vision_encoder.colocate);
+        # verifier: the TargetVerifier's handle, or None when its engine runs here (target_verifier.in_ingress),
+        # built from verifier_cls with drafter (the DrafterEnsemble's handle, or None) as a TargetVerifier would
         self.config = load_config(config)
         self.engine = engine_cls.from_config(self.config)
         self.vision, self.verifier = vision, verifier
+        self.hosted = None
+        if verifier is None:  # after the ingress engine: the verifier's torch threads are the ones that stay set
+            self.hosted = TargetVerifier.func_or_class(config, drafter, engine_cls=verifier_cls)
         limits = self.config.limits
         self.admission = Admission(limits.max_concurrent_requests, limits.max_queued_requests)
         self.metrics = ServeMetrics(self.admission)
@@ -180,9 +186,24 @@ class Ingress:
         """host:port of this replica's public gRPC API (None when grpc.enabled is false)."""
         return self.grpc.address if self.grpc is not None else None
 
+    def live_requests(self) -> list[str]:
+        """Request ids whose KV cache the verifier inside this replica holds (target_verifier.in_ingress)."""
+        if self.hosted is None:
+            raise RuntimeError("the verifier runs in the TargetVerifier deployment: ask its replicas")
+        return self.hosted.live_requests()
+
+    def placement(self) -> dict:
+        return _placement(self.config.deployments.target_verifier.device if self.hosted is not None else "cpu")
+
+    def check_health(self) -> None:
+        if self.hosted is not None:
+            self.hosted.check_health()
+
     def __del__(self) -> None:
         if getattr(self, "grpc", None) is not None:
             self.grpc.close()
+        if getattr(self, "hosted", None) is not None:
+            self.hosted.__del__()
 
     async def __call__(self, http: Request) -> Response:
         return await self.http(http)
@@ -193,7 +214,10 @@ class Ingress:
         if request.pixel_values is not None and self.vision is not None:  # not awaited: Serve hands the result
             # straight to the verifier; with no VisionEncoder (vision_encoder.colocate) the verifier encodes them
             visual = self.vision.encode.remote(request.pixel_values, request.image_grid_thw)
-        chunks = self.verifier.options(stream=True).generate.remote(request, visual)
+        if self.hosted is not None:  # no Ray call: the verifier's engine is in this process
+            chunks = _Hosted(self.hosted.generate(request, visual))
+        else:
+            chunks = self.verifier.options(stream=True).generate.remote(request, visual)
         meter = GenerationMeter(self.metrics, int(request.input_ids.numel()))
         try:
             async for chunk in chunks:
@@ -209,6 +233,20 @@ class Ingress:
             meter.end("closed_early")  # the caller left: a stop string, a disconnect, a deadline
             if not meter.finished:
                 chunks.cancel()  # stop the request's loop in the verifier, free its KV cache
+
+
+class _Hosted:
+    """The hosted verifier's async generator, with the ``cancel()`` of a Ray streaming response: cancelling closes
+    it, which cancels the request in the engine (``VerifierEngine.astream``) and frees its KV cache."""
+
+    def __init__(self, agen) -> None:
+        self.agen = agen
+
+    def __aiter__(self):
+        return self.agen.__aiter__()
+
+    def cancel(self) -> None:
+        asyncio.ensure_future(self.agen.aclose())
 
 
 def _placement(device: str) -> dict:

@@ -164,8 +164,10 @@ def serve_cli(args: argparse.Namespace) -> int:
         url = f"http://{cfg.http.host}:{cfg.http.port}{cfg.http.route_prefix.rstrip('/')}"
         where = "off" if cfg.drafter.gamma == 0 else ("in the verifier" if cfg.drafter.colocate else "separate")
         vision = "in the verifier" if cfg.deployments.vision_encoder.colocate else "separate"
+        verifier = "in the ingress" if cfg.deployments.target_verifier.in_ingress else "separate"
         print(f"specula: serving {cfg.name!r} (model {cfg.model.path}, drafter {cfg.drafter.kind}, "
-              f"gamma {cfg.drafter.gamma}, drafting {where}, vision {vision}) on {url}; Ctrl-C stops\n"
+              f"gamma {cfg.drafter.gamma}, drafting {where}, vision {vision}, verifier {verifier}) on {url}; "
+              "Ctrl-C stops\n"
               f"{http_examples(cfg)}", flush=True)
         from specula.runtime.serve.grpc_api import grpcurl_example
 

@@ -7,17 +7,19 @@ null gets a share of the cluster's CPUs, after the explicit reservations are tak
 
     per replica = (cluster CPUs - explicit reservations) * weight / sum(weight * replicas) of the null ones
     weights: ingress 1, vision_encoder 1, drafter_ensemble 1 (only with a separate drafter), target_verifier 2
+             (ingress 3 when the verifier runs inside it, ``deployments.target_verifier.in_ingress``)
     replicas: num_replicas, or autoscaling_config.max_replicas (so the autoscaler can place all of them)
 
 rounded down (to Ray's 0.0001 CPU below one CPU, to whole CPUs above) and never above the largest node's CPUs, so
 the application always fits: 0.4 / 0.4 / 0.4 / 0.8 CPUs on a 2-CPU machine, 1 / 1 / 1 / 3 on an 8-CPU one (with a
 colocated drafter, ``drafter.colocate``, there is no DrafterEnsemble: 0.5 / 0.5 / 1.0 on 2 CPUs; with the vision
-encoder colocated too, ``deployments.vision_encoder.colocate``, the default on one CPU node, there is no
-VisionEncoder either: ingress 0.6666 / verifier 1.0 on 2 CPUs). Each replica's
-torch threads then follow its reservation (``DeploymentSettings.threads``), except a sized verifier's, which takes
-the node's CPUs less a separate drafter's threads (``verifier_threads``: 2 on a 2-CPU laptop with the drafter
-colocated, 1 with it separate). Explicit values are honoured as given (cluster.yaml reserves 1 CPU and 1 GPU per
-model deployment).
+encoder colocated too, ``deployments.vision_encoder.colocate``, no VisionEncoder either: ingress 0.6666 / verifier
+1.0; with the verifier inside the ingress as well, ``deployments.target_verifier.in_ingress``, the default on one
+CPU node, one Ingress replica of 2 CPUs is the whole application). Each replica's torch threads then follow its
+reservation (``DeploymentSettings.threads``), except a sized verifier's (in its own replica or the ingress's),
+which takes the node's CPUs less a separate drafter's threads (``verifier_threads``: 2 on a 2-CPU laptop with the
+drafter colocated, 1 with it separate). Explicit values are honoured as given (cluster.yaml reserves 1 CPU and 1
+GPU per model deployment).
 
 Checking (``placement_problems``): with the reservations known, does every replica fit? A replica asking more than
 any node has, or deployments asking more in all than the cluster has, cannot be placed on this cluster as it is.
@@ -99,10 +101,17 @@ class ClusterResources:
 
 def deployed(cfg: SpeculaConfig) -> list[str]:
     """The config keys of the deployments the application runs (no DrafterEnsemble with drafter.gamma 0 or a
-    drafter colocated with the verifier; no VisionEncoder with vision_encoder.colocate)."""
-    remote = cfg.drafter.gamma > 0 and cfg.drafter.colocate is not True
-    vision = cfg.deployments.vision_encoder.colocate is not True
-    return [k for k in DEPLOYMENTS if (k != "drafter_ensemble" or remote) and (k != "vision_encoder" or vision)]
+    drafter colocated with the verifier; no VisionEncoder with vision_encoder.colocate; no TargetVerifier with
+    target_verifier.in_ingress)."""
+    d = cfg.deployments
+    skip = set()
+    if not (cfg.drafter.gamma > 0 and cfg.drafter.colocate is not True):
+        skip.add("drafter_ensemble")
+    if d.vision_encoder.colocate is True:
+        skip.add("vision_encoder")
+    if d.target_verifier.in_ingress is True:
+        skip.add("target_verifier")
+    return [k for k in DEPLOYMENTS if k not in skip]
 
 
 def colocates(cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
@@ -121,19 +130,34 @@ def vision_colocates(cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
     return _one_cpu_node(cfg.deployments.vision_encoder.device, cfg, cluster)
 
 
+def verifier_in_ingress(cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
+    """``deployments.target_verifier.in_ingress``, or where it is null: whether one verifier on the CPU of a one-node
+    cluster (one replica, no autoscaling, no reservation of its own asked) serves; then running its engine inside the ingress replica saves a Ray call
+    and a Ray stream per request, both of which cost CPU the decode loop needs on a small machine."""
+    v = cfg.deployments.target_verifier
+    if v.in_ingress is not None:
+        return v.in_ingress
+    single = v.num_replicas == 1 and v.autoscaling_config is None
+    unreserved = v.ray_actor_options.num_cpus is None and not v.ray_actor_options.num_gpus  # nothing asked of Ray
+    return single and unreserved and _one_cpu_node(v.device, cfg, cluster)
+
+
 def _one_cpu_node(device: str, cfg: SpeculaConfig, cluster: ClusterResources) -> bool:
     return device == "cpu" and cfg.deployments.target_verifier.device == "cpu" and len(cluster.nodes) <= 1
 
 
 def resolve_colocation(cfg: SpeculaConfig, cluster: ClusterResources | None = None) -> SpeculaConfig:
-    """``cfg`` with ``drafter.colocate`` and ``deployments.vision_encoder.colocate`` decided (``colocates``,
-    ``vision_colocates``), so every replica reads the same answer."""
-    if cfg.drafter.colocate is not None and cfg.deployments.vision_encoder.colocate is not None:
+    """``cfg`` with ``drafter.colocate``, ``deployments.vision_encoder.colocate`` and
+    ``deployments.target_verifier.in_ingress`` decided (``colocates``, ``vision_colocates``,
+    ``verifier_in_ingress``), so every replica reads the same answer."""
+    d = cfg.deployments
+    if None not in (cfg.drafter.colocate, d.vision_encoder.colocate, d.target_verifier.in_ingress):
         return cfg
     cluster = cluster if cluster is not None else _current_cluster()
     raw = cfg.model_dump(mode="json")
     raw["drafter"]["colocate"] = colocates(cfg, cluster)
     raw["deployments"]["vision_encoder"]["colocate"] = vision_colocates(cfg, cluster)
+    raw["deployments"]["target_verifier"]["in_ingress"] = verifier_in_ingress(cfg, cluster)
     return load_config(raw)
 
 
@@ -152,17 +176,21 @@ def size_reservations(cfg: SpeculaConfig, cluster: ClusterResources | None = Non
     explicit = sum(_units(getattr(d, k).ray_actor_options.num_cpus) * getattr(d, k).replicas_at_most()
                    for k in keys if k not in auto)
     budget = max(0, _units(cluster.totals.get("CPU", 0.0)) - explicit)
-    shares = sum(WEIGHTS[k] * getattr(d, k).replicas_at_most() for k in auto)
+    weights = dict(WEIGHTS)
+    if d.target_verifier.in_ingress:  # the ingress replica decodes too
+        weights["ingress"] += WEIGHTS["target_verifier"]
+    shares = sum(weights[k] * getattr(d, k).replicas_at_most() for k in auto)
     largest = _units(cluster.largest("CPU"))
     raw = cfg.model_dump(mode="json")
     for k in auto:
-        share = budget * WEIGHTS[k] // shares if shares else 0
+        share = budget * weights[k] // shares if shares else 0
         share = min(share, largest)
         if share >= _UNIT:
             share -= share % _UNIT  # whole CPUs above one: whole torch threads, no CPU half shared
         raw["deployments"][k]["ray_actor_options"]["num_cpus"] = share / _UNIT
     sized = load_config(raw)
-    if "target_verifier" in auto and d.target_verifier.torch_threads is None:
+    hosted = d.target_verifier.in_ingress and "ingress" in auto  # the ingress's CPUs are the verifier's
+    if ("target_verifier" in auto or hosted) and d.target_verifier.torch_threads is None:
         raw["deployments"]["target_verifier"]["torch_threads"] = verifier_threads(sized, cluster)
         sized = load_config(raw)
     return sized

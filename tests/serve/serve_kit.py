@@ -43,17 +43,21 @@ def world_body(i: int, max_tokens: int = 16) -> dict:
     return {"prompt": s.prompt, "images": images, "max_tokens": max_tokens}
 
 
+_separate = {"vision_encoder": {"colocate": False}, "target_verifier": {"in_ingress": False}}
+
+
 def make_config(model_dir, drafter: dict | None = None, **sections):
     """A config for tests: the temp model, one torch thread and no reserved CPUs per replica; the public gRPC API
     on a free port (not the default 50051, which another process may hold); the drafter in its own DrafterEnsemble
     (these tests are about the distributed data plane; ``drafter={"colocate": True}`` puts it in the verifier); the
-    images encoded by the VisionEncoder deployment (``vision_encoder.colocate: false``)."""
+    images encoded by the VisionEncoder deployment (``vision_encoder.colocate: false``); the verifier in its own
+    TargetVerifier deployment (``target_verifier.in_ingress: false``)."""
     dep = {"num_replicas": 1, "torch_threads": 1, "ray_actor_options": {"num_cpus": 0}}
     raw = {
         "model": {"path": str(model_dir)},
         "grpc": {"port": 0},
         "drafter": {"kind": "ngram", "options": {"max_n": 3}, "gamma": 4, "colocate": False, **(drafter or {})},
-        "deployments": {name: dict(dep, **({"colocate": False} if name == "vision_encoder" else {})) for name in
+        "deployments": {name: dict(dep, **_separate.get(name, {})) for name in
                         ("ingress", "vision_encoder", "drafter_ensemble", "target_verifier")},
         **sections,
     }

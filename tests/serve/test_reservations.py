@@ -33,8 +33,17 @@ def test_the_default_reserves_nothing_until_sized():
     assert "num_cpus" not in cfg.deployments.ingress.serve_options()["ray_actor_options"]
 
 
-# a DrafterEnsemble and a VisionEncoder beside the verifier (the default on GPUs, clusters)
-SEPARATE = {"drafter": {"colocate": False}, "deployments": {"vision_encoder": {"colocate": False}}}
+# a DrafterEnsemble, a VisionEncoder and a TargetVerifier beside the ingress (the default on GPUs, clusters)
+SEPARATE = {"drafter": {"colocate": False}, "deployments": {"vision_encoder": {"colocate": False},
+                                                           "target_verifier": {"in_ingress": False}}}
+
+
+def _separate(**deployments) -> dict:
+    """SEPARATE with these deployment sections (their fields beside SEPARATE's)."""
+    out = {k: dict(v) for k, v in SEPARATE["deployments"].items()}
+    for k, v in deployments.items():
+        out[k] = {**out.get(k, {}), **v}
+    return {**SEPARATE, "deployments": out}
 
 
 @pytest.mark.parametrize("cpus, want, verifier_threads", [
@@ -55,15 +64,42 @@ def test_default_reservations_share_the_cluster_and_always_fit(cpus, want, verif
     assert size_reservations(sized, _cluster(64)) is sized  # sized once: nothing null is left
 
 
+@pytest.mark.parametrize("cpus, threads", [(2, 2), (1, 1), (8, 8)])
+def test_the_default_on_one_cpu_node_is_one_ingress_replica_that_verifies_drafts_and_encodes_on_every_core(
+        cpus, threads):
+    sized = size_reservations(load_config({}), _cluster(cpus))
+    d = sized.deployments
+    assert sized.drafter.colocate is True and d.vision_encoder.colocate is True and d.target_verifier.in_ingress
+    assert _cpus(sized) == {"ingress": float(cpus), "vision_encoder": None, "drafter_ensemble": None,
+                            "target_verifier": None}
+    assert d.target_verifier.threads() == threads  # the verifier's engine in the ingress: every core
+    assert placement_problems(sized, _cluster(cpus)) == []
+
+
 @pytest.mark.parametrize("cpus, want, threads", [(2, (0.6666, 1.0), 2), (1, (0.3333, 0.6666), 1),
                                                   (8, (2.0, 5.0), 8)])
-def test_the_default_on_one_cpu_node_drafts_and_encodes_in_the_verifier_which_takes_every_core(cpus, want, threads):
-    sized = size_reservations(load_config({}), _cluster(cpus))
+def test_a_verifier_of_its_own_on_one_cpu_node_drafts_and_encodes_and_takes_every_core(cpus, want, threads):
+    sized = size_reservations(load_config({"deployments": {"target_verifier": {"in_ingress": False}}}), _cluster(cpus))
     assert sized.drafter.colocate is True and sized.deployments.vision_encoder.colocate is True
     assert _cpus(sized) == {"ingress": want[0], "vision_encoder": None, "drafter_ensemble": None,
                             "target_verifier": want[1]}
     assert sized.deployments.target_verifier.threads() == threads
     assert placement_problems(sized, _cluster(cpus)) == []
+
+
+def test_the_verifier_leaves_the_ingress_when_it_scales_sits_on_a_gpu_or_the_cluster_has_nodes():
+    scaled = {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}
+    for raw, cluster in (({"deployments": {"target_verifier": scaled}}, _cluster(4)),
+                         ({"deployments": {"target_verifier": {"num_replicas": 2}}}, _cluster(4)),
+                         ({}, _cluster(16, nodes=8)),
+                         ({"deployments": {"target_verifier": {"device": "cuda", "ray_actor_options": {
+                             "num_gpus": 1}}}}, _cluster(8, gpus=1))):
+        assert size_reservations(load_config(raw), cluster).deployments.target_verifier.in_ingress is False, raw
+    assert size_reservations(load_config({"deployments": {"target_verifier": {"in_ingress": True}}}),
+                             _cluster(16, nodes=8)).deployments.target_verifier.in_ingress is True
+    with pytest.raises(ValueError, match="in_ingress: true runs the verifier on the ingress replica's CPU"):
+        load_config({"deployments": {"target_verifier": {"in_ingress": True, "device": "cuda",
+                                                         "ray_actor_options": {"num_gpus": 1}}}})
 
 
 def test_gpus_or_several_nodes_keep_the_drafter_and_the_vision_encoder_apart():
@@ -79,16 +115,14 @@ def test_gpus_or_several_nodes_keep_the_drafter_and_the_vision_encoder_apart():
 
 
 def test_explicit_reservations_are_honoured_and_the_rest_share_what_is_left():
-    cfg = load_config({**SEPARATE,
-                       "deployments": {"target_verifier": {"ray_actor_options": {"num_cpus": 1}, "torch_threads": 2},
-                                       "ingress": {"ray_actor_options": {"num_cpus": 0}},
-                                       **SEPARATE["deployments"]}})
+    cfg = load_config(_separate(target_verifier={"ray_actor_options": {"num_cpus": 1}, "torch_threads": 2},
+                                ingress={"ray_actor_options": {"num_cpus": 0}}))
     sized = size_reservations(cfg, _cluster(2))
     assert _cpus(sized) == {"ingress": 0.0, "vision_encoder": 0.5, "drafter_ensemble": 0.5, "target_verifier": 1.0}
     assert sized.deployments.target_verifier.threads() == 2 and sized.deployments.ingress.threads() == 1
     # explicit reservations beyond the cluster leave nothing to share; the check then says what does not fit
-    over = size_reservations(load_config({**SEPARATE, "deployments": {
-        "target_verifier": {"ray_actor_options": {"num_cpus": 4}}, **SEPARATE["deployments"]}}), _cluster(2))
+    over = size_reservations(load_config(_separate(target_verifier={"ray_actor_options": {"num_cpus": 4}})),
+                             _cluster(2))
     assert _cpus(over) == {"ingress": 0.0, "vision_encoder": 0.0, "drafter_ensemble": 0.0, "target_verifier": 4.0}
 
 
@@ -117,13 +151,18 @@ def test_the_builder_ships_the_sized_reservations_to_serve_and_to_the_replicas()
     shipped = ingress.init_args[0]["deployments"]
     assert {k: shipped[k]["ray_actor_options"]["num_cpus"] for k in KEYS} == {
         "ingress": 0.4, "vision_encoder": 0.4, "drafter_ensemble": 0.4, "target_verifier": 0.8}
-    # the default: the drafter in the verifier, decided once here and shipped to every replica
+    # the default: drafter and vision in the verifier, the verifier in the ingress, decided once here and shipped
     ingress = build_app({}, cluster=_cluster(2))._bound_deployment
     shipped = ingress.init_args[0]
     assert shipped["drafter"]["colocate"] is True and shipped["deployments"]["target_verifier"]["torch_threads"] == 2
     assert shipped["deployments"]["vision_encoder"]["colocate"] is True
+    assert shipped["deployments"]["target_verifier"]["in_ingress"] is True
+    assert ingress.ray_actor_options["num_cpus"] == 2.0
     assert ingress.init_args[1] is None  # no VisionEncoder: the verifier encodes the images
-    verifier = ingress.init_args[2]._bound_deployment  # the TargetVerifier: bound with no DrafterEnsemble
+    assert ingress.init_args[2] is None and ingress.init_kwargs["drafter"] is None  # no TargetVerifier, no drafter
+    # a verifier of its own: the TargetVerifier bound with no DrafterEnsemble
+    ingress = build_app({"deployments": {"target_verifier": {"in_ingress": False}}}, cluster=_cluster(2))
+    verifier = ingress._bound_deployment.init_args[2]._bound_deployment
     assert verifier.init_args[1] is None
 
 
