@@ -215,6 +215,8 @@ class Ingress:
             # straight to the verifier; with no VisionEncoder (vision_encoder.colocate) the verifier encodes them
             visual = self.vision.encode.remote(request.pixel_values, request.image_grid_thw)
         if self.hosted is not None:  # no Ray call: the verifier's engine is in this process
+            if visual is not None:  # what Serve resolves for a TargetVerifier, resolved here
+                visual = await visual
             chunks = _Hosted(self.hosted.generate(request, visual))
         else:
             chunks = self.verifier.options(stream=True).generate.remote(request, visual)

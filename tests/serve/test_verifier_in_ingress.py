@@ -1,8 +1,10 @@
-"""``deployments.target_verifier.in_ingress`` (the default on one CPU node) on a real, local Ray Serve: the whole
-application is one Ingress deployment whose replica runs the verifier's engine, drafts (drafter.colocate) and
-encodes images (vision_encoder.colocate) itself. Its answers equal the in-process app's and plain decoding's token
-for token, over HTTP (whole and streamed) and the public gRPC API; a client that leaves mid-stream frees the
-request's KV cache in that replica; a verifier that fails reaches the client as an error, never a short answer."""
+"""``deployments.target_verifier.in_ingress`` (the default on one CPU node) on a real, local Ray Serve: the Ingress
+replica runs the verifier's engine and drafts (drafter.colocate) itself; here its images come from a VisionEncoder
+replica (the fully folded default, images encoded by the verifier's own tower, is served by test_serve_fits and
+answers as plain decoding in test_one_machine_default). Its answers equal the in-process app's and plain
+decoding's token for token, over HTTP (whole and streamed) and the public gRPC API; a client that leaves
+mid-stream frees the request's KV cache in that replica; a verifier that fails reaches the client as an error,
+never a short answer."""
 
 from __future__ import annotations
 
@@ -31,7 +33,6 @@ ONE_MACHINE = {"colocate": True, "adaptive": True, "begin_after": 2}
 def _config(model_dir, port: int, name: str = "specula"):
     cfg = make_config(model_dir, drafter=ONE_MACHINE, name=name, http={"host": "127.0.0.1", "port": port})
     raw = cfg.model_dump(mode="json")
-    raw["deployments"]["vision_encoder"]["colocate"] = True
     raw["deployments"]["target_verifier"]["in_ingress"] = True
     from specula.runtime.config import load_config
 
@@ -80,7 +81,7 @@ def test_one_ingress_deployment_answers_as_the_in_process_app_and_plain_decoding
     from specula.runtime.api_client import SpeculaClient
 
     cfg, url = served
-    assert set(serve.status().applications[cfg.name].deployments) == {"Ingress"}
+    assert set(serve.status().applications[cfg.name].deployments) == {"Ingress", "VisionEncoder"}
     drafted = 0
     with LocalApp.from_config(cfg) as local:
         target = load_target(cfg.model.path)
