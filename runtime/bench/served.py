@@ -407,15 +407,28 @@ def render_markdown(r: dict) -> str:
         cells = " | ".join(str(row["ms_per_token"].get(k, "")) for k in TIME_KEYS)
         lines.append(f"| {runtime} | {name} | {streams} | {cells} |")
     suites = r["suites"]
-    lines += ["", "## tokens/s per suite (one stream: each request's own wall time)", "",
-              "| runtime | config | " + " | ".join(suites) + " |", "| --- | --- |" + " ---: |" * len(suites)]
     first = r["concurrency"][0]
-    for key, row in r["rows"].items():
-        runtime, name, streams = key.split("/")
-        if int(streams) != first or runtime == "in_process":
-            continue
+    # per request's own wall time; an in-process batch of several prompts has one wall for all: one stream only
+    rows = {k: row for k, row in r["rows"].items() if int(k.split("/")[2]) == first
+            and (first == 1 or not k.startswith("in_process/"))}
+    lines += ["", f"## tokens/s per suite ({first} stream(s): each request's own wall time)", "",
+              "| runtime | config | " + " | ".join(suites) + " |", "| --- | --- |" + " ---: |" * len(suites)]
+    for key, row in rows.items():
+        runtime, name, _ = key.split("/")
         lines.append(f"| {runtime} | {name} | " + " | ".join(str(row["per_suite_tokens_per_s"].get(s, ""))
                                                              for s in suites) + " |")
+    lines += ["", "## Speedup per suite (x plain of the same runtime, same streams)", "",
+              "| runtime | config | " + " | ".join(suites) + " |", "| --- | --- |" + " ---: |" * len(suites)]
+    for key, row in rows.items():
+        runtime, name, streams = key.split("/")
+        plain = r["rows"].get(f"{runtime}/plain/{streams}")
+        if name == "plain" or plain is None:
+            continue
+        cells = []
+        for s in suites:
+            a, b = row["per_suite_tokens_per_s"].get(s), plain["per_suite_tokens_per_s"].get(s)
+            cells.append(f"{a / b:.2f}x" if a and b else "")
+        lines.append(f"| {runtime} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -40,3 +40,9 @@ def test_bench_served_reports_both_runtimes_and_equal_answers(model_dir, tmp_pat
     assert sum(r["metrics"].get("draft_tokens", 0) for r in served) > 0  # the served default drafter drafted
     md = (out / "served.md").read_text()
     assert "| served | default | 1 |" in md and "Time split" in md
+    per_suite = md.split("## tokens/s per suite")[1].split("## Speedup per suite")[0]
+    assert all(f"| {rt} | {cfg} |" in per_suite for rt in ("in_process", "served") for cfg in ("plain", "default"))
+    speedups = md.split("## Speedup per suite")[1]  # default x plain per suite, in process and served
+    rows = [line for line in speedups.splitlines() if line.startswith(("| in_process | default |",
+                                                                        "| served | default |"))]
+    assert len(rows) == 2 and all(line.count("x |") == 2 for line in rows), speedups
