@@ -48,10 +48,12 @@ class _Fit:
     size: int
     decay: float = 0.98
     n: float = 0.0
-    s: list = field(default_factory=list)  # [size, size] decayed sum of x x^T
-    r: list = field(default_factory=list)  # [size] decayed sum of x y
+    s: list = field(init=False)  # [size, size] decayed sum of x x^T
+    r: list = field(init=False)  # [size] decayed sum of x y
     yy: float = 0.0
-    _w: tuple | None = None
+    refit: int = 8  # past the first 2 * refit points, the weights are solved again every refit points
+    _w: tuple | None = field(default=None, init=False)  # the weights, until they are solved again
+    _since: int = field(default=0, init=False)  # points added since
 
     def __post_init__(self) -> None:
         self.s = [[0.0] * self.size for _ in range(self.size)]
@@ -64,14 +66,20 @@ class _Fit:
             self.r[i] = d * self.r[i] + x[i] * y
             for j in range(self.size):
                 self.s[i][j] = d * self.s[i][j] + x[i] * x[j]
-        self._w = None
+        self._since += 1
+        if self.n < 2 * self.refit or self._since >= self.refit:  # costs drift slowly: no solve every step
+            self._w, self._since = None, 0
 
     def weights(self) -> tuple[float, ...] | None:
         if self.n < 1:
             return None
         if self._w is None:
+            w = _solve(self.s, self.r)  # the whole model, when its slopes are >= 0, has the least residual of all
+            if w is not None and all(v >= 0 for v in w[1:]):
+                self._w = tuple(w)
+                return self._w
             best, best_res = None, float("inf")
-            for keep in _subsets(self.size):  # smallest first
+            for keep in _subsets(self.size)[:-1]:  # smallest first; the whole model failed above
                 w = _solve([[self.s[i][j] for j in keep] for i in keep], [self.r[i] for i in keep])
                 if w is None or any(v < 0 for v in w[1:]):
                     continue
@@ -157,16 +165,19 @@ class GoodputPolicy:
         a = self.acceptance(rid)
         return (1 - a ** (k + 1)) / (1 - a)
 
-    def goodput(self, request_ids: Sequence[str], k: int, rows: int | None = None) -> float | None:
+    def goodput(self, request_ids: Sequence[str], k: int, rows: int | None = None,
+                acceptance: Sequence[float] | None = None) -> float | None:
         """Expected tokens per second of a step of k drafts per row of ``request_ids``, in a forward of ``rows``
-        rows (default: just them; the others emit one token each); None while a cost is unknown."""
+        rows (default: just them; the others emit one token each); None while a cost is unknown. ``acceptance``:
+        the rows' acceptance, if already looked up."""
         b = len(request_ids)
         rows = max(rows or b, b)
         t = self.verify(rows, rows * (k + 1))  # the block is [rows, k + 1], whatever each row drafted
         d = self.draft(k, k * b) if k > 0 else 0.0
         if t is None or d is None:
             return None
-        return (sum(self.expected_tokens(r, k) for r in request_ids) + rows - b) / max(t + d, 1e-6)
+        acc = acceptance if acceptance is not None else [self.acceptance(r) for r in request_ids]
+        return (sum((1 - a ** (k + 1)) / (1 - a) for a in acc) + rows - b) / max(t + d, 1e-6)
 
     def choose(self, request_ids: Sequence[str], rows: int | None = None) -> int:
         """The next step's draft length for these rows (0 = a plain step); ``rows``: rows in the step's forward
@@ -176,9 +187,10 @@ class GoodputPolicy:
         if self.steps < self.warmup or self.draft.n < 1:  # a few lengths, so both cost lines get a slope
             half = self.gamma if self.tree else max(1, self.gamma // 2)
             return (self.gamma, 0, self.gamma, half)[self.steps % 4]
+        acc = [self.acceptance(r) for r in request_ids]
         best, best_k = -1.0, self.gamma
         for k in ((0, self.gamma) if self.tree else range(self.gamma + 1)):
-            g = self.goodput(request_ids, k, rows)
+            g = self.goodput(request_ids, k, rows, acc)
             if g is None:
                 return self.gamma
             if g > best * 1.0001:  # ties go to the shorter block
