@@ -192,11 +192,8 @@ class Ingress:
             raise RuntimeError("the verifier runs in the TargetVerifier deployment: ask its replicas")
         return self.hosted.live_requests()
 
-    def placement(self) -> dict:
-        return _placement(self.config.deployments.target_verifier.device if self.hosted is not None else "cpu")
-
     def check_health(self) -> None:
-        if self.hosted is not None:
+        if self.hosted is not None:  # Serve restarts the replica when its verifier loop died
             self.hosted.check_health()
 
     def __del__(self) -> None:
