@@ -131,3 +131,22 @@ def test_a_failing_verifier_in_the_ingress_reaches_the_client_as_an_error(served
     assert status == 200 and records[0]["tokens"]  # the prefill's token went out, then an error, never "finished"
     assert "simulated GPU failure" in records[-1]["error"]["message"]
     assert not any(r.get("finished") for r in records)
+
+
+def test_an_ingress_whose_verifier_loop_died_reports_unhealthy(model_dir):
+    """Serve's health check of the Ingress replica covers the verifier inside it: a dead loop fails it (Serve then
+    replaces the replica), a live one passes."""
+    from specula.runtime.serve.deployments import Ingress
+    from specula.runtime.serve.verifier import VerifierError
+
+    cfg = make_config(model_dir, drafter={"gamma": 0}, grpc={"enabled": False}).model_dump(mode="json")
+    cfg["deployments"]["target_verifier"]["in_ingress"] = True
+    ingress = Ingress.func_or_class(cfg, None, None)
+    try:
+        ingress.check_health()
+        ingress.hosted.engine._fatal = RuntimeError("simulated loop crash")
+        with pytest.raises(VerifierError, match="simulated loop crash"):
+            ingress.check_health()
+    finally:
+        ingress.hosted.engine._fatal = None
+        ingress.hosted.engine.close()
