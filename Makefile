@@ -28,8 +28,10 @@ run: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/specula serve $(if $(CONFIG),--config "$(CONFIG)",)
 
+# two workers, one thread each: most tests compute on one thread, so two files at a time use both cores of a small
+# machine; each test file runs whole on one worker (its module fixtures are built once)
 test: $(STAMP)
-	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q --timeout=900 tests research/tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --timeout=900 tests research/tests
 
 clean-venv:
 	rm -rf $(VENV)
