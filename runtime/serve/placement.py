@@ -171,7 +171,8 @@ def size_reservations(cfg: SpeculaConfig, cluster: ClusterResources | None = Non
     d = cfg.deployments
     keys = deployed(cfg)
     auto = [k for k in keys if getattr(d, k).ray_actor_options.num_cpus is None]
-    if not auto:
+    hosted_threads = d.target_verifier.in_ingress and d.target_verifier.torch_threads is None
+    if not auto and not hosted_threads:
         return cfg
     explicit = sum(_units(getattr(d, k).ray_actor_options.num_cpus) * getattr(d, k).replicas_at_most()
                    for k in keys if k not in auto)
@@ -189,8 +190,8 @@ def size_reservations(cfg: SpeculaConfig, cluster: ClusterResources | None = Non
             share -= share % _UNIT  # whole CPUs above one: whole torch threads, no CPU half shared
         raw["deployments"][k]["ray_actor_options"]["num_cpus"] = share / _UNIT
     sized = load_config(raw)
-    hosted = d.target_verifier.in_ingress and "ingress" in auto  # the ingress's CPUs are the verifier's
-    if ("target_verifier" in auto or hosted) and d.target_verifier.torch_threads is None:
+    # a verifier in the ingress decodes on the node's CPUs whatever the ingress reserved
+    if ("target_verifier" in auto and d.target_verifier.torch_threads is None) or hosted_threads:
         raw["deployments"]["target_verifier"]["torch_threads"] = verifier_threads(sized, cluster)
         sized = load_config(raw)
     return sized

@@ -74,6 +74,10 @@ def test_the_default_on_one_cpu_node_is_one_ingress_replica_that_verifies_drafts
                             "target_verifier": None}
     assert d.target_verifier.threads() == threads  # the verifier's engine in the ingress: every core
     assert placement_problems(sized, _cluster(cpus)) == []
+    # an ingress reservation given by hand (the drafter's sized) leaves the verifier inside it every core too
+    given = size_reservations(load_config({"deployments": {"ingress": {"ray_actor_options": {"num_cpus": 0.5}}}}),
+                              _cluster(cpus))
+    assert given.deployments.target_verifier.in_ingress and given.deployments.target_verifier.threads() == threads
 
 
 @pytest.mark.parametrize("cpus, want, threads", [(2, (0.6666, 1.0), 2), (1, (0.3333, 0.6666), 1),
