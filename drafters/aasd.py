@@ -10,7 +10,7 @@ and its own keys/values for the chain it is drafting (eq. 4-5). Chain drafting, 
 d_j is drawn from q_j = softmax(lm_head(h^) / T) at the request's temperature (T = 0: the argmax, q one-hot, ``q=None``
 when every row is greedy), with the row's own generator: ``Proposal.q`` is exactly the law each token was drawn from.
 
-Cache (one ``targets.kv.BatchedKV`` over a one-layer ``DynamicCache``, keys post-RoPE, positions per row):
+Cache (one ``targets.kv.BatchedKV`` over a one-layer ``growable_cache``, keys post-RoPE, positions per row):
 
 - ``begin``: the prompt's context from ``DraftContext.extra["last_k"/"last_v"]`` [H_kv, L, D] (valid slots); the
   first token is pending at position L.
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from specula.drafters import stopping
 from specula.drafters.aasd_head import AasdHead, context_kv
@@ -45,7 +44,7 @@ from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdi
 from specula.drafters.registration import register
 from specula.drafters.seeding import request_generator
 from specula.runtime.core.sampling import sample  # pure torch, no Ray/gRPC
-from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
+from specula.targets.kv import BatchedKV, KVPolicy, attention_mask, growable_cache
 
 
 @dataclass
@@ -109,7 +108,7 @@ class AasdDrafter:
         self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
         self._attn = head.llama_config._attn_implementation
         lc = head.llama_config
-        self._kv = BatchedKV(lambda: DynamicCache(config=lc), kv_policy or KVPolicy())
+        self._kv = BatchedKV(lambda: growable_cache(lc), kv_policy or KVPolicy())  # appends in place, no O(S) copy
         self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv
         self._seeder = torch.Generator().manual_seed(seed)
 

@@ -70,7 +70,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from specula.drafters import stopping
 from specula.drafters.eagle_head import EagleHead
@@ -79,7 +78,7 @@ from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdi
 from specula.drafters.registration import register
 from specula.drafters.seeding import request_generator
 from specula.runtime.core.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
-from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
+from specula.targets.kv import BatchedKV, KVPolicy, attention_mask, growable_cache
 
 
 @dataclass
@@ -186,7 +185,7 @@ class EagleDrafter:
         self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
         self._attn = head.llama_config._attn_implementation
         lc = head.llama_config
-        self._kv = BatchedKV(lambda: DynamicCache(config=lc), kv_policy or KVPolicy())
+        self._kv = BatchedKV(lambda: growable_cache(lc), kv_policy or KVPolicy())  # appends in place, no O(S) copy
         self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv
         self._seeder = torch.Generator().manual_seed(seed)  # for requests without a seed
 

@@ -491,6 +491,8 @@ class EnsembleDrafter(TextLMDrafter):
         request get the same tokens and the same mixture.
         """
         groups = self._call_groups
+        if all(n == 1 for _, n, _ in groups):  # one row per request (massv, text-only requests): q = q_1, no mixing
+            return super()._children(logits, k, temps, greedy, gens)
         logits = logits.clone()
         logits[..., self.image_token_id] = float("-inf")
         probs = torch.softmax(logits / temps[:, None, None], dim=-1)  # [Bc, W, V] q_m (T = 1 for greedy rows)

@@ -40,19 +40,54 @@ def rope_cos_sin(rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.T
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
+def rope_tables(rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_cos_sin`` read from a table of every position up to the largest asked (kept on ``rotary``, grown on
+    demand, rebuilt when ``inv_freq`` or the dtype changes): pos [B, T] -> cos, signed sin [B, 1, T, D].
+
+    The signed sin is sin with its first half negated, so ``_rotate`` needs no negation: ``rotate_half(x) * sin ==
+    roll(x, D/2) * signed_sin`` exactly (IEEE negation commutes with the product). The table's entries are the
+    values ``rope_cos_sin`` computes for the same position, bit for bit (the same ops on the same fp32 inputs)."""
+    need = int(pos.max()) + 1 if pos.numel() else 1
+    key = (rotary.inv_freq.data_ptr(), rotary.inv_freq._version, dtype, pos.device)
+    held = getattr(rotary, "_specula_rope", None)
+    if held is None or held[0] != key or held[1].shape[0] < need:
+        size = max(need, 2 * held[1].shape[0] if held is not None and held[0] == key else 256)
+        cos, sin = rope_cos_sin(rotary, torch.arange(size, device=pos.device)[None], dtype)  # [1, N, D]
+        half = sin.shape[-1] // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        held = (key, cos[0], signed[0])
+        rotary._specula_rope = held  # a plain attribute: not a buffer, never saved
+    return held[1][pos][:, None], held[2][pos][:, None]  # [B, 1, T, D]
+
+
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    """``LlamaRMSNorm.forward``: x [..., H]."""
+    """``LlamaRMSNorm.forward``: x [..., H]. In fp32, torch's one-op ``rms_norm`` computes exactly that (the same
+    fp32 ops; tests compare against the stock module); other dtypes go HF's way (normalise in fp32, round, scale)."""
     dtype = x.dtype
+    if dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, T, D], cos/sin [B, 1, T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos) + (rotated * sin)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, T, D], cos / signed_sin [B, 1, T, D] (``rope_tables``) -> HF's ``(x * cos) + (rotate_half(x) *
+    sin)``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
+def _fused(layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's q/k/v weights stacked [(nh + 2 nkv) D, H] and gate/up stacked [2 I, H], kept on the layer and
+    rebuilt when any of those weights changes (in-place training updates bump ``_version``)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    ws = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight)
+    key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
+    held = getattr(layer, "_specula_fused", None)
+    if held is None or held[0] != key:
+        held = (key, torch.cat(ws[:3]).detach(), torch.cat(ws[3:]).detach())
+        layer._specula_fused = held  # a plain attribute: not a parameter, never saved
+    return held[1], held[2]
 
 
 def decoder_layer(layer, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -61,28 +96,30 @@ def decoder_layer(layer, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
 
     x     # [B, T, H]
     mask  # [B, 1, T, S + T] bool, True = attend (S: slots already in ``cache`` for this layer)
-    cos, sin  # [B, T, D] from ``rope_cos_sin``
+    cos, sin  # [B, 1, T, D] from ``rope_tables`` (sin signed)
     cache: an HF ``Cache`` (its ``update(k, v, layer_idx)`` appends and returns the whole K/V) or None.
+
+    q/k/v and gate/up run as one matmul each over the stacked weights (``_fused``); RoPE is applied to q and k in one
+    pass over their concatenation.
     """
     attn = layer.self_attn
     b, t, _ = x.shape
     d = attn.head_dim
+    nq = attn.q_proj.weight.shape[0] // d
+    nkv = attn.k_proj.weight.shape[0] // d
+    qkv_w, gate_up_w = _fused(layer)
     h = rms_norm(layer.input_layernorm, x)
-    q = F.linear(h, attn.q_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
-    k = F.linear(h, attn.k_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
-    v = F.linear(h, attn.v_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
-    q, k = _rotate(q, c, s), _rotate(k, c, s)
+    qkv = F.linear(h, qkv_w).view(b, t, nq + 2 * nkv, d).transpose(1, 2)  # [B, nh + 2 nkv, T, D]
+    qk = _rotate(qkv[:, : nq + nkv], cos, sin)  # [B, nh + nkv, T, D]
+    q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]  # [B, nh | nkv | nkv, T, D]
     if cache is not None:
         k, v = cache.update(k, v, layer_idx)  # [B, nkv, S + T, D]
-    gqa = q.shape[1] != k.shape[1]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)  # [B, nh, T, D]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=nq != nkv)
     o = o.transpose(1, 2).reshape(b, t, -1)  # [B, T, nh * D]
     x = x + F.linear(o, attn.o_proj.weight)
-    mlp = layer.mlp
     h = rms_norm(layer.post_attention_layernorm, x)
-    return x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
-                        mlp.down_proj.weight)
+    gate, up = F.linear(h, gate_up_w).chunk(2, dim=-1)  # [B, T, I] each
+    return x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
 
 
 def model_forward(body, mask: torch.Tensor, pos: torch.Tensor, cache, input_ids: torch.Tensor | None = None,
@@ -92,7 +129,7 @@ def model_forward(body, mask: torch.Tensor, pos: torch.Tensor, cache, input_ids:
     input_ids [B, T] or inputs_embeds [B, T, H]; mask [B, 1, T, S + T] bool; pos [B, T] int64; cache: HF Cache.
     """
     x = body.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [B, T, H]
-    cos, sin = rope_cos_sin(body.rotary_emb, pos, x.dtype)
+    cos, sin = rope_tables(body.rotary_emb, pos, x.dtype)
     for i, layer in enumerate(body.layers[: body.config.num_hidden_layers]):
         x = decoder_layer(layer, x, mask, cos, sin, cache, i)
     return rms_norm(body.norm, x)
@@ -106,5 +143,5 @@ def layer_step(layer, rotary, x: torch.Tensor, mask: torch.Tensor | None, pos: t
     if (torch.is_grad_enabled() or cache is None or mask is None or mask.dtype != torch.bool
             or not supported(layer.self_attn.config)):
         return None
-    cos, sin = rope_cos_sin(rotary, pos, x.dtype)
+    cos, sin = rope_tables(rotary, pos, x.dtype)
     return decoder_layer(layer, x, mask, cos, sin, cache, layer.self_attn.layer_idx)

@@ -108,6 +108,35 @@ def pool_image(features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     return pooled[0].t().to(features.dtype)  # [g_h*g_w, D]
 
 
+def _decoder(lm: nn.Module):
+    """A greedy decoder over ``lm``'s body with its own cache: ``step(embeds [B, T, H] | None, ids [B, T] | None, pos)
+    -> last hidden [B, T, H]`` for T new tokens at positions pos.. (all rows aligned, causal). Through
+    ``drafters/lean_llama.py`` (the same math without HF's per-call overhead) when the config qualifies, else the
+    stock forward."""
+    from transformers import DynamicCache
+
+    from specula.drafters import lean_llama
+    from specula.targets.kv import growable_cache
+
+    body = lm.model
+    lean = lean_llama.supported(lm.config)
+    cache = growable_cache(lm.config) if lean else DynamicCache(config=lm.config)
+
+    def step(embeds, ids, pos: int) -> torch.Tensor:
+        x = embeds if embeds is not None else ids
+        b, t = x.shape[0], x.shape[1]
+        dev = x.device
+        positions = torch.arange(pos, pos + t, device=dev).expand(b, t)  # [B, T]
+        if not lean:
+            return body(inputs_embeds=embeds, input_ids=ids, position_ids=positions, past_key_values=cache,
+                        use_cache=True).last_hidden_state
+        mask = torch.ones(t, pos + t, dtype=torch.bool, device=dev).tril(pos)  # [T, S + T] causal
+        return lean_llama.model_forward(body, mask.expand(b, 1, t, pos + t), positions, cache, input_ids=ids,
+                                        inputs_embeds=embeds)
+
+    return step
+
+
 class MassvModel(nn.Module):
     """``lm`` (a LlamaForCausalLM) + ``projector``; see the module docstring."""
 
@@ -148,8 +177,6 @@ class MassvModel(nn.Module):
         """Greedy captions of images: features [N_img, T, D] (``config.feature``) -> one token list per image (EOS
         dropped). Every image is prompted with ``config.caption_prompt``, its image token expanded to T tokens, so
         all rows have one length and decode as one batch without padding."""
-        from transformers import DynamicCache
-
         cfg = self.config
         if not cfg.caption_prompt:
             raise ValueError("massv: this model has no caption_prompt (it was not trained for caption mode)")
@@ -163,8 +190,8 @@ class MassvModel(nn.Module):
             prompt += [tok] * t if tok == cfg.image_token_id else [tok]
         ids = torch.tensor(prompt, dtype=torch.long, device=dev).expand(n, -1)  # [N_img, L]
         emb = self.embed(ids, list(features.to(dev)))  # [N_img, L, H]
-        cache = DynamicCache(config=self.lm.config)
-        hidden = self.lm.model(inputs_embeds=emb, past_key_values=cache, use_cache=True).last_hidden_state
+        step = _decoder(self.lm)
+        hidden = step(emb, None, 0)  # [N_img, L, H]
         out: list[list[int]] = [[] for _ in range(n)]
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         pos = ids.shape[1]
@@ -179,9 +206,7 @@ class MassvModel(nn.Module):
                     out[i].append(x)
             if bool(done.all()):
                 break
-            hidden = self.lm.model(input_ids=tok[:, None], past_key_values=cache, use_cache=True,
-                                   position_ids=torch.full((n, 1), pos, dtype=torch.long, device=dev)
-                                   ).last_hidden_state
+            hidden = step(None, tok[:, None], pos)  # [N_img, 1, H]
             pos += 1
         return out
 

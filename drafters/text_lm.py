@@ -64,7 +64,7 @@ from specula.drafters.registration import register
 from specula.drafters.seeding import request_generator
 from specula.drafters.vocab import VocabMap, as_tokenizer, check_vocab
 from specula.runtime.core.sampling import sample_without_replacement  # pure torch, no Ray/gRPC
-from specula.targets.kv import BatchedKV, KVPolicy, attention_mask
+from specula.targets.kv import BatchedKV, GrowableLayer, KVPolicy, attention_mask, growable_cache
 
 
 @dataclass
@@ -828,8 +828,8 @@ class _VocabHead(nn.Module):
 def _full_cache(config) -> DynamicCache:
     """A cache of full-attention layers: ``targets.kv.BatchedKV`` keeps every slot, so a sliding-window layer
     (Mistral's ``sliding_window``) would drop the ones its masks still name; the drafter attends its whole context."""
-    cache = DynamicCache(config=config)
-    if all(type(layer) is DynamicLayer for layer in cache.layers):
+    cache = growable_cache(config)  # appends in place: a stock layer copies the whole cache every draft step
+    if all(type(layer) is GrowableLayer for layer in cache.layers):
         return cache
     return DynamicCache()  # layers made on first use, all DynamicLayer
 

@@ -43,6 +43,15 @@ def test_bench_spec_writes_report_and_checks_exactness(tmp_path):
         if "@" in name:
             assert c["greedy_exact"] is True and c["tau"] >= 1.0 and c["speedup_vs_plain"] > 0
     assert "no text_lm drafter" in r["hf_assisted_note"]
+    # the draft-cost table: each drafter's time per block against plain decoding's time per step, from the JSON
+    md = (out / "bench_spec.md").read_text()
+    assert "## draft cost per block" in md
+    plain = r["configs"]["plain"]
+    t_decode = plain["time_split_s"]["verify"] / plain["blocks"]
+    for name in ("ngram@2", "random@4"):
+        c = r["configs"][name]
+        row = next(x for x in md.splitlines() if x.startswith(f"| {name} | {c['blocks']} | "))
+        assert f"| {c['time_split_s']['draft'] / c['blocks'] / t_decode:.2f} |" in row
     for f in ("bench_spec.md", "tau_per_suite.png", "alpha_n.png", "speedup_vs_gamma.png"):
         assert (out / f).stat().st_size > 0
 

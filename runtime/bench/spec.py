@@ -255,6 +255,7 @@ def _summarize(cfg, path, suites, times, tokens_out, metrics, exact, assisted_re
             "tau": round(allm.tau, 3) if allm else None,
             "alpha": [round(a, 3) for a in allm.alpha[:8]] if allm else None,
             "time_split_s": {k: round(v, 4) for k, v in allm.time.items()} if allm else None,
+            "blocks": allm.blocks if allm else None,
             "greedy_exact": (all(exact[name]) if exact[name] else None) if cfg.temperature == 0 else None,
         }
     return result
@@ -280,6 +281,7 @@ def render_markdown(r: dict) -> str:
     for name, c in r["configs"].items():
         if c["alpha"]:
             lines.append(f"- {name}: " + ", ".join(f"{a:.2f}" for a in c["alpha"]))
+    lines += _draft_cost(r)
     if r.get("hf_assisted_note"):
         lines += ["", f"HF assisted generation: {r['hf_assisted_note']}"]
     if r.get("prompts"):
@@ -290,6 +292,31 @@ def render_markdown(r: dict) -> str:
             lines.append(f"| {p['id']} | {p['suite']} | {p['prompt_tokens']} | {p['images']} | "
                          f"{p.get('plain_tokens', '-')} | {same} |")
     return "\n".join(lines) + "\n"
+
+
+def _draft_cost(r: dict) -> list[str]:
+    """The draft-cost table: each configuration's drafter time per verification block (its prefill of each prompt
+    included, captions apart) against T_decode, plain decoding's time per step in the same run."""
+    plain = r["configs"].get("plain", {})
+    split, blocks = plain.get("time_split_s") or {}, plain.get("blocks")
+    if not blocks or "verify" not in split:
+        return []
+    t_decode = split["verify"] / blocks  # s per plain decode step
+    lines = ["", "## draft cost per block", "",
+             f"T_decode = {t_decode * 1e3:.2f} ms (plain decoding's target time per step, this run). Draft: the "
+             "drafter's time (its prefill of each prompt included) / verification blocks; caption: the captioning "
+             "members' decode per request.", "",
+             "| config | blocks | draft ms / block | draft / T_decode | caption ms / request |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    n_requests = len(r.get("prompts") or []) or None
+    for name, c in r["configs"].items():
+        ts, b = c.get("time_split_s") or {}, c.get("blocks")
+        if name == "plain" or not b or "draft" not in ts:
+            continue
+        per = ts["draft"] / b
+        cap = f"{ts['caption'] / n_requests * 1e3:.1f}" if "caption" in ts and n_requests else "-"
+        lines.append(f"| {name} | {b} | {per * 1e3:.2f} | {per / t_decode:.2f} | {cap} |")
+    return lines
 
 
 def write_report(r: dict, out: str | Path) -> Path:

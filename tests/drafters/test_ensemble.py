@@ -482,3 +482,18 @@ def test_sampled_tokens_follow_the_target(kit, structure):
     d = create({"kind": "ensemble", "model": kit["copy"], "structure": structure, "branching": [2, 1], "seed": 3,
                 "weights": [1, 1, 2, 1]}, target=target)
     assert_follows_the_target(kit["target"], d, base, target=target, max_tokens=4 if structure == "chain" else 6)
+
+def test_captions_through_the_lean_forward_equal_the_stock_forward(kit, monkeypatch):
+    """``MassvModel.caption`` decodes through ``lean_llama`` with an in-place cache; the stock HF forward (lean
+    refused) makes the same greedy captions, token for token, with captions long enough to differ."""
+    from specula.drafters import lean_llama
+
+    target = load_target(kit["target"])
+    reqs = requests(kit, 2, SamplingParams(max_tokens=8), suites=["multi_image"])
+    feats = target.encode_images(reqs[0].pixel_values, "pre_projector").features  # [N_img, T, D]
+    model = kit["noisy"]
+    lean = model.caption(feats, 24)
+    monkeypatch.setattr(lean_llama, "supported", lambda config: False)
+    stock = model.caption(feats, 24)
+    assert lean == stock and len(feats) >= 2 and max(len(c) for c in lean) >= 8
+    assert len({tuple(c) for c in lean}) > 1 or len(set(lean[0])) > 1  # not one repeated token
