@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specula.drafters import lean_llama
 from specula.drafters.ensemble_members import DEFAULT_GRID, Member, member_context, parse_members
 from specula.drafters.ensemble_weights import adapted_weights, check_adapt, committed_logprobs
 from specula.drafters.image_runs import feature_lengths, per_image
@@ -476,11 +477,15 @@ class EnsembleDrafter(TextLMDrafter):
         else:
             embeds = self._body.get_input_embeddings()(tokens)
         cache = self._kv.new_cache()
-        out = self._body(inputs_embeds=embeds, position_ids=pos.to(self.device), past_key_values=cache,
-                         use_cache=True,
-                         attention_mask=attention_mask(allowed[:, None].to(self.device), self._attn, self.dtype))
+        if self._lean:  # the same math without HF's per-call overhead (drafters/lean_llama.py)
+            hidden = lean_llama.model_forward(self._body, allowed[:, None].to(self.device), pos.to(self.device), cache,
+                                              inputs_embeds=embeds)  # [B, L, H]
+        else:
+            hidden = self._body(inputs_embeds=embeds, position_ids=pos.to(self.device), past_key_values=cache,
+                                use_cache=True, attention_mask=attention_mask(allowed[:, None].to(self.device),
+                                                                              self._attn, self.dtype)).last_hidden_state
         self._kv.join(cache, valid.to(self.device))
-        last = out.last_hidden_state[torch.arange(b), (lengths - 1).clamp_min(0).to(self.device)]  # [B, H]
+        last = hidden[torch.arange(b), (lengths - 1).clamp_min(0).to(self.device)]  # [B, H]
         return self._head(last).float()  # [B, V]
 
     def _children(self, logits, k: int, temps, greedy, gens):

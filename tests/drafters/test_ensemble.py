@@ -497,3 +497,35 @@ def test_captions_through_the_lean_forward_equal_the_stock_forward(kit, monkeypa
     stock = model.caption(feats, 24)
     assert lean == stock and len(feats) >= 2 and max(len(c) for c in lean) >= 8
     assert len({tuple(c) for c in lean}) > 1 or len(set(lean[0])) > 1  # not one repeated token
+
+
+def test_the_lean_ensemble_drafts_what_the_stock_forward_drafts(kit):
+    """Member rows prefilled from input embeddings (images projected) and drafted through ``lean_llama``: the same
+    tokens and q as a drafter forced onto the stock HF forward, block after block, and the lean one never calls the
+    HF module (its prefill included)."""
+    target = load_target(kit["target"])
+    members = ["multimodal", "text", {"kind": "pooled", "grid": 3}]
+    lean, stock = (drafter(kit, members=members, lean=flag) for flag in (True, False))
+    assert lean._lean and not stock._lean
+    reqs = requests(kit, 2, SamplingParams(max_tokens=8), suites=["caption", "vqa"])
+    feats = {r.request_id: target.encode_images(r.pixel_values, "pre_projector").features for r in reqs}
+    calls = []
+    hook = kit["noisy"].lm.model.register_forward_pre_hook(lambda *a, **k: calls.append(1), with_kwargs=True)
+    try:
+        ids = [r.request_id for r in reqs]
+        for d, temperature in ((lean, 1.0), (stock, 1.0)):
+            calls.clear()
+            d.begin(_contexts(kit, reqs, temperature, lambda r: feats[r.request_id]))
+            assert (len(calls) == 0) == (d is lean)
+        for _ in range(3):
+            calls.clear()
+            a = lean.propose(ids, gamma=3)
+            assert not calls
+            b = stock.propose(ids, gamma=3)
+            assert torch.equal(a.tokens, b.tokens)
+            torch.testing.assert_close(a.q, b.q, rtol=0, atol=1e-5)
+            verdicts = [Verdict(r, (0,), (int(a.tokens[i, 0]),), 11) for i, r in enumerate(ids)]
+            for d in (lean, stock):
+                d.observe(verdicts)
+    finally:
+        hook.remove()
