@@ -43,6 +43,30 @@ def ray_env(extra: dict[str, str] | None = None) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def serve_session(port: int, env: dict[str, str] | None = None, by_value: tuple = ()) -> Iterator[str]:
+    """A local Ray (2 CPUs, no dashboard, a 128 MiB object store, ``ray_env(env)``'s temp dir) with Serve's HTTP
+    proxy on 127.0.0.1:``port``; yields the proxy's base URL. ``by_value``: test modules whose classes the replicas
+    unpickle (tests/ is not on their import path). On the way out Serve shuts down, then Ray (even when Serve's
+    shutdown fails), then the environment is restored."""
+    import ray
+    from ray import serve
+
+    with ray_env(env) as tmp:
+        try:
+            init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
+                     log_to_driver=False, configure_logging=False)
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            for module in by_value:
+                ray.cloudpickle.register_pickle_by_value(module)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -22,7 +22,7 @@ from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import IngressEngine
 from specula.targets import load_target
 
-from ray_kit import free_port, ray_env, replicas, run_app, stream_records, wait_for, init_ray
+from ray_kit import free_port, replicas, run_app, serve_session, stream_records, wait_for
 from serve_kit import make_config, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -47,25 +47,14 @@ def _config(model_dir, port: int):
 
 @pytest.fixture(scope="module")
 def served(model_dir):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
+    pytest.importorskip("ray")
     from specula.runtime.serve.builder import build_app
 
     port = free_port()
     cfg = _config(model_dir, port)
-    with ray_env(FAST_METRICS) as tmp:
-        try:
-            init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
-                     log_to_driver=False, configure_logging=False)
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            run_app(build_app(cfg), cfg.name)
-            yield cfg, f"http://127.0.0.1:{port}"
-        finally:
-            try:
-                serve.shutdown()
-            finally:
-                ray.shutdown()
+    with serve_session(port, FAST_METRICS) as url:
+        run_app(build_app(cfg), cfg.name)
+        yield cfg, url
 
 
 def test_verifier_scales_up_under_load_and_back_down_when_idle(served, model_dir):

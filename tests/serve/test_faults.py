@@ -21,7 +21,7 @@ from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import IngressEngine
 from specula.targets import load_target
 
-from ray_kit import free_port, post, ray_env, run_app, stream_records, wait_for, init_ray
+from ray_kit import free_port, post, run_app, serve_session, stream_records, wait_for
 from serve_kit import make_config, record_figure, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -33,25 +33,14 @@ DEADLINE_S = 120.0
 
 @pytest.fixture(scope="module")
 def served(model_dir):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
+    pytest.importorskip("ray")
     from specula.runtime.serve.builder import build_app
 
     port = free_port()
     cfg = make_config(model_dir, http={"host": "127.0.0.1", "port": port})
-    with ray_env() as tmp:
-        try:
-            init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
-                     log_to_driver=False, configure_logging=False)
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            run_app(build_app(cfg), cfg.name)
-            yield cfg, f"http://127.0.0.1:{port}"
-        finally:
-            try:
-                serve.shutdown()
-            finally:
-                ray.shutdown()
+    with serve_session(port) as url:
+        run_app(build_app(cfg), cfg.name)
+        yield cfg, url
 
 
 @pytest.fixture(scope="module")

@@ -439,6 +439,10 @@ def test_backpressure_then_disconnect_frees_the_request(served):
     try:
         assert r.readline().startswith(b"data: ")  # the stream runs: it holds the only slot
         assert len(_live()) == 1
+        with pytest.raises(Exception, match="the verifier runs in the TargetVerifier deployment"):
+            from ray import serve  # this app's verifier has its own deployment: the ingress holds no KV cache
+
+            serve.get_deployment_handle("Ingress", app_name="specula").live_requests.remote().result()
         status, headers, raw = _call("POST", url, ONE_TOKEN)
         assert status == 503 and headers["Retry-After"] == "1"
         assert _error(raw)["code"] == "server_overloaded"

@@ -10,13 +10,7 @@ is set, so the fixture sets RAY_AUTH_MODE=disabled before ray.init (the workers 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import sys
-import tempfile
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -24,7 +18,7 @@ from specula.runtime.engine.loop import SpecEngine
 from specula.runtime.serve import LocalApp, VerifierEngine
 from specula.targets import load_target
 
-from ray_kit import init_ray
+from ray_kit import free_port, post, run_app, serve_session
 from serve_kit import make_config, world_body
 
 pytestmark = [pytest.mark.integration,
@@ -56,57 +50,20 @@ class BrokenVerifierEngine(VerifierEngine):
         return cls(_BrokenTarget(target), RemoteDrafter(vocab_size=target.info.vocab_size), gamma=config.drafter.gamma)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(model_dir):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
+    pytest.importorskip("ray")
     from specula.runtime.serve.builder import build_app
 
-    port = _free_port()
+    port = free_port()
     cfg = make_config(model_dir, http={"host": "127.0.0.1", "port": port})
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit in 107 bytes
-    try:
-        init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
-                 log_to_driver=False, configure_logging=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(cfg), name=cfg.name, route_prefix="/")
-        # a second application whose verifier fails after prefill; its classes travel by value (tests/ is not on
-        # the replicas' import path)
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # a second application whose verifier fails after prefill; its classes travel by value
+    with serve_session(port, by_value=(sys.modules[__name__],)) as url:
+        run_app(build_app(cfg), cfg.name)
         broken = make_config(model_dir, name="broken")
-        serve.run(build_app(broken, engine_classes={"target_verifier": BrokenVerifierEngine}), name="broken",
-                  route_prefix="/broken")
-        yield cfg, f"http://127.0.0.1:{port}"
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        run_app(build_app(broken, engine_classes={"target_verifier": BrokenVerifierEngine}), "broken",
+                route_prefix="/broken")
+        yield cfg, url
 
 
 def test_http_generate_equals_the_in_process_app(served):
@@ -117,7 +74,7 @@ def test_http_generate_equals_the_in_process_app(served):
         req = local.ingress.prepare(local.ingress.parse(body), "plain")
     plain = SpecEngine(load_target(cfg.model.path), None).generate([req])["plain"].tokens
     assert len(set(plain)) > 8  # an answer that varies, not one token repeated
-    status, raw = _post(f"{url}/generate", body)
+    status, raw = post(f"{url}/generate", body)
     assert status == 200, raw[:500]
     got = json.loads(raw)
     assert got["tokens"] == plain == want["tokens"] and got["text"] == want["text"]
@@ -125,22 +82,22 @@ def test_http_generate_equals_the_in_process_app(served):
     assert got["drafter"] == "ok"  # drafts came from the DrafterEnsemble replica over gRPC
     assert got["metrics"]["accepted_tokens"] == want["metrics"]["accepted_tokens"]
 
-    status, raw = _post(f"{url}/generate", {**body, "stream": True})
+    status, raw = post(f"{url}/generate", {**body, "stream": True})
     assert status == 200
     records = [json.loads(line) for line in raw.decode().splitlines()]
     assert records[-1]["finished"] is True
     assert [t for r in records[:-1] for t in r["tokens"]] == want["tokens"]
 
-    status, raw = _post(f"{url}/generate", {**body, "max_tokens": 0})
+    status, raw = post(f"{url}/generate", {**body, "max_tokens": 0})
     assert status == 400 and "max_tokens" in json.loads(raw)["error"]["message"]
 
 
 def test_verifier_failure_reaches_the_client_as_an_error(served):
     _, url = served
     body = world_body(2, max_tokens=8)  # text only
-    status, raw = _post(f"{url}/broken/generate", body)
+    status, raw = post(f"{url}/broken/generate", body)
     assert status == 500 and "simulated GPU failure" in json.loads(raw)["error"]["message"]
-    status, raw = _post(f"{url}/broken/generate", {**body, "stream": True})
+    status, raw = post(f"{url}/broken/generate", {**body, "stream": True})
     records = [json.loads(line) for line in raw.decode().splitlines()]
     assert status == 200 and records[0]["tokens"]  # the prefill token went out before the failure ...
     assert "simulated GPU failure" in records[-1]["error"]["message"]  # ... then an error, never "finished"
@@ -163,7 +120,7 @@ def test_the_ingress_replica_serves_the_grpc_api(served):
 
     cfg, url = served
     body = world_body(0, max_tokens=16)
-    status, raw = _post(f"{url}/generate", body)
+    status, raw = post(f"{url}/generate", body)
     assert status == 200, raw[:500]
     want = json.loads(raw)
     images = [base64.b64decode(s) for s in body["images"]]

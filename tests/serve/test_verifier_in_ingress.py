@@ -19,7 +19,7 @@ from specula.targets import load_target
 
 import test_openai_http
 import test_serve_integration
-from ray_kit import free_port, init_ray, post, ray_env, run_app, stream_records, wait_for
+from ray_kit import free_port, post, run_app, serve_session, stream_records, wait_for
 from serve_kit import make_config, world_body
 from test_openai_http import SLOW, SlowWhenAskedVerifierEngine
 from test_serve_integration import BrokenVerifierEngine
@@ -41,30 +41,18 @@ def _config(model_dir, port: int, name: str = "specula"):
 
 @pytest.fixture(scope="module")
 def served(model_dir):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
+    pytest.importorskip("ray")
     from specula.runtime.serve.builder import build_app
 
     port = free_port()
     cfg = _config(model_dir, port)
-    with ray_env() as tmp:
-        init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
-                 log_to_driver=False, configure_logging=False)
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            for module in (test_openai_http, test_serve_integration):  # tests/ is not on the replicas' path
-                ray.cloudpickle.register_pickle_by_value(sys.modules[module.__name__])
-            run_app(build_app(cfg, engine_classes={"target_verifier": SlowWhenAskedVerifierEngine}), cfg.name)
-            broken = _config(model_dir, port, name="broken")
-            run_app(build_app(broken, engine_classes={"target_verifier": BrokenVerifierEngine}), "broken",
-                    route_prefix="/broken")
-            yield cfg, f"http://127.0.0.1:{port}"
-        finally:
-            try:
-                serve.shutdown()
-            finally:
-                ray.shutdown()
+    by_value = (sys.modules[test_openai_http.__name__], sys.modules[test_serve_integration.__name__])
+    with serve_session(port, by_value=by_value) as url:
+        run_app(build_app(cfg, engine_classes={"target_verifier": SlowWhenAskedVerifierEngine}), cfg.name)
+        broken = _config(model_dir, port, name="broken")
+        run_app(build_app(broken, engine_classes={"target_verifier": BrokenVerifierEngine}), "broken",
+                route_prefix="/broken")
+        yield cfg, url
 
 
 def _ingress(app: str = "specula"):
