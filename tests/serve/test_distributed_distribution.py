@@ -49,7 +49,7 @@ from specula.zoo.store import resolve  # noqa: E402
 
 import counting_verifier  # noqa: E402
 from counting_verifier import CountingVerifierEngine  # noqa: E402
-from ray_kit import free_port, init_ray, post, ray_env, run_app  # noqa: E402
+from ray_kit import free_port, post, run_app, serve_session  # noqa: E402
 from serve_kit import make_config  # noqa: E402
 
 pytestmark = [pytest.mark.statistical, pytest.mark.integration,
@@ -113,27 +113,14 @@ def local():
 @pytest.fixture(scope="module")
 def served():
     """One real Ray Serve application (flash by default, massv by name); the HTTP base URL."""
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
+    pytest.importorskip("ray")
     from specula.runtime.serve.builder import build_app
 
-    with ray_env() as tmp:
-        port = free_port()
-        cfg = _config(port)
-        init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
-                 log_to_driver=False, configure_logging=False)
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            ray.cloudpickle.register_pickle_by_value(counting_verifier)  # tests/ is not on the replicas' path
-            run_app(build_app(cfg, engine_classes={"target_verifier": CountingVerifierEngine}), cfg.name,
-                    timeout=300)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            try:
-                serve.shutdown()
-            finally:
-                ray.shutdown()
+    port = free_port()
+    cfg = _config(port)
+    with serve_session(port, by_value=(counting_verifier,)) as url:  # tests/ is not on the replicas' path
+        run_app(build_app(cfg, engine_classes={"target_verifier": CountingVerifierEngine}), cfg.name, timeout=300)
+        yield url
 
 
 def _sample(chat, law, name: str, seed0: int, n: int = N):

@@ -40,7 +40,7 @@ from specula.runtime.serve import LocalApp
 
 import counting_verifier
 from counting_verifier import CountingVerifierEngine
-from ray_kit import free_port, init_ray, post, ray_env, run_app
+from ray_kit import free_port, post, run_app, serve_session
 from serve_kit import make_config
 
 pytestmark = [pytest.mark.integration,
@@ -97,30 +97,18 @@ def local():
 @pytest.fixture(scope="module")
 def served():
     """One real Ray Serve application with every drafter; (config, HTTP base URL, gRPC address)."""
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from ray import serve
 
     from specula.runtime.serve.builder import build_app
 
-    with ray_env() as tmp:
-        port = free_port()
-        cfg = _config(port)
-        init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
-                 log_to_driver=False, configure_logging=False)
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            # the counting engine travels by value (tests/ is not on the replicas' import path)
-            ray.cloudpickle.register_pickle_by_value(counting_verifier)
-            run_app(build_app(cfg, engine_classes={"target_verifier": CountingVerifierEngine}), cfg.name,
-                    timeout=300)
-            address = serve.get_deployment_handle("Ingress", app_name=cfg.name).grpc_address.remote() \
-                .result(timeout_s=60)
-            yield cfg, f"http://127.0.0.1:{port}", address
-        finally:
-            try:
-                serve.shutdown()
-            finally:
-                ray.shutdown()
+    port = free_port()
+    cfg = _config(port)
+    # the counting engine travels by value (tests/ is not on the replicas' import path)
+    with serve_session(port, by_value=(counting_verifier,)) as url:
+        run_app(build_app(cfg, engine_classes={"target_verifier": CountingVerifierEngine}), cfg.name, timeout=300)
+        address = serve.get_deployment_handle("Ingress", app_name=cfg.name).grpc_address.remote().result(timeout_s=60)
+        yield cfg, url, address
 
 
 # ------------------------------------------------------------------------------------------------ requests

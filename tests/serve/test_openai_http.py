@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +24,7 @@ import pytest
 
 from specula.runtime.serve import VerifierEngine
 
-from ray_kit import init_ray
+from ray_kit import free_port, run_app, serve_session
 from serve_kit import make_config, record_figure, world_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")]
@@ -70,12 +68,6 @@ class SlowWhenAskedVerifierEngine(VerifierEngine):
         super().submit(request, sink, drafter_address)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def image_dir(tmp_path_factory):
     from specula.world import generate
@@ -87,7 +79,7 @@ def image_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served_cfg(model_dir, image_dir):
-    http = {"host": "127.0.0.1", "port": _free_port(), "served_model_name": "tiny-llava"}
+    http = {"host": "127.0.0.1", "port": free_port(), "served_model_name": "tiny-llava"}
     return make_config(model_dir, http=http, auth={"api_keys": [KEY]},
                        limits={"max_tokens": 64, "max_images": 4, "image_dir": str(image_dir),
                                "max_request_bytes": 1_000_000, "max_concurrent_requests": 1,
@@ -96,35 +88,13 @@ def served_cfg(model_dir, image_dir):
 
 @pytest.fixture(scope="module")
 def served(served_cfg):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
+    pytest.importorskip("ray")
     from specula.runtime.serve.builder import build_app
 
     cfg = served_cfg
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix socket paths must fit in 107 bytes
-    try:
-        init_ray(num_cpus=2, include_dashboard=False, _temp_dir=tmp, object_store_memory=128 * 1024 * 1024,
-                 log_to_driver=False, configure_logging=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": cfg.http.port})
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on the replicas' path
-        serve.run(build_app(cfg, engine_classes={"target_verifier": SlowWhenAskedVerifierEngine}), name=cfg.name,
-                  route_prefix="/")
-        yield f"http://127.0.0.1:{cfg.http.port}"
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            shutil.rmtree(tmp, ignore_errors=True)
+    with serve_session(cfg.http.port, by_value=(sys.modules[__name__],)) as url:
+        run_app(build_app(cfg, engine_classes={"target_verifier": SlowWhenAskedVerifierEngine}), cfg.name)
+        yield url
 
 
 def test_serve_lets_every_request_reach_the_admission_queue():
