@@ -183,7 +183,7 @@ class EnsembleDrafter(TextLMDrafter):
                 rows.append((keys[-1], toks, vis))
             groups[c.request_id] = keys
             weights[c.request_id] = [m.weight for m in members] if f is not None else [1.0]
-        last = self._prefill(rows)  # [rows, V]
+        last, order = self._prefill(rows)  # [rows, V]; the order the rows joined the cache
         self._groups_of.update(groups)
         self._weights_of.update(weights)
         first_row = 0
@@ -196,7 +196,7 @@ class EnsembleDrafter(TextLMDrafter):
             self._loglik_of[c.request_id] = ll
             first_row += n
         by_id = {c.request_id: (c, self._generator(c)) for c in contexts}  # one generator per request
-        for key, toks, _ in rows:
+        for key, toks, _ in (rows[i] for i in order):  # self._rows keeps the cache's row order
             c, gen = by_id[key.split("\x00")[0]]
             self._rows[key] = _Row(toks + [int(c.first_token)], [int(c.first_token)], len(toks),
                                    float(c.temperature), gen)
@@ -459,9 +459,22 @@ class EnsembleDrafter(TextLMDrafter):
             self._begin_times.setdefault(rid, {})["caption"] = spent * len(feats[i]) / n_img
         return out
 
-    def _prefill(self, rows: list[tuple[str, list[int], torch.Tensor | None]]) -> torch.Tensor:
-        """One forward over every new row's context (input embeddings: the projector's output at image tokens) ->
-        each row's logits after its context [B, V] fp32 (an empty context's row is meaningless)."""
+    def _prefill(self, rows: list[tuple[str, list[int], torch.Tensor | None]]) -> tuple[torch.Tensor, list[int]]:
+        """Prefill every new row's context, rows of similar length in one forward each (``length_groups``: a text
+        member's few tokens are not padded to the image member's hundreds), each group joined to the cache in turn
+        -> each row's logits after its context [B, V] fp32 in ``rows`` order (an empty context's row is
+        meaningless), and the order the rows joined the cache."""
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        order: list[int] = []
+        for group in length_groups([len(t) for _, t, _ in rows]):
+            for i, row_logits in zip(group, self._prefill_group([rows[i] for i in group])):
+                out[i] = row_logits
+            order += group
+        return torch.stack(out), order
+
+    def _prefill_group(self, rows: list[tuple[str, list[int], torch.Tensor | None]]) -> torch.Tensor:
+        """One forward over these rows' contexts, right-padded (input embeddings: the projector's output at image
+        tokens), joined to the cache -> each row's logits after its context [B, V] fp32."""
         b, seq = len(rows), max([len(t) for _, t, _ in rows] + [1])  # an empty prompt gets one invalid slot
         tokens = torch.zeros(b, seq, dtype=torch.long)  # [B, L]
         for i, (_, t, _) in enumerate(rows):
@@ -513,6 +526,23 @@ class EnsembleDrafter(TextLMDrafter):
         owner = torch.tensor([i for i, (_, n, _) in enumerate(groups) for _ in range(n)],
                              device=mixed.device)  # [Bc] request of each row
         return kids[owner], (q[owner] if q is not None else None)
+
+
+def length_groups(lengths: Sequence[int], slack: float = 1.25) -> list[list[int]]:
+    """Indices of rows grouped for padded forwards: longest first, a row joins the current group while the group's
+    padded size (its longest row x its rows) stays within ``slack`` x its real tokens (an empty row counts one)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    longest = real = 0
+    for i in order:
+        n = max(int(lengths[i]), 1)
+        if groups and longest * (len(groups[-1]) + 1) <= slack * (real + n):
+            groups[-1].append(i)
+            real += n
+        else:
+            groups.append([i])
+            longest = real = n
+    return groups
 
 
 def _image_key(features: torch.Tensor) -> bytes:

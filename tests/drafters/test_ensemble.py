@@ -529,3 +529,46 @@ def test_the_lean_ensemble_drafts_what_the_stock_forward_drafts(kit):
                 d.observe(verdicts)
     finally:
         hook.remove()
+
+
+def test_length_groups_bound_the_padding_and_keep_every_row_once():
+    from specula.drafters.ensemble import length_groups
+
+    lengths = [160, 10, 60, 45, 0, 150, 12]
+    groups = length_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        real = [max(lengths[i], 1) for i in g]
+        assert max(real) * len(g) <= 1.25 * sum(real)
+    assert [0, 5] in groups and len(groups) < len(lengths)  # the two image-long rows share one forward
+    assert length_groups([]) == [] and length_groups([7]) == [[0]]
+
+
+def test_member_rows_prefilled_by_length_draft_what_one_padded_prefill_drafts(kit, monkeypatch):
+    """Rows of very different lengths (the text member's prompt without its 144 image tokens, the pooled member's
+    9) are prefilled in separate forwards, joined to the cache in their own order: the drafts and q are those of one
+    padded forward over all rows, and the padded tokens stay within the bound."""
+    from specula.drafters import ensemble
+
+    target = load_target(kit["target"])
+    members = ["multimodal", "text", {"kind": "pooled", "grid": 3}]
+    reqs = requests(kit, 2, SamplingParams(max_tokens=8), suites=["caption", "text"])
+    feats = {r.request_id: target.encode_images(r.pixel_values, "pre_projector").features
+             for r in reqs if r.pixel_values is not None}
+    ids = [r.request_id for r in reqs]
+    padded = []
+    grouped, one = drafter(kit, members=members), drafter(kit, members=members)
+    real = grouped._prefill_group
+    grouped._prefill_group = lambda rows: padded.append((len(rows), max(len(t) for _, t, _ in rows),
+                                                         sum(len(t) for _, t, _ in rows))) or real(rows)
+    grouped.begin(_contexts(kit, reqs, 1.0, lambda r: feats[r.request_id]))
+    monkeypatch.setattr(ensemble, "length_groups", lambda lengths: [list(range(len(lengths)))] if lengths else [])
+    one.begin(_contexts(kit, reqs, 1.0, lambda r: feats[r.request_id]))
+    assert len(padded) > 1 and sum(b * m for b, m, _ in padded) <= 1.25 * sum(n for _, _, n in padded)
+    for _ in range(3):
+        a, b = grouped.propose(ids, gamma=3), one.propose(ids, gamma=3)
+        assert torch.equal(a.tokens, b.tokens)
+        torch.testing.assert_close(a.q, b.q, rtol=0, atol=1e-5)
+        verdicts = [Verdict(r, (0,), (int(a.tokens[i, 0]),), 11) for i, r in enumerate(ids)]
+        for d in (grouped, one):
+            d.observe(verdicts)
