@@ -77,19 +77,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
-def _fused(layer) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's q/k/v weights stacked [(nh + 2 nkv) D, H] and gate/up stacked [2 I, H], kept on the layer and
-    rebuilt when any of those weights changes (in-place training updates bump ``_version``)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    ws = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight)
-    key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
-    held = getattr(layer, "_specula_fused", None)
-    if held is None or held[0] != key:
-        held = (key, torch.cat(ws[:3]).detach(), torch.cat(ws[3:]).detach())
-        layer._specula_fused = held  # a plain attribute: not a parameter, never saved
-    return held[1], held[2]
-
-
 def decoder_layer(layer, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   cache, layer_idx: int) -> torch.Tensor:
     """One ``LlamaDecoderLayer`` step.
@@ -98,28 +85,25 @@ def decoder_layer(layer, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
     mask  # [B, 1, T, S + T] bool, True = attend (S: slots already in ``cache`` for this layer)
     cos, sin  # [B, 1, T, D] from ``rope_tables`` (sin signed)
     cache: an HF ``Cache`` (its ``update(k, v, layer_idx)`` appends and returns the whole K/V) or None.
-
-    q/k/v and gate/up run as one matmul each over the stacked weights (``_fused``); RoPE is applied to q and k in one
-    pass over their concatenation.
     """
     attn = layer.self_attn
     b, t, _ = x.shape
     d = attn.head_dim
-    nq = attn.q_proj.weight.shape[0] // d
-    nkv = attn.k_proj.weight.shape[0] // d
-    qkv_w, gate_up_w = _fused(layer)
     h = rms_norm(layer.input_layernorm, x)
-    qkv = F.linear(h, qkv_w).view(b, t, nq + 2 * nkv, d).transpose(1, 2)  # [B, nh + 2 nkv, T, D]
-    qk = _rotate(qkv[:, : nq + nkv], cos, sin)  # [B, nh + nkv, T, D]
-    q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]  # [B, nh | nkv | nkv, T, D]
+    q = F.linear(h, attn.q_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
+    k = F.linear(h, attn.k_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
+    v = F.linear(h, attn.v_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     if cache is not None:
         k, v = cache.update(k, v, layer_idx)  # [B, nkv, S + T, D]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=nq != nkv)
+    gqa = q.shape[1] != k.shape[1]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)  # [B, nh, T, D]
     o = o.transpose(1, 2).reshape(b, t, -1)  # [B, T, nh * D]
     x = x + F.linear(o, attn.o_proj.weight)
+    mlp = layer.mlp
     h = rms_norm(layer.post_attention_layernorm, x)
-    gate, up = F.linear(h, gate_up_w).chunk(2, dim=-1)  # [B, T, I] each
-    return x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
+    return x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
+                        mlp.down_proj.weight)
 
 
 def model_forward(body, mask: torch.Tensor, pos: torch.Tensor, cache, input_ids: torch.Tensor | None = None,

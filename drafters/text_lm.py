@@ -55,7 +55,6 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from specula.drafters import lean_llama, stopping
 from specula.drafters.outcomes import best_outcome, node_rank
