@@ -46,7 +46,10 @@ def rope_tables(rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
 
     The signed sin is sin with its first half negated, so ``_rotate`` needs no negation: ``rotate_half(x) * sin ==
     roll(x, D/2) * signed_sin`` exactly (IEEE negation commutes with the product). The table's entries are the
-    values ``rope_cos_sin`` computes for the same position, bit for bit (the same ops on the same fp32 inputs)."""
+    values ``rope_cos_sin`` computes for the same position, bit for bit (the same ops on the same fp32 inputs).
+    Off the CPU the table is not used (sizing it reads the largest position on the host: a device sync per step)."""
+    if pos.device.type != "cpu":
+        return _rope_direct(rotary, pos, dtype)
     need = int(pos.max()) + 1 if pos.numel() else 1
     key = (rotary.inv_freq.data_ptr(), rotary.inv_freq._version, dtype, pos.device)
     held = getattr(rotary, "_specula_rope", None)
@@ -58,6 +61,13 @@ def rope_tables(rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
         held = (key, cos[0], signed[0])
         rotary._specula_rope = held  # a plain attribute: not a buffer, never saved
     return held[1][pos][:, None], held[2][pos][:, None]  # [B, 1, T, D]
+
+
+def _rope_direct(rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_tables``' result computed for ``pos`` alone: cos, signed sin [B, 1, T, D]."""
+    cos, sin = rope_cos_sin(rotary, pos, dtype)  # [B, T, D]
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, None]
 
 
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:

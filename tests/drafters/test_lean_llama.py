@@ -119,3 +119,34 @@ def test_text_lm_drafts_through_the_lean_path_with_the_stock_paths_drafts():
                 d.observe(verdicts)
     finally:
         hook.remove()
+
+
+def test_rope_tables_are_bit_for_bit_the_direct_computation():
+    """The per-position table (CPU) gives exactly what computing each position gives (the path off the CPU), as the
+    table grows past its first size and after the rotary's frequencies change."""
+    rotary = LlamaRotaryEmbedding(_config())
+    g = torch.Generator().manual_seed(0)
+    for top in (10, 300, 1000):
+        pos = torch.randint(0, top, (3, 5), generator=g)  # [B, T]
+        for a, b in zip(lean_llama.rope_tables(rotary, pos, torch.float32),
+                        lean_llama._rope_direct(rotary, pos, torch.float32)):
+            assert a.shape == (3, 1, 5, 16) and torch.equal(a, b)
+    rotary.inv_freq.mul_(0.5)  # in place: the table must be rebuilt
+    pos = torch.arange(7)[None]
+    for a, b in zip(lean_llama.rope_tables(rotary, pos, torch.float32),
+                    lean_llama._rope_direct(rotary, pos, torch.float32)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["text_lm", "flash", "aasd"])
+def test_every_drafter_cache_appends_in_place(kind):
+    """The drafters' KV caches are ``GrowableLayer``s: a draft step writes its slots into spare room instead of
+    copying the whole cache (HF's stock layer concatenates)."""
+    from specula.runtime.bench.spec import make_drafter
+    from specula.targets import load_target
+    from specula.targets.kv import GrowableLayer
+    from specula.zoo.store import resolve
+
+    d = make_drafter({"kind": kind}, load_target(resolve("target")))  # the shipped weights
+    layers = d._kv.new_cache().layers
+    assert layers and all(type(layer) is GrowableLayer for layer in layers)
