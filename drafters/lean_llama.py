@@ -55,10 +55,8 @@ def rope_tables(rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
     held = getattr(rotary, "_specula_rope", None)
     if held is None or held[0] != key or held[1].shape[0] < need:
         size = max(need, 2 * held[1].shape[0] if held is not None and held[0] == key else 256)
-        cos, sin = rope_cos_sin(rotary, torch.arange(size, device=pos.device)[None], dtype)  # [1, N, D]
-        half = sin.shape[-1] // 2
-        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        held = (key, cos[0], signed[0])
+        cos, signed = _rope_direct(rotary, torch.arange(size, device=pos.device)[None], dtype)  # [1, 1, N, D]
+        held = (key, cos[0, 0], signed[0, 0])
         rotary._specula_rope = held  # a plain attribute: not a buffer, never saved
     return held[1][pos][:, None], held[2][pos][:, None]  # [B, 1, T, D]
 
@@ -120,7 +118,8 @@ def model_forward(body, mask: torch.Tensor, pos: torch.Tensor, cache, input_ids:
                   inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
     """``LlamaModel`` (``body``) with a boolean 4-D mask -> final-normed hidden states [B, T, H].
 
-    input_ids [B, T] or inputs_embeds [B, T, H]; mask [B, 1, T, S + T] bool; pos [B, T] int64; cache: HF Cache.
+    input_ids [B, T] or inputs_embeds [B, T, H]; mask [B, 1, T, S + T] bool (None: every token attends every slot,
+    right for one new token per row); pos [B, T] int64; cache: HF Cache.
     """
     x = body.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [B, T, H]
     cos, sin = rope_tables(body.rotary_emb, pos, x.dtype)

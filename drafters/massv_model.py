@@ -130,9 +130,10 @@ def _decoder(lm: nn.Module):
         if not lean:
             return body(inputs_embeds=embeds, input_ids=ids, position_ids=positions, past_key_values=cache,
                         use_cache=True).last_hidden_state
-        mask = torch.ones(t, pos + t, dtype=torch.bool, device=dev).tril(pos)  # [T, S + T] causal
-        return lean_llama.model_forward(body, mask.expand(b, 1, t, pos + t), positions, cache, input_ids=ids,
-                                        inputs_embeds=embeds)
+        mask = None  # one new token per row attends to every cached slot: no mask to build
+        if t > 1:
+            mask = torch.ones(t, pos + t, dtype=torch.bool, device=dev).tril(pos).expand(b, 1, t, pos + t)  # causal
+        return lean_llama.model_forward(body, mask, positions, cache, input_ids=ids, inputs_embeds=embeds)
 
     return step
 
