@@ -116,6 +116,7 @@ def test_sections_measure_what_they_say(report):
     assert set(ov["configs"]) == {"plain", "single_process", "sequential", "pipelined", "predraft", "offers"}
     assert ov["configs"]["pipelined"]["greedy_exact"] is True and ov["overlap"]["efficiency"] > 0
     assert ov["drafter"]["kind"] == "text_lm"  # never ngram / random: their drafting leaves nothing to overlap
+    assert all(ov["configs"][n]["critical_draft_vs_t_decode"] > 0 for n in ("single_process", "offers"))
     sv = S["served"]  # specula serve (default config, and gamma 0) over HTTP beside in-process decoding
     assert set(sv["rows"]) == {f"{rt}/{c}/1" for rt in ("in_process", "served") for c in ("plain", "default")}
     assert all(row["exact"] and row["tokens_per_s"] > 0 for row in sv["rows"].values()), sv["rows"]

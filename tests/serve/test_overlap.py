@@ -410,7 +410,11 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
     assert r["configs"]["predraft"]["offers_taken"] == 0 and r["overlap"]["decode_offers_vs_sequential"] > 0
     assert r["configs"]["offers"]["offers_taken"] <= r["configs"]["offers"]["spec_used"]
     assert set(r["wire"]) >= {"fp32", "fp16", "int8"}
-    assert (out / "bench_distributed.md").read_text().startswith("# ")
+    for name in ("single_process", "sequential", "pipelined", "predraft", "offers"):  # drafter time per block / T_decode
+        c = r["configs"][name]
+        assert 0 < c["critical_draft_vs_t_decode"] < c["seconds"] / c["blocks"] / r["overlap"]["t_decode_s"]
+    md = (out / "bench_distributed.md").read_text()
+    assert md.startswith("# ") and f"| {r['configs']['offers']['critical_draft_vs_t_decode']} | True |" in md
 
 
 def test_bench_distributed_pins_verifier_and_drafter_to_a_core_each(lively, tmp_path):

@@ -273,8 +273,8 @@ def overlap(ctx: Ctx) -> dict:
                               n=cfg.overlap_n, max_tokens=cfg.max_tokens, temperature=0.0, seed=cfg.seed,
                               log=lambda *_: None)
     keep = ("seconds", "decode_s", "tau", "speedup_vs_plain", "decode_speedup_vs_plain", "ideal_speedup",
-            "overlap_efficiency", "greedy_exact", "transfer_share_of_block_step", "wire_bytes_per_block", "spec_used",
-            "spec_dropped", "spec_branch", "codec")
+            "overlap_efficiency", "critical_draft_vs_t_decode", "greedy_exact", "transfer_share_of_block_step",
+            "wire_bytes_per_block", "spec_used", "spec_dropped", "spec_branch", "codec")
     return {"status": "ok", "drafter": drafter, "suites": list(cfg.overlap_suites), "n_per_suite": cfg.overlap_n,
             "gamma": cfg.gamma, "overlap": r["overlap"],
             "configs": {n: {k: c[k] for k in keep if k in c} for n, c in r["configs"].items()}}
