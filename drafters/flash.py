@@ -188,7 +188,7 @@ class FlashDrafter(EagleDrafter):
         """Feed n chain pairs per call row ``sel`` [Bc]: tok [Bc, n], hid [Bc, n, H], at positions pos [Bc] + 0..n-1;
         each sees the row's valid cache, every draft column of this proposal (all its ancestors) and the pass's
         earlier pairs. Rows not in the call ride along. Returns the head outputs [Bc, n, H]."""
-        b, (bc, n), s = self._kv.batch_size, tok.shape, self._kv.seq_len
+        b, (_, n), s = self._kv.batch_size, tok.shape, self._kv.seq_len
         dev = self.device
         t = torch.zeros(b, n, dtype=torch.long, device=dev)
         h = torch.zeros(b, n, hid.shape[-1], dtype=self.dtype, device=dev)

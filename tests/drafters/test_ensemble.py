@@ -182,6 +182,38 @@ def test_q_is_the_weighted_mixture_of_the_members(kit, structure, adapt):
         == adapt
 
 
+@pytest.mark.parametrize("members,suites", [(["multimodal"], ["chart", "caption"]), (None, ["text", "text"])])
+def test_one_row_per_request_draws_from_that_row_s_own_distribution(kit, members, suites):
+    """When every request of a call has one row (a one-member ensemble, as massv is; or requests without images,
+    which keep one context) the ensemble skips the mixture: each node's q must still be that row's own softmax
+    over its context + the node's ancestors, without the image token, and a greedy draft its argmax."""
+    target = load_target(kit["target"])
+    m = kit["noisy"]
+    image = kit["target"].config.image_token_id
+    reqs = requests(kit, 2, SamplingParams(), suites=suites)
+    feats = {r.request_id: target.encode_images(r.pixel_values, "pre_projector").features
+             for r in reqs if r.pixel_values is not None}
+    for temperature in (0.8, 0.0):
+        d = drafter(kit, adapt=0, **({} if members is None else {"members": members}))
+        d.begin(_contexts(kit, reqs, temperature, lambda r: feats[r.request_id]))
+        assert all(len(d._keys(rid)) == 1 for rid in ("r0", "r1"))  # the shortcut's case
+        for rnd in range(2):
+            prop = d.propose(["r0", "r1"], gamma=3)
+            verdicts = []
+            for b, rid in enumerate(["r0", "r1"]):
+                toks, _, paths = node_paths(prop, b)
+                f = feats.get(rid)
+                vis = None if f is None else f.reshape(-1, f.shape[-1])
+                for i, path in enumerate(paths):
+                    want = _member_logp(m, d.context(rid, 0) + [toks[k] for k in path], vis, image, temperature or 1.0)
+                    if temperature:
+                        torch.testing.assert_close(prop.q[b, i], want, atol=2e-5, rtol=1e-4)
+                    else:
+                        assert toks[i] == int(want.argmax()) != image
+                verdicts.append(Verdict(rid, (0,) if rnd else (), tuple(toks[:1]) if rnd else (), 11))
+            d.observe(verdicts)
+
+
 def test_member_rows_run_as_one_batched_forward(kit):
     """Requests x members are the rows of one forward per draft level (a text-only request has one row)."""
     target = load_target(kit["target"])
