@@ -143,7 +143,8 @@ def test_markdown_tables_plots_and_claim_lines(report):
     sv = r["sections"]["served"]["rows"]  # the served section's per-suite table: default over plain, same runtime
     ratio = [sv["served/default/1"]["per_suite_tokens_per_s"][s] / sv["served/plain/1"]["per_suite_tokens_per_s"][s]
              for s in ("vqa", "text")]
-    assert "| runtime | streams | vqa | text |" in md and f"| served | 1 | {ratio[0]:.2f}x | {ratio[1]:.2f}x |" in md
+    assert "| runtime | config | streams | vqa | text |" in md
+    assert f"| served | default | 1 | {ratio[0]:.2f}x | {ratio[1]:.2f}x |" in md
     for paper in ("msd", "flash", "aasd", "massv", "ibed"):
         assert f"- **{paper}** (" in md
     assert [c["paper"] for c in r["claims"]] == ["msd", "flash", "aasd", "massv", "ibed"]

@@ -418,18 +418,27 @@ def render_markdown(r: dict) -> str:
         lines.append(f"| {runtime} | {name} | " + " | ".join(str(row["per_suite_tokens_per_s"].get(s, ""))
                                                              for s in suites) + " |")
     lines += ["", "## Speedup per suite (x plain of the same runtime, same streams)", "",
-              "| runtime | config | " + " | ".join(suites) + " |", "| --- | --- |" + " ---: |" * len(suites)]
+              "| runtime | config | streams | " + " | ".join(suites) + " |",
+              "| --- | --- | ---: |" + " ---: |" * len(suites)]
+    for runtime, name, streams, ratios in suite_speedups(r["rows"], suites):
+        lines.append(f"| {runtime} | {name} | {streams} | "
+                     + " | ".join("" if x is None else f"{x:.2f}x" for x in ratios) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def suite_speedups(rows: dict, suites) -> list[tuple[str, str, str, list[float | None]]]:
+    """Per suite, each configuration's tokens/s over plain decoding's in the same runtime at the same streams:
+    (runtime, config, streams, [ratio or None per suite]) for the rows whose requests have wall times of their own
+    (served rows; in-process rows of one stream: an in-process batch of several has one wall time for all)."""
+    out = []
     for key, row in rows.items():
         runtime, name, streams = key.split("/")
-        plain = r["rows"].get(f"{runtime}/plain/{streams}")
-        if name == "plain" or plain is None:
+        plain = rows.get(f"{runtime}/plain/{streams}")
+        if name == "plain" or plain is None or (runtime == "in_process" and streams != "1"):
             continue
-        cells = []
-        for s in suites:
-            a, b = row["per_suite_tokens_per_s"].get(s), plain["per_suite_tokens_per_s"].get(s)
-            cells.append(f"{a / b:.2f}x" if a and b else "")
-        lines.append(f"| {runtime} | {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        a, b = row.get("per_suite_tokens_per_s") or {}, plain.get("per_suite_tokens_per_s") or {}
+        out.append((runtime, name, streams, [a[s] / b[s] if a.get(s) and b.get(s) else None for s in suites]))
+    return out
 
 
 def write_report(r: dict, out: str | Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specula.runtime.bench.plots import bar_chart, line_chart, stacked_bar_chart
+from specula.runtime.bench.served import suite_speedups
 
 TITLES = {
     "main": "tau and speedup per drafter x suite (greedy), alpha_n, time split",
@@ -198,21 +199,14 @@ def _served_md(sec, r):
                                                    ("prefill", "draft", "verify") if p in v["ms_per_token"])]
             for k, v in sec["rows"].items()]
     suites = sec["suites"]
-    per_suite = []  # the default over plain of the same runtime and streams, per suite (each request's own wall)
-    for key, v in sec["rows"].items():
-        runtime, name, streams = key.split("/")
-        plain = sec["rows"].get(f"{runtime}/plain/{streams}")
-        if name == "plain" or plain is None or (runtime == "in_process" and streams != "1"):
-            continue  # an in-process batch has one wall time for all its prompts: no per-suite split
-        a, b = v.get("per_suite_tokens_per_s") or {}, plain.get("per_suite_tokens_per_s") or {}
-        per_suite.append([runtime, streams, *(_f(a[s] / b[s], 2, "x") if a.get(s) and b.get(s) else "-"
-                                              for s in suites)])
+    per_suite = [[runtime, name, streams, *(_f(x, 2, "x") for x in ratios)]
+                 for runtime, name, streams, ratios in suite_speedups(sec["rows"], suites)]
     return [f"Default drafter {sec['drafter']['kind']}@{sec['gamma']}, {sec['n_per_suite']} prompts x "
             f"{len(suites)} suites, round robin, each runtime alone on the machine.", "",
             *_table(["runtime", "config", "streams", "tokens/s", "x plain (same runtime)", "x in-process plain",
                      "tau", "greedy == in-process plain", "ms per token: prefill / draft / verify"], rows),
             "", "The default config over plain decoding of the same runtime, per suite (tokens/s of each request's "
-                "own wall time):", "", *_table(["runtime", "streams", *suites], per_suite)]
+                "own wall time):", "", *_table(["runtime", "config", "streams", *suites], per_suite)]
 
 
 def _cell(text) -> str:
