@@ -284,7 +284,8 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
              "blocks": blocks, "tau": round((accepted + blocks) / blocks, 3) if blocks else None,
              "speedup_vs_plain": round(plain_s / seconds[name], 3) if seconds[name] else None,
              "greedy_exact": all(x["exact"] for x in rs) if cfg["temperature"] == 0 and name != "plain" else None,
-             "verify_s": round(verify, 4)}
+             "verify_s": round(verify, 4),
+             "critical_draft_s": round(t["draft"], 6)}  # the verifier's time on the drafter, as it booked it
         per_step[name] = verify / blocks if blocks else 0.0
         critical[name] = t["draft"] / blocks if blocks else 0.0  # what the verifier spent on the drafter per block
         dps = [x["dataplane"] for x in rs if x["dataplane"]]

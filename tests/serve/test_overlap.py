@@ -413,6 +413,8 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
     for name in ("single_process", "sequential", "pipelined", "predraft", "offers"):  # drafter time per block / T_decode
         c = r["configs"][name]
         assert 0 < c["critical_draft_vs_t_decode"] < c["seconds"] / c["blocks"] / r["overlap"]["t_decode_s"]
+        assert c["critical_draft_vs_t_decode"] == pytest.approx(  # the verifier's drafter time, not another phase
+            c["critical_draft_s"] / c["blocks"] / r["overlap"]["t_decode_s"], rel=2e-3, abs=2e-3)
     md = (out / "bench_distributed.md").read_text()
     assert md.startswith("# ") and f"| {r['configs']['offers']['critical_draft_vs_t_decode']} | True |" in md
 
