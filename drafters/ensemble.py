@@ -58,6 +58,7 @@ from specula.drafters.registration import register
 from specula.drafters.text_lm import TextLMDrafter, _Row
 from specula.runtime.core.mixture import mix_distributions  # pure torch, no Ray/gRPC
 from specula.runtime.core.sampling import sample_without_replacement
+from specula.targets.batching import length_groups
 from specula.targets.kv import attention_mask
 
 ALL_MEMBERS = ("multimodal", "text", "caption", "pooled")
@@ -526,23 +527,6 @@ class EnsembleDrafter(TextLMDrafter):
         owner = torch.tensor([i for i, (_, n, _) in enumerate(groups) for _ in range(n)],
                              device=mixed.device)  # [Bc] request of each row
         return kids[owner], (q[owner] if q is not None else None)
-
-
-def length_groups(lengths: Sequence[int], slack: float = 1.25) -> list[list[int]]:
-    """Indices of rows grouped for padded forwards: longest first, a row joins the current group while the group's
-    padded size (its longest row x its rows) stays within ``slack`` x its real tokens (an empty row counts one)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    longest = real = 0
-    for i in order:
-        n = max(int(lengths[i]), 1)
-        if groups and longest * (len(groups[-1]) + 1) <= slack * (real + n):
-            groups[-1].append(i)
-            real += n
-        else:
-            groups.append([i])
-            longest = real = n
-    return groups
 
 
 def _image_key(features: torch.Tensor) -> bytes:

@@ -24,7 +24,8 @@ from torch import nn
 
 from .checks import check_block, check_prompt, check_visual
 from .images import check_image_groups
-from .kv import BatchedKV, KVPolicy, attention_mask, growable_cache
+from .batching import length_groups
+from .kv import BatchedKV, KVPolicy, attention_mask, growable_cache, stack_caches
 from .tree import block_structure, chain_structure, check_path
 from .types import (
     Accept,
@@ -174,12 +175,30 @@ class HFTarget:
         visual, grids = self._visual_for(requests, prompts)  # each [T_total_i, H] or None
         placed = [self._prompt_positions(p, g, r.request_id) for r, p, g in zip(requests, prompts, grids)]
 
-        b, lengths = len(requests), [p.shape[0] for p in prompts]
+        lengths = [p.shape[0] for p in prompts]
+        # Prompts of very different lengths (a text turn beside a five-image one) run as separate forwards: a padded
+        # slot costs what a real one does. Rows keep the requests' order in the cache and in the outputs.
+        groups = [sorted(g) for g in length_groups(lengths)]
+        parts = [self._prefill_rows([prompts[i] for i in g], [visual[i] for i in g], [placed[i][0] for i in g])
+                 for g in groups]
+        if len(parts) == 1:
+            logits, features, cache, valid = parts[0]
+        else:
+            logits, features, cache, valid = _merge_parts(parts, [i for g in groups for i in g], self.device)
+        self._kv.join(cache, valid)
+        for r, p, (_, next_pos) in zip(requests, prompts, placed):
+            self._rows[r.request_id] = _Row(tokens=p.tolist(), next_pos=next_pos)
+        return PrefillOutput(ids, logits, features)
+
+    def _prefill_rows(self, prompts, visual, positions):
+        """One padded forward over these prompts (each [L_i] int64; visual: [T_i, H] or None; positions: [P, L_i])
+        into a fresh cache -> (logits [b, V] fp32, their TargetFeatures, the cache, valid [b, L] bool)."""
+        b, lengths = len(prompts), [p.shape[0] for p in prompts]
         seq = max(lengths)
-        sections = placed[0][0].shape[0]
+        sections = positions[0].shape[0]
         tokens = torch.zeros(b, seq, dtype=torch.long)  # [B, L] int64
         pos = torch.zeros(sections, b, seq, dtype=torch.long)  # [P, B, L] int64
-        for i, (p, (pp, _)) in enumerate(zip(prompts, placed)):
+        for i, (p, pp) in enumerate(zip(prompts, positions)):
             tokens[i, : p.shape[0]] = p
             pos[:, i, : p.shape[0]] = pp
         lengths_t = torch.tensor(lengths, device=self.device)  # [B]
@@ -199,11 +218,7 @@ class HFTarget:
         logits = self._head(last).float()  # [B, V] fp32
         # [B, H_kv, L, D], contiguous copies (the cache's are views of buffers with spare slots)
         k, v = cache.layers[-1].keys.contiguous(), cache.layers[-1].values.contiguous()
-        features = TargetFeatures(hidden, tuple(lengths), self._layers, layer_hidden, k, v)
-        self._kv.join(cache, valid)
-        for r, p, (_, next_pos) in zip(requests, prompts, placed):
-            self._rows[r.request_id] = _Row(tokens=p.tolist(), next_pos=next_pos)
-        return PrefillOutput(ids, logits, features)
+        return logits, TargetFeatures(hidden, tuple(lengths), self._layers, layer_hidden, k, v), cache, valid
 
     @torch.no_grad()
     def verify(self, block: DraftBlock) -> VerifyOutput:
@@ -495,3 +510,39 @@ class HFTarget:
             dtype=str(self.dtype).removeprefix("torch."),
             **self._vision_info(),
         )
+
+
+def _merge_parts(parts, order: list[int], device) -> tuple:
+    """The outputs of several prefill forwards (``_prefill_rows``; their rows in ``order``, the requests' indices)
+    as those of one, rows in request order, sequences right-padded to the longest."""
+    inv = torch.empty(len(order), dtype=torch.long)
+    inv[torch.tensor(order)] = torch.arange(len(order))
+    inv = inv.to(device)  # [B]: where request i's row is in the parts' concatenation
+    seq = max(f.hidden.shape[1] for _, f, _, _ in parts)
+
+    def rows(xs: list[torch.Tensor], dim: int) -> torch.Tensor:  # padded on ``dim`` to seq, concatenated, reordered
+        return torch.cat([_pad(x, dim, seq) for x in xs]).index_select(0, inv)
+
+    feats = [f for _, f, _, _ in parts]
+    logits = torch.cat([lg for lg, _, _, _ in parts]).index_select(0, inv)  # [B, V]
+    lengths = [n for f in feats for n in f.lengths]
+    features = TargetFeatures(
+        rows([f.hidden for f in feats], 1),  # [B, L, H]
+        tuple(lengths[j] for j in inv.tolist()),
+        feats[0].layers,
+        tuple(rows([f.layer_hidden[k] for f in feats], 1) for k in range(len(feats[0].layer_hidden))),
+        rows([f.last_k for f in feats], 2),  # [B, H_kv, L, D]
+        rows([f.last_v for f in feats], 2),
+    )
+    cache, valid = stack_caches([c for _, _, c, _ in parts], [v for _, _, _, v in parts], inv)
+    return logits, features, cache, valid
+
+
+def _pad(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``x`` right-padded with zeros on ``dim`` to ``size``."""
+    missing = size - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)

@@ -293,6 +293,20 @@ class BatchedKV:
         self.valid = torch.gather(self.valid, 1, order)  # [B, S'] bool
 
 
+def stack_caches(caches: Sequence[DynamicCache], valids: Sequence[torch.Tensor],
+                 order: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:
+    """Several prefill caches (valid: each [B_i, S_i] bool) as one: rows concatenated, then taken in ``order``
+    ([B] int64, device), sequences right-padded to the longest -> (the first cache, holding every row; valid
+    [B, S] bool). Join the result with ``BatchedKV.join``."""
+    s = max(v.shape[1] for v in valids)
+    for j, layer in enumerate(caches[0].layers):
+        others = [c.layers[j] for c in caches]
+        keys = torch.cat([_pad_seq(o.keys, s) for o in others]).index_select(0, order)  # [B, H_kv, s, D]
+        values = torch.cat([_pad_seq(o.values, s) for o in others]).index_select(0, order)
+        layer.keys, layer.values = keys, values
+    return caches[0], torch.cat([_pad_seq(v, s) for v in valids]).index_select(0, order)  # [B, s] bool
+
+
 def _pad_seq(x: torch.Tensor, s: int) -> torch.Tensor:
     """Right-pad the sequence dim (dim -2 for K/V [B, H_kv, S, D], dim 1 for valid [B, S]) with zeros to s."""
     dim = 1 if x.dim() == 2 else 2

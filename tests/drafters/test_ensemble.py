@@ -563,19 +563,6 @@ def test_the_lean_ensemble_drafts_what_the_stock_forward_drafts(kit):
         hook.remove()
 
 
-def test_length_groups_bound_the_padding_and_keep_every_row_once():
-    from specula.drafters.ensemble import length_groups
-
-    lengths = [160, 10, 60, 45, 0, 150, 12]
-    groups = length_groups(lengths)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    for g in groups:
-        real = [max(lengths[i], 1) for i in g]
-        assert max(real) * len(g) <= 1.25 * sum(real)
-    assert [0, 5] in groups and len(groups) < len(lengths)  # the two image-long rows share one forward
-    assert length_groups([]) == [] and length_groups([7]) == [[0]]
-
-
 def test_member_rows_prefilled_by_length_draft_what_one_padded_prefill_drafts(kit, monkeypatch):
     """Rows of very different lengths (the text member's prompt without its 144 image tokens, the pooled member's
     9) are prefilled in separate forwards, joined to the cache in their own order: the drafts and q are those of one

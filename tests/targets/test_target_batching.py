@@ -85,3 +85,55 @@ def test_release_everything_then_start_again(llava_kit):
     assert target.live_ids == () and target.kv.batch_size == 0
     again = target.prefill([r]).logits
     torch.testing.assert_close(first, again, atol=0, rtol=0)
+
+
+def test_prompts_of_very_different_lengths_prefill_in_groups_as_one_padded_forward_would(kit, monkeypatch):
+    """A long multi-image prompt and short text prompts in one prefill call run as separate forwards (a padded slot
+    costs what a real one does), yet the rows come back, and stay in the cache, in the requests' order: logits,
+    features and every later step equal those of one padded forward over all of them."""
+    from specula.targets import hf_target
+
+    reqs = [kit.request("short", [3], [], seed=51), kit.request("long", [9, 12, 10], [0, 1], seed=52),
+            kit.request("tiny", [3], [], seed=53), kit.request("long2", [8, 12, 9], [1, 0], seed=54)]
+    grouped, one = kit.target(), kit.target()
+    forwards = []
+    real = grouped._prefill_rows
+    grouped._prefill_rows = lambda p, v, pos: forwards.append([x.shape[0] for x in p]) or real(p, v, pos)
+    got = grouped.prefill(reqs)
+    monkeypatch.setattr(hf_target, "length_groups", lambda lengths: [list(range(len(lengths)))])
+    ref = one.prefill(reqs)
+    assert len(forwards) == 2 and sorted(len(f) for f in forwards) == [2, 2]  # the two long ones, the two short
+    assert got.request_ids == ref.request_ids and grouped.live_ids == tuple(r.request_id for r in reqs)
+    torch.testing.assert_close(got.logits, ref.logits, atol=ATOL, rtol=0)
+    assert got.features.lengths == ref.features.lengths
+    for b, n in enumerate(ref.features.lengths):
+        for a, r in [(got.features.hidden, ref.features.hidden), (got.features.last_k, ref.features.last_k),
+                     (got.features.last_v, ref.features.last_v)]:
+            seq_dim = 1 if a.dim() == 3 else 2
+            torch.testing.assert_close(a[b].narrow(seq_dim - 1, 0, n), r[b].narrow(seq_dim - 1, 0, n),
+                                       atol=ATOL, rtol=0)
+    for t in (grouped, one):
+        t.commit([Accept(r.request_id, (), 5 + i) for i, r in enumerate(reqs)])
+    script = {r.request_id: _script(60 + i, 3) for i, r in enumerate(reqs)}
+    for s in range(3):
+        a, r = _step(grouped, script, s), _step(one, script, s)
+        for rid in script:
+            torch.testing.assert_close(a[rid], r[rid], atol=ATOL, rtol=0)
+    for r in reqs:  # and each row is its own prompt's continuation, against the stock model's full forward
+        seq = grouped.sequence(r.request_id)
+        assert seq == one.sequence(r.request_id)
+        torch.testing.assert_close(_step(grouped, {r.request_id: _script(70, 1)}, 0)[r.request_id][:1],
+                                   kit.recompute(r, seq).logits[0, -1:], atol=ATOL, rtol=0)
+
+
+def test_length_groups_bound_the_padding_and_keep_every_row_once():
+    from specula.targets.batching import length_groups
+
+    lengths = [160, 10, 60, 45, 0, 150, 12]
+    groups = length_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        real = [max(lengths[i], 1) for i in g]
+        assert max(real) * len(g) <= 1.25 * sum(real)
+    assert [0, 5] in groups and len(groups) < len(lengths)  # the two image-long rows share one forward
+    assert length_groups([]) == [] and length_groups([7]) == [[0]]
