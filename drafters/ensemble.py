@@ -38,6 +38,7 @@ cached one is the caption the captioner would make again.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -75,7 +76,10 @@ class EnsembleDrafter(TextLMDrafter):
     ``branching``, ``depth``, ``seed``, ``image_token_id``, ``kv_policy``, ``device``, ``dtype``,
     ``attn_implementation``. ``vocab_size`` (if given) must match. ``adapt`` (eta, default 1.0; 0 = the fixed
     weights of the paper) and ``adapt_floor`` (default 0.1): per-request weights from each member's likelihood of
-    the committed tokens (``drafters/ensemble_weights.py``). Resources: ``target``, ``tokenizer`` (unused)."""
+    the committed tokens (``drafters/ensemble_weights.py``). ``prune_below`` (default 1e-3; 0 = never): a member
+    whose adapted posterior falls below that fraction of the leading member's leaves the request (its row is
+    released, the mixture is renormalised over the others), so a request whose best member has shown itself drafts
+    at about that member's cost. Resources: ``target``, ``tokenizer`` (unused)."""
 
     KIND = "ensemble"
     DEFAULT_MEMBERS: tuple = ALL_MEMBERS
@@ -83,7 +87,7 @@ class EnsembleDrafter(TextLMDrafter):
     def __init__(self, path: str | Path = "massv", model: nn.Module | None = None, members: Sequence | None = None,
                  weights: Sequence[float] | None = None, grid=DEFAULT_GRID, captioner=None,
                  caption_max_tokens: int | None = None, caption_cache: int = 256, vocab_size: int | None = None,
-                 adapt: float = 1.0, adapt_floor: float = 0.1, dtype: str | None = None,
+                 adapt: float = 1.0, adapt_floor: float = 0.1, prune_below: float = 1e-3, dtype: str | None = None,
                  attn_implementation: str = "sdpa", image_token_id: int | None = None, device: str | None = None,
                  target=None, tokenizer=None, **options):
         options.update(image_token_id=image_token_id, device=device, target=target, tokenizer=tokenizer)
@@ -93,6 +97,9 @@ class EnsembleDrafter(TextLMDrafter):
         self.members: tuple[Member, ...] = parse_members(
             list(self.DEFAULT_MEMBERS) if members is None else members, weights, grid, where=kind)
         self.adapt, self.adapt_floor = check_adapt(adapt, adapt_floor, kind)
+        if isinstance(prune_below, bool) or not isinstance(prune_below, (int, float)) or not 0 <= prune_below < 1:
+            raise ValueError(f"{kind}: prune_below must be a number in [0, 1), got {prune_below!r}")
+        self.prune_below = float(prune_below)
         if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             raise ValueError(f"{kind}: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
         torch_dtype = getattr(torch, str(dtype)) if dtype is not None else None
@@ -230,6 +237,7 @@ class EnsembleDrafter(TextLMDrafter):
         learnt = self._learn(verdicts)
         super().observe([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
         self._apply(learnt)
+        self._prune(learnt)
 
     def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
         """Draft ``n`` more nodes of each request's outstanding chain (``Lookahead``), every member row in lockstep."""
@@ -239,6 +247,7 @@ class EnsembleDrafter(TextLMDrafter):
         learnt = self._learn(verdicts)
         super().observe_ahead([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
         self._apply(learnt)
+        self._prune(learnt)
 
     def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
         """text_lm's ``branch``, ranked by each request's mixture (at the weights of now: the ranking only picks
@@ -347,6 +356,10 @@ class EnsembleDrafter(TextLMDrafter):
         """The committed context of one member row of a request (its prompt form + committed tokens)."""
         return super().context(self._keys(request_id)[member])
 
+    def live_members(self, request_id: str) -> list[str]:
+        """The names of the members still drafting for the request (member order; ``prune_below``)."""
+        return [self.members[int(k.split("\x00")[1])].name for k in self._keys(request_id)]
+
     def member_weights(self, request_id: str) -> list[float]:
         """The weights the request's next draft is mixed with (sum 1; member order; one weight without images)."""
         prior = self._weights_of.get(request_id)
@@ -399,6 +412,31 @@ class EnsembleDrafter(TextLMDrafter):
     def _apply(self, learnt: dict[str, list[float]]) -> None:
         for rid, gains in learnt.items():
             self._loglik_of[rid] = [a + b for a, b in zip(self._loglik_of[rid], gains)]
+
+    def _prune(self, requests) -> None:
+        """Drop the member rows of these requests whose posterior fell below ``prune_below`` x the leader's, once
+        none of the request's rows holds an outstanding draft. The weights depend only on committed tokens, and so
+        does this: q stays the mixture each draft is drawn from, now over the members left."""
+        if not self.prune_below or self.adapt == 0:
+            return
+        drop: list[str] = []
+        for rid in requests:
+            keys, prior, ll = self._groups_of[rid], self._weights_of[rid], self._loglik_of[rid]
+            if len(keys) < 2 or any(self._rows[k].draft is not None for k in keys):
+                continue
+            top = max(ll)
+            if not math.isfinite(top):
+                continue
+            post = [w * math.exp(self.adapt * (x - top)) if math.isfinite(x) else 0.0 for w, x in zip(prior, ll)]
+            keep = [j for j, p in enumerate(post) if p >= self.prune_below * max(post)]
+            if len(keep) == len(keys) or not keep:
+                continue
+            drop += [k for j, k in enumerate(keys) if j not in keep]
+            self._groups_of[rid] = [keys[j] for j in keep]
+            self._weights_of[rid] = [prior[j] for j in keep]
+            self._loglik_of[rid] = [ll[j] for j in keep]
+        if drop:
+            TextLMDrafter.release(self, drop)
 
     def _features(self, c: DraftContext) -> list[torch.Tensor] | None:
         """The target features of the request's images, one [T_img, D] per image in prompt order (the engine's

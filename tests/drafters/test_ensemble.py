@@ -142,7 +142,8 @@ def test_q_is_the_weighted_mixture_of_the_members(kit, structure, adapt):
     m = kit["noisy"]
     image = kit["target"].config.image_token_id
     weights = [3.0, 1.0, 1.0, 2.0]
-    d = drafter(kit, structure=structure, branching=[2, 1], weights=weights, grid=3, adapt=1.0 if adapt else 0)
+    d = drafter(kit, structure=structure, branching=[2, 1], weights=weights, grid=3, adapt=1.0 if adapt else 0,
+                prune_below=0)  # every member stays (pruning: test_after_pruning_q_is_the_mixture_of_the_members_left)
     reqs = requests(kit, 2, SamplingParams(), suites=["multi_image", "chart"])
     feats = {r.request_id: target.encode_images(r.pixel_values, "pre_projector").features for r in reqs}
     d.begin(_contexts(kit, reqs, 0.8, lambda r: feats[r.request_id]))
@@ -283,7 +284,7 @@ def test_weights_learnt_from_a_block_drafted_ahead_equal_those_of_a_plain_verdic
     feats = lambda r: target.encode_images(r.pixel_values, "pre_projector").features  # noqa: E731
     reqs = requests(kit, 2, SamplingParams(), suites=["caption", "multi_image"])
     ids = [r.request_id for r in reqs]
-    ahead, once = drafter(kit, grid=3), drafter(kit, grid=3)
+    ahead, once = drafter(kit, grid=3, prune_below=0), drafter(kit, grid=3, prune_below=0)
     for d in (ahead, once):
         d.begin(_contexts(kit, reqs, 0.0, feats))
     ahead.propose(ids, gamma=2)
@@ -591,3 +592,57 @@ def test_member_rows_prefilled_by_length_draft_what_one_padded_prefill_drafts(ki
         verdicts = [Verdict(r, (0,), (int(a.tokens[i, 0]),), 11) for i, r in enumerate(ids)]
         for d in (grouped, one):
             d.observe(verdicts)
+
+
+def test_a_member_far_behind_leaves_the_request_and_greedy_output_stays_plain(kit):
+    """With the target itself as the multimodal member (``copy``), the members that do not see the image fall far
+    behind on a caption within a few blocks: their rows leave the request (released from the drafter's cache) and
+    the ensemble goes on with the rest; greedy output equals plain decoding. ``prune_below: 0`` keeps every member."""
+    reqs = requests(kit, 2, SamplingParams(max_tokens=24), suites=["caption", "chart"])
+    ref = plain(kit, "target", reqs, 2)
+    members = ["multimodal", "text", {"kind": "pooled", "grid": 1}]
+    for prune in (1e-3, 0):
+        target = load_target(kit["target"])
+        d = drafter(kit, lm="copy", members=members, prune_below=prune)
+        seen: dict[str, list[int]] = {}
+        observe = d.observe
+
+        def watched(verdicts, observe=observe, d=d, seen=seen):
+            observe(verdicts)
+            for v in verdicts:
+                seen.setdefault(v.request_id, []).append(len(d.live_members(v.request_id)))
+
+        d.observe = watched
+        assert_equals_plain(SpecEngine(target, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, 2)
+        if prune:
+            assert any(n[-1] < 3 for n in seen.values()), seen  # members left mid-request
+            assert all(n == sorted(n, reverse=True) for n in seen.values())  # and never came back
+        else:
+            assert all(set(n) == {3} for n in seen.values()), seen
+        assert not d._rows and not d._groups_of  # every row released
+
+
+def test_after_pruning_q_is_the_mixture_of_the_members_left(kit):
+    """Once a member is pruned, each node's q is the mixture of the remaining members' distributions (over their own
+    contexts + the node's ancestors) with the adapted weights renormalised over them, and its cache row is gone."""
+    target = load_target(kit["target"])
+    m = kit["noisy"]
+    image = kit["target"].config.image_token_id
+    weights = [3.0, 1.0, 2.0]
+    d = drafter(kit, members=["multimodal", "text", {"kind": "pooled", "grid": 3}], weights=weights)
+    reqs = requests(kit, 1, SamplingParams(), suites=["chart"])
+    f = target.encode_images(reqs[0].pixel_values, "pre_projector").features
+    d.begin(_contexts(kit, reqs, 0.8, lambda r: f))
+    rows = d._kv.batch_size
+    d._loglik_of["r0"] = [-3.0, -30.0, -4.0]  # the text member far behind (as if after a few blocks)
+    d._prune(["r0"])
+    assert d.live_members("r0") == ["multimodal", "pooled9"] and d._kv.batch_size == rows - 1
+    vis = {"multimodal": f.reshape(-1, f.shape[-1]), "pooled9": pool_features(f, (3, 3)).reshape(-1, f.shape[-1])}
+    want_w = _expected_weights([3.0, 2.0], [-3.0, -4.0])
+    prop = d.propose(["r0"], gamma=3)
+    toks, _, paths = node_paths(prop, 0)
+    for i, path in enumerate(paths):
+        qs = [_member_logp(m, d.context("r0", j) + [toks[k] for k in path], vis[name], image, 0.8)
+              for j, name in enumerate(d.live_members("r0"))]
+        torch.testing.assert_close(prop.q[0, i], mix_distributions(qs, want_w), atol=2e-5, rtol=1e-4)
+    assert [x for x in d.member_weights("r0")] == pytest.approx(want_w)
