@@ -1,6 +1,6 @@
 """In-process A/B of the target's grouped prefill at 8 streams: plain and the default config, batches of 8 world
 prompts (every suite), grouped (this commit) vs one padded prefill (length_groups forced to one group), rounds
-alternating. Usage: python ab8.py ROUNDS"""
+alternating. Usage: python grouped_prefill.py ROUNDS"""
 import sys, time, random, torch
 from specula.runtime.config import load_config
 from specula.runtime.bench import served
