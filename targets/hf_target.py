@@ -25,7 +25,7 @@ from torch import nn
 from .checks import check_block, check_prompt, check_visual
 from .images import check_image_groups
 from .batching import length_groups
-from .kv import BatchedKV, KVPolicy, attention_mask, growable_cache, stack_caches
+from .kv import BatchedKV, KVPolicy, attention_mask, growable_cache, pad_dim, stack_caches
 from .tree import block_structure, chain_structure, check_path
 from .types import (
     Accept,
@@ -521,7 +521,7 @@ def _merge_parts(parts, order: list[int], device) -> tuple:
     seq = max(f.hidden.shape[1] for _, f, _, _ in parts)
 
     def rows(xs: list[torch.Tensor], dim: int) -> torch.Tensor:  # padded on ``dim`` to seq, concatenated, reordered
-        return torch.cat([_pad(x, dim, seq) for x in xs]).index_select(0, inv)
+        return torch.cat([pad_dim(x, dim, seq) for x in xs]).index_select(0, inv)
 
     feats = [f for _, f, _, _ in parts]
     logits = torch.cat([lg for lg, _, _, _ in parts]).index_select(0, inv)  # [B, V]
@@ -536,13 +536,3 @@ def _merge_parts(parts, order: list[int], device) -> tuple:
     )
     cache, valid = stack_caches([c for _, _, c, _ in parts], [v for _, _, _, v in parts], inv)
     return logits, features, cache, valid
-
-
-def _pad(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-    """``x`` right-padded with zeros on ``dim`` to ``size``."""
-    missing = size - x.shape[dim]
-    if missing == 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = missing
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)

@@ -307,15 +307,19 @@ def stack_caches(caches: Sequence[DynamicCache], valids: Sequence[torch.Tensor],
     return caches[0], torch.cat([_pad_seq(v, s) for v in valids]).index_select(0, order)  # [B, s] bool
 
 
-def _pad_seq(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Right-pad the sequence dim (dim -2 for K/V [B, H_kv, S, D], dim 1 for valid [B, S]) with zeros to s."""
-    dim = 1 if x.dim() == 2 else 2
-    missing = s - x.shape[dim]
+def pad_dim(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``x`` right-padded with zeros on ``dim`` to ``size``."""
+    missing = size - x.shape[dim]
     if missing == 0:
         return x
     shape = list(x.shape)
     shape[dim] = missing
     return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def _pad_seq(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Right-pad the sequence dim (dim -2 for K/V [B, H_kv, S, D], dim 1 for valid [B, S]) with zeros to s."""
+    return pad_dim(x, 1 if x.dim() == 2 else 2, s)
 
 
 def _gather_seq(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

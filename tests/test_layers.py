@@ -180,9 +180,10 @@ def _sources_mentioning(needle: str) -> list[str]:
     return [m for m, p in modules().items() if needle in p.read_text()]
 
 
-# what drafters may use of targets/: the records that cross the boundary and the cache / image / tree helpers
+# what drafters may use of targets/: the records that cross the boundary and the cache / image / tree / batching
+# helpers
 DRAFTER_TARGET_MODULES = {"specula.targets.types", "specula.targets.protocol", "specula.targets.kv",
-                          "specula.targets.images", "specula.targets.tree"}
+                          "specula.targets.images", "specula.targets.tree", "specula.targets.batching"}
 
 
 def test_drafters_use_only_the_targets_types_and_helpers():
