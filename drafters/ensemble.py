@@ -38,7 +38,6 @@ cached one is the caption the captioner would make again.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -50,7 +49,7 @@ from torch import nn
 
 from specula.drafters import lean_llama
 from specula.drafters.ensemble_members import DEFAULT_GRID, Member, member_context, parse_members
-from specula.drafters.ensemble_weights import adapted_weights, check_adapt, committed_logprobs
+from specula.drafters.ensemble_weights import adapted_weights, check_adapt, committed_logprobs, posterior
 from specula.drafters.image_runs import feature_lengths, per_image
 from specula.drafters.massv_model import CONFIG_FILE, MassvModel
 from specula.drafters.outcomes import best_outcome, node_rank
@@ -424,12 +423,11 @@ class EnsembleDrafter(TextLMDrafter):
             keys, prior, ll = self._groups_of[rid], self._weights_of[rid], self._loglik_of[rid]
             if len(keys) < 2 or any(self._rows[k].draft is not None for k in keys):
                 continue
-            top = max(ll)
-            if not math.isfinite(top):
+            post = posterior(prior, ll, self.adapt)  # the same posterior the mixture's weights lean on
+            if post is None:
                 continue
-            post = [w * math.exp(self.adapt * (x - top)) if math.isfinite(x) else 0.0 for w, x in zip(prior, ll)]
             keep = [j for j, p in enumerate(post) if p >= self.prune_below * max(post)]
-            if len(keep) == len(keys) or not keep:
+            if len(keep) == len(keys):
                 continue
             drop += [k for j, k in enumerate(keys) if j not in keep]
             self._groups_of[rid] = [keys[j] for j in keep]

@@ -34,20 +34,27 @@ def check_adapt(eta, floor, where: str) -> tuple[float, float]:
     return float(eta), float(floor)
 
 
+def posterior(prior: Sequence[float], loglik: Sequence[float], eta: float) -> list[float] | None:
+    """post_m (summing to 1) from the configured weights and each member's log-likelihood so far, or None when
+    nothing was learnt (eta 0, one member, no member gave the committed tokens mass, or only zero-weight ones did)."""
+    total = sum(prior)
+    if eta == 0 or len(prior) < 2:
+        return None
+    top = max(loglik)
+    if not math.isfinite(top):
+        return None
+    post = [w / total * math.exp(eta * (ll - top)) for w, ll in zip(prior, loglik)]
+    z = sum(post)
+    return [p / z for p in post] if z > 0 else None
+
+
 def adapted_weights(prior: Sequence[float], loglik: Sequence[float], eta: float, floor: float) -> list[float]:
     """The mixture weights (summing to 1) from the configured weights and each member's log-likelihood so far."""
-    total = sum(prior)
-    base = [w / total for w in prior]
-    if eta == 0 or len(prior) < 2:
+    base = [w / sum(prior) for w in prior]
+    post = posterior(prior, loglik, eta)
+    if post is None:
         return base
-    top = max(loglik)
-    if not math.isfinite(top):  # no member gave the committed tokens any mass: nothing learnt
-        return base
-    post = [b * math.exp(eta * (ll - top)) for b, ll in zip(base, loglik)]
-    z = sum(post)
-    if not z > 0:  # the members that could explain the tokens have no prior weight
-        return base
-    return [(1 - floor) * p / z + floor * b for p, b in zip(post, base)]
+    return [(1 - floor) * p + floor * b for p, b in zip(post, base)]
 
 
 def committed_logprobs(rows: torch.Tensor, tokens: Sequence[int], temperature: float,
