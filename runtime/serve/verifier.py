@@ -1,7 +1,9 @@
 """``VerifierEngine``: the TargetVerifier deployment's engine (no Ray): each request's decode loop, on one target.
 
-One thread (the loop) owns the target and a ``SpecEngine`` whose drafter is a ``RemoteDrafter``: the speculative
-step is the single-process one, only the drafts come over gRPC. Requests join and leave the live batch between
+One thread owns the target and a ``SpecEngine`` whose drafter is a ``RemoteDrafter``: the speculative step is the
+single-process one, only the drafts come over gRPC. That thread is the process's compute thread
+(runtime/engine/compute_thread.py), which also loads the models: torch's parallel kernels run twice as slowly on a
+small machine once a second thread of the process has used them. Requests join and leave the live batch between
 steps (continuous batching), so a request's KV cache never leaves this engine::
 
     engine = VerifierEngine(target, drafter=RemoteDrafter(vocab_size=V), gamma=4)
@@ -34,6 +36,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 
 from specula.runtime.dataplane import RemoteDrafter
+from specula.runtime.engine.compute_thread import ComputeThread, compute_thread
 from specula.runtime.engine.loop import GenerationRequest, SpecEngine, TokenEvent
 from specula.targets.types import VisualFeatures
 
@@ -60,11 +63,13 @@ class VerifierEngine:
         max_batch_size: live requests decoded together; more wait in arrival order.
         stream_interval_s: least time between two chunks ``astream`` yields for one request (the steps in between
             are merged into one chunk; the first token and the last chunk go at once); 0 = a chunk per step.
+        compute: the thread that steps this engine and runs every torch call of it (default: the process's
+            ``compute_thread()``, runtime/engine/compute_thread.py; ``from_config`` loads the models there too).
     """
 
     def __init__(self, target, drafter=None, *, gamma: int = 4, eos_token_ids=None, max_batch_size: int = 16,
                  stream_interval_s: float = 0.0, drafter_name: str = "", adaptive: bool = False,
-                 begin_after: int = 0) -> None:
+                 begin_after: int = 0, compute: ComputeThread | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if stream_interval_s < 0:
@@ -74,18 +79,19 @@ class VerifierEngine:
         self.local = drafter if drafter is not None and self.remote is None else None
         self.stream_interval_s, self.drafter_name = stream_interval_s, drafter_name
         self._chosen: dict[str, str] = {}  # request id -> the colocated drafter it drafts with
-        self.engine = SpecEngine(target, drafter, gamma=gamma if drafter is not None else 0,
-                                 eos_token_ids=eos_token_ids, adaptive=adaptive and self.local is not None,
-                                 begin_after=begin_after if self.local is not None else 0)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", request, sink) | ("cancel", id) | ("stop",)
+        self._compute = compute or compute_thread()
+        self.engine = self._compute.call(
+            SpecEngine, target, drafter, gamma=gamma if drafter is not None else 0, eos_token_ids=eos_token_ids,
+            adaptive=adaptive and self.local is not None, begin_after=begin_after if self.local is not None else 0)
+        # the rest is touched on the compute thread only, but _ids (guarding duplicates across callers' threads)
         self._waiting: deque[tuple[GenerationRequest, Sink]] = deque()
         self._sinks: dict[str, Sink] = {}
-        self._ids: set[str] = set()  # submitted and not finished (guards duplicates across threads)
+        self._ids: set[str] = set()  # submitted and not finished
         self._ids_lock = threading.Lock()
         self._fatal: BaseException | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="verifier-loop", daemon=True)
-        self._thread.start()
+        self._stopped = False
+        self._compute.attach(self)
 
     @classmethod
     def from_config(cls, config) -> VerifierEngine:
@@ -93,21 +99,27 @@ class VerifierEngine:
         from specula.runtime.wire import WireLimits
 
         settings, d = config.deployments.target_verifier, config.drafter
-        set_threads(settings)
-        target = load_target_for(config, settings.device)
-        drafter = None
-        if d.gamma > 0 and d.colocate:  # the drafter lives here, on the verifier's device
-            from specula.runtime.engine.factory import make_drafter
 
-            drafter = make_drafter(config, device=settings.device)
-        elif d.gamma > 0:
-            drafter = RemoteDrafter(vocab_size=target.info.vocab_size, codec_preference=d.codec_preference,
-                                    limits=WireLimits(max_message_bytes=config.dataplane.max_message_bytes),
-                                    propose_timeout_s=d.propose_timeout_s, connect_timeout_s=d.connect_timeout_s,
-                                    overlap=d.overlap, offers=d.offers)
+        def build():  # on the compute thread: loading runs torch's parallel kernels, and they must stay on one thread
+            set_threads(settings)
+            target = load_target_for(config, settings.device)
+            drafter = None
+            if d.gamma > 0 and d.colocate:  # the drafter lives here, on the verifier's device
+                from specula.runtime.engine.factory import make_drafter
+
+                drafter = make_drafter(config, device=settings.device)
+            elif d.gamma > 0:
+                drafter = RemoteDrafter(vocab_size=target.info.vocab_size, codec_preference=d.codec_preference,
+                                        limits=WireLimits(max_message_bytes=config.dataplane.max_message_bytes),
+                                        propose_timeout_s=d.propose_timeout_s,
+                                        connect_timeout_s=d.connect_timeout_s, overlap=d.overlap, offers=d.offers)
+            return target, drafter
+
+        compute = compute_thread()
+        target, drafter = compute.call(build)
         return cls(target, drafter, gamma=d.gamma, max_batch_size=settings.max_batch_size,
                    stream_interval_s=settings.stream_interval_ms / 1000.0, drafter_name=d.default_name,
-                   adaptive=d.adaptive, begin_after=d.begin_after)
+                   adaptive=d.adaptive, begin_after=d.begin_after, compute=compute)
 
     # ------------------------------------------------------------------------------------------- callers' side
 
@@ -125,11 +137,11 @@ class VerifierEngine:
         elif self.local is not None:
             self._chosen[request.request_id] = request.drafter or self.drafter_name
             request = _keep_what_is_needed(request, self.local.spec.needs)
-        self._inbox.put(("add", request, sink))
+        self._compute.submit(self._enqueue, request, sink)
 
     def cancel(self, request_id: str) -> None:
         """Stop a request at the next step; its last chunk has finish_reason "cancelled"."""
-        self._inbox.put(("cancel", request_id))
+        self._compute.submit(self._cancel, request_id)
 
     def stream(self, request: GenerationRequest, drafter_address: str | None = None) -> Iterator[dict]:
         """Chunks of one request, as the loop produces them; raises VerifierError if the target failed it."""
@@ -199,59 +211,61 @@ class VerifierEngine:
     def check_health(self) -> None:
         if self._fatal is not None:
             raise VerifierError(f"the verifier loop died: {self._fatal!r}")
-        if not self._thread.is_alive() and not self._closed:
+        if not self._compute.is_alive() and not self._closed:
             raise VerifierError("the verifier loop is not running")
 
     def close(self) -> None:
-        """Stop the loop; requests still queued or live get VerifierError."""
+        """Stop stepping; requests still queued or live get VerifierError."""
         if self._closed:
             return
         self._closed = True
-        self._inbox.put(("stop",))
-        self._thread.join(timeout=30)
+        if self._compute.is_alive():
+            try:
+                self._compute.call(self._shutdown, VerifierError("the verifier stopped"))
+            except RuntimeError:  # the thread ended meanwhile
+                pass
         if self.remote is not None:
             self.remote.close()
 
     # ------------------------------------------------------------------------------------------- the loop
 
-    def _loop(self) -> None:
-        try:
-            while self._take(block=not self.engine.rows and not self._waiting):
-                self._admit()
-                if self.engine.rows:
-                    ids = list(self.engine.rows)
-                    try:
-                        events = self.engine.step()
-                    except Exception as e:
-                        self._fail(ids, e)
-                        continue
-                    self._dispatch(events)
-        except BaseException as e:  # a bug in the loop itself: fail everyone, report unhealthy
-            self._fatal = e
-            log.exception("verifier loop died")
-        finally:
-            why = "stopped" if self._fatal is None else f"failed: {self._fatal!r}"
-            err = VerifierError(f"the verifier {why}")
-            self._fail(list(self.engine.rows), err)
-            while self._waiting:
-                self._send_error(self._waiting.popleft()[0].request_id, err)
+    # the compute thread's stepper (runtime/engine/compute_thread.py): everything below runs on that thread
 
-    def _take(self, block: bool) -> bool:
-        """Move inbox items into the engine's view; False once asked to stop."""
-        while True:
+    def busy(self) -> bool:
+        return not self._stopped and bool(self.engine.rows or self._waiting)
+
+    def step(self) -> None:
+        """Admit what waits (room permitting), then one step of every live request."""
+        self._admit()
+        if self.engine.rows:
+            ids = list(self.engine.rows)
             try:
-                item = self._inbox.get(block=block)
-            except queue.Empty:
-                return True
-            block = False
-            if item[0] == "stop":
-                return False
-            if item[0] == "add":
-                _, request, sink = item
-                self._sinks[request.request_id] = sink
-                self._waiting.append((request, sink))
-            else:
-                self._cancel(item[1])
+                events = self.engine.step()
+            except Exception as e:
+                self._fail(ids, e)
+                return
+            self._dispatch(events)
+
+    def crashed(self, exc: BaseException) -> None:
+        """A bug in the step itself (not a target failure): fail everyone, report unhealthy."""
+        self._fatal = exc
+        log.error("verifier loop died: %r", exc)
+        self._shutdown(VerifierError(f"the verifier failed: {exc!r}"))
+
+    def _shutdown(self, err: VerifierError) -> None:
+        self._stopped = True
+        self._compute.detach(self)
+        self._fail(list(self.engine.rows), err)
+        while self._waiting:
+            self._send_error(self._waiting.popleft()[0].request_id, err)
+
+    def _enqueue(self, request: GenerationRequest, sink: Sink) -> None:
+        if self._stopped:
+            self._sinks[request.request_id] = sink
+            self._send_error(request.request_id, VerifierError("the verifier is not running"))
+            return
+        self._sinks[request.request_id] = sink
+        self._waiting.append((request, sink))
 
     def _cancel(self, rid: str) -> None:
         for i, (r, _) in enumerate(self._waiting):

@@ -1,0 +1,105 @@
+"""The verifier decodes on the process's compute thread (runtime/engine/compute_thread.py) and loads its models
+there: every torch call of a serving replica stays on one thread, because torch's OpenMP kernels run about half as
+fast on a small machine once a second thread of the process has used them (see the module's doc). A bug in the
+verifier's step fails its requests with VerifierError and makes it unhealthy, and the thread goes on for others."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from serve_kit import make_config, world_requests
+from specula.runtime.core.sampling import SamplingParams
+from specula.runtime.engine.compute_thread import compute_thread
+from specula.runtime.engine.loop import SpecEngine
+from specula.runtime.serve.verifier import VerifierEngine, VerifierError
+from specula.targets import load_target
+
+
+class ThreadRecorder:
+    """A target that records which thread each of its calls ran on."""
+
+    CALLS = ("prefill", "verify", "decode_step", "commit", "release")
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.threads: set[str] = set()
+        self.calls = 0
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name not in self.CALLS:
+            return attr
+
+        def recorded(*a, **kw):
+            self.threads.add(threading.current_thread().name)
+            self.calls += 1
+            return attr(*a, **kw)
+
+        return recorded
+
+
+def test_every_target_call_runs_on_the_compute_thread_and_the_answer_is_plain(model_dir, processor):
+    req = world_requests(processor, 1, SamplingParams(max_tokens=12), start=2)[0]
+    want = SpecEngine(load_target(model_dir), None).generate([req])[req.request_id].tokens
+    target = ThreadRecorder(load_target(model_dir))
+    from specula.drafters import create
+
+    engine = VerifierEngine(target, create({"kind": "ngram", "max_n": 3}), gamma=4)
+    try:
+        got = engine.generate(req)
+    finally:
+        engine.close()
+    assert got["tokens"] == list(want)
+    assert target.calls > 3 and target.threads == {"specula-compute"}
+
+
+def test_from_config_loads_the_models_on_the_compute_thread(model_dir, monkeypatch):
+    from specula.runtime.engine import factory
+
+    where = {}
+    load, make = factory.load_target_for, factory.make_drafter
+
+    def load_target_for(*a, **kw):
+        where["target"] = threading.current_thread().name
+        return load(*a, **kw)
+
+    def make_drafter(*a, **kw):
+        where["drafter"] = threading.current_thread().name
+        return make(*a, **kw)
+
+    monkeypatch.setattr(factory, "load_target_for", load_target_for)
+    monkeypatch.setattr(factory, "make_drafter", make_drafter)
+    engine = VerifierEngine.from_config(make_config(model_dir, drafter={"colocate": True}))
+    try:
+        assert where == {"target": "specula-compute", "drafter": "specula-compute"}
+        assert engine.local is not None
+    finally:
+        engine.close()
+
+
+def test_a_bug_in_the_step_fails_its_requests_and_the_thread_serves_others(model_dir, processor):
+    reqs = world_requests(processor, 2, SamplingParams(max_tokens=6), start=4)
+    broken = VerifierEngine(load_target(model_dir), None)
+
+    def admit():
+        raise KeyError("bug in admit")
+
+    broken._admit = admit
+    try:
+        with pytest.raises(VerifierError, match="bug in admit"):
+            broken.generate(reqs[0])
+        with pytest.raises(VerifierError, match="verifier loop died"):
+            broken.check_health()
+        with pytest.raises(VerifierError):  # a request after the crash is refused, not left hanging
+            broken.generate(reqs[1])
+    finally:
+        broken.close()
+    healthy = VerifierEngine(load_target(model_dir), None)  # the same process's compute thread goes on
+    try:
+        assert len(healthy.generate(reqs[1])["tokens"]) == 6
+        healthy.check_health()
+        assert compute_thread().is_alive()
+    finally:
+        healthy.close()
