@@ -41,6 +41,7 @@ one-at-a-time path, which also lets sessions that outlive ``stop`` free their st
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -84,9 +85,12 @@ class DraftBatcher:
         max_batch_size: most rows in one drafter call (>= 1).
         wait_ms: how long a pass waits after its first call for more (0 = take what is pending now).
         on_call: optional ``f(op, n_rows)`` after each drafter call (tests and metrics count batches with it).
+        compute: a ``ComputeThread`` (runtime/engine/compute_thread.py) to be the worker, e.g. the one the drafter
+            was built on, so all of the replica's torch work stays on one thread; default: a thread of its own.
     """
 
-    def __init__(self, drafter, *, max_batch_size: int = 64, wait_ms: float = 0.0, on_call=None) -> None:
+    def __init__(self, drafter, *, max_batch_size: int = 64, wait_ms: float = 0.0, on_call=None,
+                 compute=None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if wait_ms < 0:
@@ -97,6 +101,7 @@ class DraftBatcher:
         self._state = threading.Lock()  # running <-> stopped, against submissions
         self._drafter_lock = threading.Lock()  # the worker's pass, or an inline call
         self._thread: threading.Thread | None = None
+        self._compute, self._worker = compute, None  # the worker as a call on ``compute``: its Future
         self._running = False
         self.calls = 0  # drafter calls made (all ops)
         self.rows = 0  # rows they carried
@@ -108,6 +113,9 @@ class DraftBatcher:
             if self._running:
                 return
             self._running = True
+            if self._compute is not None:  # the worker occupies that thread until stop
+                self._worker = self._compute.submit(self._work)
+                return
             self._thread = threading.Thread(target=self._work, daemon=True, name="drafter-batcher")
             self._thread.start()
 
@@ -118,9 +126,11 @@ class DraftBatcher:
                 return
             self._running = False
             self._q.put(_STOP)
-            thread = self._thread
+            thread, worker = self._thread, self._worker
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if worker is not None and not self._compute.is_current():
+            concurrent.futures.wait([worker], timeout)
 
     @property
     def running(self) -> bool:

@@ -106,13 +106,15 @@ class DrafterServer:
         max_batch_size: most rows in one drafter call across sessions (``batcher.DraftBatcher``).
         batch_wait_ms: how long the drafting worker waits for more calls after the first (0 = none).
         on_call: optional ``f(op, n_rows)`` after each drafter call (counts batches; tests, metrics).
+        compute: the ``ComputeThread`` the drafter was built on, which then runs every drafter call (the batcher's
+            worker); stopped with the server. ``from_config`` makes one. Default: the batcher's own thread.
     """
 
     def __init__(self, drafter, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
                  accept_codecs: Sequence[str] = ("fp32",), limits: WireLimits = DEFAULT_LIMITS,
                  max_sessions: int = 64, device: str | torch.device = "cpu", overlap: bool = True,
                  name: str | None = None, max_batch_size: int = 64, batch_wait_ms: float = 0.0,
-                 on_call=None, predraft: int = 0) -> None:
+                 on_call=None, predraft: int = 0, compute=None) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.drafter, self.limits, self.device = drafter, limits, torch.device(device)
@@ -134,7 +136,9 @@ class DrafterServer:
                                    overlap=self.overlap, drafters=self.choices, early_begin=self.early_begin,
                                    offers=self.overlap)
         self._accepts = frozenset(codecs) | {"raw"}
-        self.batcher = DraftBatcher(drafter, max_batch_size=max_batch_size, wait_ms=batch_wait_ms, on_call=on_call)
+        self.compute = compute
+        self.batcher = DraftBatcher(drafter, max_batch_size=max_batch_size, wait_ms=batch_wait_ms, on_call=on_call,
+                                    compute=compute)
         self._ids = itertools.count()
         self._live: set[str] = set()
         self._server: grpc.Server | None = None
@@ -143,11 +147,20 @@ class DrafterServer:
 
     @classmethod
     def from_config(cls, config, *, advertise_host: str | None = None) -> DrafterServer:
-        """The drafter of ``config.drafter`` on the DrafterEnsemble's device, bound as ``config.dataplane`` says."""
+        """The drafter of ``config.drafter`` on the DrafterEnsemble's device, bound as ``config.dataplane`` says.
+        The drafter is built on a compute thread of the server's own, which then runs every drafter call: a
+        replica's torch work on one thread (runtime/engine/compute_thread.py says why)."""
+        from specula.runtime.engine.compute_thread import ComputeThread
         from specula.runtime.engine.factory import make_drafter
 
         dp, settings = config.dataplane, config.deployments.drafter_ensemble
-        return cls(make_drafter(config), host=dp.host, port=dp.port,
+        compute = ComputeThread(name="drafter-compute")
+        try:
+            drafter = compute.call(make_drafter, config)
+        except BaseException:
+            compute.stop()
+            raise
+        return cls(drafter, compute=compute, host=dp.host, port=dp.port,
                    advertise_host=dp.advertise_host or advertise_host, accept_codecs=config.drafter.accept_codecs,
                    limits=WireLimits(max_message_bytes=dp.max_message_bytes), max_sessions=dp.max_sessions,
                    device=settings.device, overlap=config.drafter.overlap,
@@ -192,6 +205,8 @@ class DrafterServer:
         if self._server is not None:
             self._server.stop(grace).wait()
         self.batcher.stop()  # sessions still ending free their state inline
+        if self.compute is not None:
+            self.compute.stop()
 
     def check_health(self) -> None:
         if self._server is None or self._stopped:

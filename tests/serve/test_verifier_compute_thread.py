@@ -17,19 +17,21 @@ from specula.runtime.serve.verifier import VerifierEngine, VerifierError
 from specula.targets import load_target
 
 
+TARGET_CALLS = ("prefill", "verify", "decode_step", "commit", "release")
+DRAFTER_CALLS = ("begin", "propose", "observe", "extend", "observe_ahead", "release")
+
+
 class ThreadRecorder:
-    """A target that records which thread each of its calls ran on."""
+    """A target or drafter that records which thread each of its ``calls`` ran on."""
 
-    CALLS = ("prefill", "verify", "decode_step", "commit", "release")
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
+    def __init__(self, inner, calls=TARGET_CALLS) -> None:
+        self.inner, self.names = inner, calls
         self.threads: set[str] = set()
         self.calls = 0
 
     def __getattr__(self, name):
         attr = getattr(self.inner, name)
-        if name not in self.CALLS:
+        if name not in self.names:
             return attr
 
         def recorded(*a, **kw):
@@ -77,6 +79,37 @@ def test_from_config_loads_the_models_on_the_compute_thread(model_dir, monkeypat
         assert engine.local is not None
     finally:
         engine.close()
+
+
+def test_a_drafter_replica_builds_and_runs_its_drafter_on_one_compute_thread(model_dir, processor, monkeypatch):
+    from specula.runtime.dataplane import DrafterServer, RemoteDrafter
+    from specula.runtime.engine import factory
+
+    made = {}
+    make = factory.make_drafter
+
+    def make_drafter(*a, **kw):
+        made["built_on"] = threading.current_thread().name
+        made["drafter"] = ThreadRecorder(make(*a, **kw), DRAFTER_CALLS)
+        return made["drafter"]
+
+    monkeypatch.setattr(factory, "make_drafter", make_drafter)
+    req = world_requests(processor, 1, SamplingParams(max_tokens=12), start=3)[0]
+    target = load_target(model_dir)
+    want = SpecEngine(target, None).generate([req])[req.request_id].tokens
+    server = DrafterServer.from_config(make_config(model_dir))  # ngram, drafting ahead (overlap) on
+    server.start()
+    verifier = VerifierEngine(target, RemoteDrafter(vocab_size=target.info.vocab_size, propose_timeout_s=60.0),
+                              gamma=4)
+    try:
+        got = verifier.generate(req, drafter_address=server.address)
+    finally:
+        verifier.close()
+        server.stop(0)
+    assert got["drafter"] == "ok" and got["tokens"] == list(want)
+    assert made["built_on"] == "drafter-compute"
+    assert made["drafter"].calls > 2 and made["drafter"].threads == {"drafter-compute"}
+    assert not server.compute.is_alive()  # stopped with the server
 
 
 def test_a_bug_in_the_step_fails_its_requests_and_the_thread_serves_others(model_dir, processor):
