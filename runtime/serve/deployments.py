@@ -30,6 +30,7 @@ from specula.runtime.serve.admission import Admission
 from specula.runtime.serve.http_api import HttpApi
 from specula.runtime.serve.ingress import IngressEngine
 from specula.runtime.serve.prometheus import GenerationMeter, ServeMetrics
+from specula.runtime.engine.compute_thread import compute_thread
 from specula.runtime.serve.verifier import VerifierEngine, VerifierError
 from specula.runtime.serve.vision import VisionEngine
 
@@ -43,7 +44,8 @@ class VisionEncoder:
 
     def __init__(self, config: dict, engine_cls=VisionEngine) -> None:
         self.config = load_config(config)
-        self.engine = engine_cls.from_config(self.config)
+        self.compute = compute_thread()  # the tower is loaded and run on it: one torch thread per process
+        self.engine = self.compute.call(engine_cls.from_config, self.config)
         s = self.config.deployments.vision_encoder
         self._batched.set_max_batch_size(s.max_batch_size)
         self._batched.set_batch_wait_timeout_s(s.batch_wait_timeout_s)
@@ -53,7 +55,8 @@ class VisionEncoder:
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def _batched(self, items: list[tuple]) -> list:
-        return await asyncio.to_thread(self.engine.encode_many, items)  # one batch at a time (serve.batch default)
+        # one batch at a time (serve.batch default), on the thread the tower was loaded on
+        return await asyncio.wrap_future(self.compute.submit(self.engine.encode_many, items))
 
     def placement(self) -> dict:
         return _placement(self.config.deployments.vision_encoder.device)

@@ -280,8 +280,11 @@ def local_run(vision, verifier, drafter_address: str | None = None) -> Run:
     """``run`` over in-process engines (what LocalApp wires): VisionEngine.encode, then VerifierEngine.astream."""
 
     async def run(request: GenerationRequest) -> AsyncIterator[dict]:
-        if request.pixel_values is not None:
-            visual = await asyncio.to_thread(vision.encode, request.pixel_values, request.image_grid_thw)
+        if request.pixel_values is not None:  # on the compute thread, as the verifier's steps (compute_thread.py)
+            from specula.runtime.engine.compute_thread import compute_thread
+
+            visual = await asyncio.wrap_future(
+                compute_thread().submit(vision.encode, request.pixel_values, request.image_grid_thw))
             request = replace(request, visual=visual)
         async for chunk in verifier.astream(request, drafter_address=drafter_address):
             yield chunk

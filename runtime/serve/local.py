@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from specula.runtime.dataplane import DrafterServer
+from specula.runtime.engine.compute_thread import compute_thread
 from specula.runtime.engine.loop import GenerationRequest
 from specula.runtime.serve.ingress import IngressEngine
 from specula.runtime.serve.openai_api import OpenAIApi
@@ -37,7 +38,9 @@ class LocalApp:
         if config.drafter.gamma > 0 and not config.drafter.colocate:  # null: a DrafterService, as documented above
             drafter = DrafterServer.from_config(config)
             drafter.start()
-        vision = None if config.deployments.vision_encoder.colocate else VisionEngine.from_config(config)
+        vision = None  # or on the process's compute thread, where it runs too (runtime/engine/compute_thread.py)
+        if not config.deployments.vision_encoder.colocate:
+            vision = compute_thread().call(VisionEngine.from_config, config)
         return cls(IngressEngine.from_config(config), vision, VerifierEngine.from_config(config), drafter)
 
     def stream(self, body: dict | bytes) -> Iterator[dict]:
@@ -77,7 +80,8 @@ class LocalApp:
         iterator early cancels the request)."""
         req = IngressEngine.upstream(request)
         if req.pixel_values is not None and self.vision is not None:  # the VisionEncoder's step
-            req = replace(req, visual=self.vision.encode(req.pixel_values, req.image_grid_thw))
+            visual = compute_thread().call(self.vision.encode, req.pixel_values, req.image_grid_thw)
+            req = replace(req, visual=visual)
         address = self.drafter.address if self.drafter is not None else None
         yield from self.verifier.stream(req, drafter_address=address)
 

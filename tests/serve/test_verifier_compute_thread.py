@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from serve_kit import make_config, world_requests
 from specula.runtime.core.sampling import SamplingParams
@@ -136,3 +137,31 @@ def test_a_bug_in_the_step_fails_its_requests_and_the_thread_serves_others(model
         assert compute_thread().is_alive()
     finally:
         healthy.close()
+
+
+def test_a_vision_replica_loads_and_encodes_on_the_compute_thread(model_dir, processor):
+    import asyncio
+
+    from specula.runtime.serve.deployments import VisionEncoder
+    from specula.runtime.serve.vision import VisionEngine
+
+    threads = []
+
+    class Recording(VisionEngine):
+        @classmethod
+        def from_config(cls, config):
+            threads.append(threading.current_thread().name)
+            return super().from_config(config)
+
+        def encode_many(self, items):
+            threads.append(threading.current_thread().name)
+            return super().encode_many(items)
+
+    req = world_requests(processor, 1, SamplingParams(max_tokens=4), start=0)[0]  # a caption: one image
+    encoder = VisionEncoder.func_or_class(make_config(model_dir), engine_cls=Recording)
+    want = VisionEngine.from_config(make_config(model_dir)).encode(req.pixel_values)
+
+    batched = VisionEncoder.func_or_class._batched.__wrapped__  # the batch's body, without Serve's replica context
+    got = asyncio.run(batched(encoder, [(req.pixel_values, None)]))[0]
+    assert threads == ["specula-compute", "specula-compute"]
+    assert torch.equal(got.features, want.features)
