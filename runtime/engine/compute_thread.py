@@ -16,6 +16,9 @@ is, it sleeps until a call comes::
     fut = compute.submit(fn, *args)                # a concurrent.futures.Future
     compute.attach(engine)                         # engine.step() runs there while engine.busy()
 
+torch's thread count is per thread under OpenMP: ``torch.set_num_threads`` takes effect here only when called here
+(``VerifierEngine.from_config`` does, through the replica's settings).
+
 A stepper whose ``step`` raises is detached and its ``crashed(exc)`` called there; a submitted call never blocks on
 another submitted call (they run in order), so a call must not wait for work that needs this thread.
 """
@@ -36,6 +39,7 @@ class ComputeThread:
     def __init__(self, name: str = "specula-compute") -> None:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (fn, args, kwargs, future) | None (stop)
         self._steppers: list = []  # only touched on the thread
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -83,20 +87,29 @@ class ComputeThread:
         if stepper in self._steppers:
             self._steppers.remove(stepper)
 
+    def turn(self, block: bool = False) -> None:
+        """On this thread: every call queued so far, then one step of each busy stepper. ``block``: when nothing is
+        busy, wait for a call first. A caller already on the thread (a benchmark driving a verifier from here)
+        turns it itself while it waits for its answer."""
+        if not self.is_current():
+            raise RuntimeError("turn() runs on the compute thread only")
+        busy = any(self._guard(s, s.busy) for s in list(self._steppers))
+        try:  # asleep until a call comes when nothing is busy and block; else only what is queued already
+            item = self._calls.get(block=block and not busy)
+            while item is not None:  # every call queued so far runs before the next step
+                self._do(*item)
+                item = self._calls.get_nowait()
+            self._stopped = True  # None: stop
+            return
+        except queue.Empty:
+            pass
+        for s in list(self._steppers):
+            if s in self._steppers and self._guard(s, s.busy):
+                self._guard(s, s.step)
+
     def _run(self) -> None:
-        while True:
-            busy = any(self._guard(s, s.busy) for s in list(self._steppers))
-            try:  # asleep until a call comes when nothing is busy; else only what is queued already
-                item = self._calls.get(block=not busy)
-                while item is not None:  # every call queued so far runs before the next step
-                    self._do(*item)
-                    item = self._calls.get_nowait()
-                return  # None: stop
-            except queue.Empty:
-                pass
-            for s in list(self._steppers):
-                if s in self._steppers and self._guard(s, s.busy):
-                    self._guard(s, s.step)
+        while not self._stopped:
+            self.turn(block=True)
 
     @staticmethod
     def _do(fn, args, kwargs, fut) -> None:

@@ -144,12 +144,16 @@ class VerifierEngine:
         self._compute.submit(self._cancel, request_id)
 
     def stream(self, request: GenerationRequest, drafter_address: str | None = None) -> Iterator[dict]:
-        """Chunks of one request, as the loop produces them; raises VerifierError if the target failed it."""
+        """Chunks of one request, as the loop produces them; raises VerifierError if the target failed it. Called
+        on the compute thread itself (a benchmark running there), it turns that thread until each chunk comes."""
         q: queue.SimpleQueue = queue.SimpleQueue()
         self.submit(request, q.put, drafter_address)
+        inline = self._compute.is_current()
         done = False
         try:
             while True:
+                while inline and q.empty():
+                    self._compute.turn()
                 item = q.get()
                 if isinstance(item, BaseException):
                     raise item

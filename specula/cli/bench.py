@@ -31,28 +31,28 @@ def register(sub) -> None:
                                      "the distributed overlap where available, then one line per seed paper's claim. "
                                      "A section that cannot run records why.")
     report_arguments(rp)
-    rp.set_defaults(func=run_report)
+    rp.set_defaults(func=on_compute_thread(run_report))
     dp = bsub.add_parser("distributed", help="distributed runtime: pipelined (overlap) vs sequential vs single "
                                              "process vs plain, drafter in its own process",
                          description="Drafter server and verifier in separate processes (one torch thread each, "
                                      "loopback gRPC); every configuration round robin on the same prompts; JSON + "
                                      "markdown with tau, speedups, overlap efficiency, time split and wire bytes.")
     distributed_arguments(dp)
-    dp.set_defaults(func=run_distributed)
+    dp.set_defaults(func=on_compute_thread(run_distributed))
     op = bsub.add_parser("outcomes", help="how often a verdict's outcome is among the drafter's top predicted "
                                           "outcomes: the ceiling of drafting ahead (no timing)",
                          description="Greedy SpecEngine runs in which the drafter ranks its guess and its likeliest "
                                      "rejection outcomes before every verdict; JSON + markdown with the share of "
                                      "blocks covered by the top 1 .. m outcomes.")
     outcomes_arguments(op)
-    op.set_defaults(func=run_outcomes)
+    op.set_defaults(func=on_compute_thread(run_outcomes))
     fp = bsub.add_parser("reference", help="the shipped target's plain greedy answers on a fixed prompt set (every "
                                            "suite), written to the file the tests check every runtime against",
                          description="Decodes the reference prompt set plainly (greedy, no drafter) and writes "
                                      "tests/data/reference_greedy.json; with --check, decodes the file's prompts "
                                      "again and prints a diff per prompt whose answer changed (exit 1 if any).")
     reference_arguments(fp)
-    fp.set_defaults(func=run_reference)
+    fp.set_defaults(func=on_compute_thread(run_reference))
     sv = bsub.add_parser("served", help="the served runtime (real Ray Serve, the openai client over HTTP) with the "
                                         "default drafter and with gamma 0, beside in-process decoding",
                          description="Starts `specula serve` with the config (default drafter) and with "
@@ -63,7 +63,7 @@ def register(sub) -> None:
                                      "speedups, tau, the verifier's time split and answers checked against "
                                      "in-process plain decoding.")
     served_arguments(sv)
-    sv.set_defaults(func=run_served)
+    sv.set_defaults(func=on_compute_thread(run_served))
 
 
 def _add_target(bsub) -> None:
@@ -76,7 +76,7 @@ def _add_target(bsub) -> None:
     t.add_argument("--repeats", type=int, default=20, help="timed repeats per figure (median reported; default: 20)")
     t.add_argument("--device", default="cpu")
     t.add_argument("--threads", type=int, default=2)
-    t.set_defaults(func=run_target)
+    t.set_defaults(func=on_compute_thread(run_target))
 
 
 def _add_spec(bsub) -> None:
@@ -111,7 +111,23 @@ def _add_spec(bsub) -> None:
     sp.add_argument("--threads", type=int, default=2)
     sp.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the target's and the drafters' device "
                                                    "(default: cpu)")
-    sp.set_defaults(func=run_spec)
+    sp.set_defaults(func=on_compute_thread(run_spec))
+
+
+def on_compute_thread(run):
+    """``run`` on the process's compute thread (runtime/engine/compute_thread.py): every torch call of a
+    benchmark's process on one thread, as in a serving replica. Two threads that both run torch's parallel kernels
+    make OpenMP park and wake its workers at every region on a small machine, which would slow whichever engine
+    the benchmark runs second, in-process baselines included."""
+
+    def on_thread(args) -> int:
+        from specula.runtime.engine.compute_thread import compute_thread
+
+        return compute_thread().call(run, args)
+
+    on_thread.__name__ = on_thread.__qualname__ = run.__name__
+    on_thread.__doc__ = run.__doc__
+    return on_thread
 
 
 def run_target(args) -> int:

@@ -58,6 +58,22 @@ def test_every_target_call_runs_on_the_compute_thread_and_the_answer_is_plain(mo
     assert target.calls > 3 and target.threads == {"specula-compute"}
 
 
+def test_a_caller_on_the_compute_thread_turns_it_itself(model_dir, processor):
+    """A benchmark that runs on the compute thread (``specula bench``) drives a verifier from there: no deadlock,
+    the same answer."""
+    reqs = world_requests(processor, 2, SamplingParams(max_tokens=10), start=5)
+    target = load_target(model_dir)
+    want = SpecEngine(target, None).generate(reqs)
+    from specula.drafters import create
+
+    engine = VerifierEngine(target, create({"kind": "ngram", "max_n": 3}), gamma=4)
+    try:
+        got = compute_thread().call(lambda: [engine.generate(r)["tokens"] for r in reqs])
+    finally:
+        engine.close()
+    assert got == [list(want[r.request_id].tokens) for r in reqs]
+
+
 def test_from_config_loads_the_models_on_the_compute_thread(model_dir, monkeypatch):
     from specula.runtime.engine import factory
 
