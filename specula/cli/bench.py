@@ -7,6 +7,8 @@ are here and their code is imported only when they run.
 
 from __future__ import annotations
 
+import functools
+
 from specula.cli.common import set_threads
 from specula.runtime.bench.distributed import add_arguments as distributed_arguments
 from specula.runtime.bench.outcomes import add_arguments as outcomes_arguments
@@ -120,13 +122,12 @@ def on_compute_thread(run):
     make OpenMP park and wake its workers at every region on a small machine, which would slow whichever engine
     the benchmark runs second, in-process baselines included."""
 
+    @functools.wraps(run)
     def on_thread(args) -> int:
         from specula.runtime.engine.compute_thread import compute_thread
 
         return compute_thread().call(run, args)
 
-    on_thread.__name__ = on_thread.__qualname__ = run.__name__
-    on_thread.__doc__ = run.__doc__
     return on_thread
 
 

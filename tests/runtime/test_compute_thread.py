@@ -94,3 +94,22 @@ def test_a_stopped_thread_refuses_calls_and_the_process_gets_a_new_shared_one():
     shared = compute_thread()
     assert shared is compute_thread() and shared.is_alive()
     assert shared.call(threading.current_thread).name == "specula-compute"
+
+
+def test_every_bench_command_runs_on_the_compute_thread():
+    """``specula bench ...`` runs its command on the process's compute thread, so a benchmark's in-process engines
+    share one OpenMP pool with any verifier it starts (the served replica's situation)."""
+    import argparse
+
+    from specula.cli import bench
+
+    parser = argparse.ArgumentParser()
+    bench.register(parser.add_subparsers())
+    commands = parser._subparsers._group_actions[0].choices["bench"]._subparsers._group_actions[0].choices
+    assert set(commands) == {"target", "spec", "report", "distributed", "outcomes", "reference", "served"}
+    for name, sub in commands.items():
+        func = sub.get_default("func")
+        assert func.__wrapped__.__name__ == f"run_{name}", name  # on_compute_thread's wrapper
+    ran = []
+    wrapped = bench.on_compute_thread(lambda args: ran.append((args, threading.current_thread().name)) or 3)
+    assert wrapped("a") == 3 and ran == [("a", "specula-compute")]
