@@ -83,7 +83,7 @@ class VerifierEngine:
         self.engine = self._compute.call(
             SpecEngine, target, drafter, gamma=gamma if drafter is not None else 0, eos_token_ids=eos_token_ids,
             adaptive=adaptive and self.local is not None, begin_after=begin_after if self.local is not None else 0)
-        # the rest is touched on the compute thread only, but _ids (guarding duplicates across callers' threads)
+        # touched on the compute thread only, except _ids (under its lock): callers' threads refuse duplicates there
         self._waiting: deque[tuple[GenerationRequest, Sink]] = deque()
         self._sinks: dict[str, Sink] = {}
         self._ids: set[str] = set()  # submitted and not finished
