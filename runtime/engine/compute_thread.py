@@ -14,6 +14,7 @@ is, it sleeps until a call comes::
     compute = compute_thread()                     # the process's, started on first use
     target = compute.call(load_target, path)       # runs there; the caller waits (or gets the exception)
     fut = compute.submit(fn, *args)                # a concurrent.futures.Future
+    result = await compute.acall(fn, *args)        # from an event loop
     compute.attach(engine)                         # engine.step() runs there while engine.busy()
 
 torch's thread count is per thread under OpenMP: ``torch.set_num_threads`` takes effect here only when called here
@@ -66,6 +67,12 @@ class ComputeThread:
         if self.is_current():
             return fn(*args, **kwargs)
         return self.submit(fn, *args, **kwargs).result()
+
+    async def acall(self, fn, *args, **kwargs):
+        """``call`` for an event loop: awaits the result without blocking the loop."""
+        import asyncio
+
+        return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
 
     def attach(self, stepper) -> None:
         """Step ``stepper`` (``busy() -> bool``, ``step()``, ``crashed(exc)``) whenever it is busy."""

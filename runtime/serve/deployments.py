@@ -25,12 +25,12 @@ from starlette.responses import Response
 
 from specula.runtime.config import load_config
 from specula.runtime.dataplane import DrafterServer
+from specula.runtime.engine.compute_thread import compute_thread
 from specula.runtime.engine.loop import GenerationRequest
 from specula.runtime.serve.admission import Admission
 from specula.runtime.serve.http_api import HttpApi
 from specula.runtime.serve.ingress import IngressEngine
 from specula.runtime.serve.prometheus import GenerationMeter, ServeMetrics
-from specula.runtime.engine.compute_thread import compute_thread
 from specula.runtime.serve.verifier import VerifierEngine, VerifierError
 from specula.runtime.serve.vision import VisionEngine
 
@@ -56,7 +56,7 @@ class VisionEncoder:
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def _batched(self, items: list[tuple]) -> list:
         # one batch at a time (serve.batch default), on the thread the tower was loaded on
-        return await asyncio.wrap_future(self.compute.submit(self.engine.encode_many, items))
+        return await self.compute.acall(self.engine.encode_many, items)
 
     def placement(self) -> dict:
         return _placement(self.config.deployments.vision_encoder.device)

@@ -283,8 +283,7 @@ def local_run(vision, verifier, drafter_address: str | None = None) -> Run:
         if request.pixel_values is not None:  # on the compute thread, as the verifier's steps (compute_thread.py)
             from specula.runtime.engine.compute_thread import compute_thread
 
-            visual = await asyncio.wrap_future(
-                compute_thread().submit(vision.encode, request.pixel_values, request.image_grid_thw))
+            visual = await compute_thread().acall(vision.encode, request.pixel_values, request.image_grid_thw)
             request = replace(request, visual=visual)
         async for chunk in verifier.astream(request, drafter_address=drafter_address):
             yield chunk

@@ -113,3 +113,18 @@ def test_every_bench_command_runs_on_the_compute_thread():
     ran = []
     wrapped = bench.on_compute_thread(lambda args: ran.append((args, threading.current_thread().name)) or 3)
     assert wrapped("a") == 3 and ran == [("a", "specula-compute")]
+
+
+def test_acall_awaits_the_call_on_the_thread_without_blocking_the_event_loop(compute):
+    import asyncio
+
+    gate = threading.Event()
+
+    async def main():
+        waiting = asyncio.ensure_future(compute.acall(lambda: (gate.wait(10), threading.current_thread().name)[1]))
+        await asyncio.sleep(0.01)  # the loop runs on while the call waits on the thread
+        assert not waiting.done()
+        gate.set()
+        return await waiting
+
+    assert asyncio.run(main()) == "test-compute"
