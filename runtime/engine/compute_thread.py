@@ -40,7 +40,8 @@ class ComputeThread:
     def __init__(self, name: str = "specula-compute") -> None:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (fn, args, kwargs, future) | None (stop)
         self._steppers: list = []  # only touched on the thread
-        self._stopped = False
+        self._stopped = False  # set under _lock once the stop is taken: later calls are refused, never lost
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -56,10 +57,11 @@ class ComputeThread:
     def submit(self, fn, *args, **kwargs) -> concurrent.futures.Future:
         """Queue ``fn(*args, **kwargs)``; its Future gets the result or the exception."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        if not self._thread.is_alive():
-            fut.set_exception(RuntimeError("the compute thread is not running"))
-            return fut
-        self._calls.put((fn, args, kwargs, fut))
+        with self._lock:
+            if not self._stopped and self._thread.is_alive():
+                self._calls.put((fn, args, kwargs, fut))
+                return fut
+        fut.set_exception(RuntimeError("the compute thread is not running"))
         return fut
 
     def call(self, fn, *args, **kwargs):
@@ -106,13 +108,25 @@ class ComputeThread:
             while item is not None:  # every call queued so far runs before the next step
                 self._do(*item)
                 item = self._calls.get_nowait()
-            self._stopped = True  # None: stop
+            self._take_stop()
             return
         except queue.Empty:
             pass
         for s in list(self._steppers):
             if s in self._steppers and self._guard(s, s.busy):
                 self._guard(s, s.step)
+
+    def _take_stop(self) -> None:
+        """The stop marker came: refuse new calls, and fail those queued behind the marker (nobody waits forever)."""
+        with self._lock:
+            self._stopped = True
+        while True:
+            try:
+                item = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and item[3].set_running_or_notify_cancel():
+                item[3].set_exception(RuntimeError("the compute thread is not running"))
 
     def _run(self) -> None:
         while not self._stopped:

@@ -264,12 +264,11 @@ class VerifierEngine:
             self._send_error(self._waiting.popleft()[0].request_id, err)
 
     def _enqueue(self, request: GenerationRequest, sink: Sink) -> None:
-        if self._stopped:
-            self._sinks[request.request_id] = sink
-            self._send_error(request.request_id, VerifierError("the verifier is not running"))
-            return
         self._sinks[request.request_id] = sink
-        self._waiting.append((request, sink))
+        if self._stopped:
+            self._send_error(request.request_id, VerifierError("the verifier is not running"))
+        else:
+            self._waiting.append((request, sink))
 
     def _cancel(self, rid: str) -> None:
         for i, (r, _) in enumerate(self._waiting):

@@ -67,9 +67,14 @@ def test_a_busy_stepper_is_stepped_with_queued_calls_run_between_its_steps(compu
     assert s.log == [("step", 0), ("step", 1), ("step", 2), ("call", 2), ("step", 3), ("step", 4)]
     assert s.threads == {"test-compute"}
     assert compute.call(lambda: "idle then awake") == "idle then awake"  # asleep when nothing is busy, not stuck
-    s.left = 2  # busy again: stepped once something wakes the thread
-    compute.submit(lambda: None)
-    assert compute.call(lambda: s.left) in (0, 1, 2)
+    s.done.clear()
+
+    def busy_again():
+        s.left = 2
+
+    compute.call(busy_again)  # a call that makes the stepper busy wakes the stepping
+    assert s.done.wait(10)
+    assert s.log[-2:] == [("step", 5), ("step", 6)] and s.left == 0
     compute.detach(s)
     assert s not in compute.call(lambda: list(compute._steppers))
 
@@ -87,6 +92,15 @@ def test_a_stepper_that_raises_is_dropped_and_told_and_the_thread_goes_on(comput
 
 def test_a_stopped_thread_refuses_calls_and_the_process_gets_a_new_shared_one():
     t = ComputeThread(name="to-stop")
+    gate = threading.Event()
+    t.submit(gate.wait, 10)  # holds the thread while more is queued
+    before = t.submit(lambda: "before the stop")
+    t._calls.put(None)  # the stop marker, then a call queued behind it: failed, not left waiting
+    behind = t.submit(lambda: "behind the stop")
+    gate.set()
+    assert before.result(timeout=10) == "before the stop"
+    with pytest.raises(RuntimeError, match="not running"):
+        behind.result(timeout=10)
     t.stop()
     assert not t.is_alive()
     with pytest.raises(RuntimeError, match="not running"):
