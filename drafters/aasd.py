@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from specula.drafters import stopping
+from specula.drafters import int8_weights, stopping
 from specula.drafters.aasd_head import AasdHead, context_kv
 from specula.drafters.eagle import _int
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
@@ -60,15 +60,17 @@ class _Row:
 class AasdDrafter:
     """Options: ``path`` (zoo name or directory, default "aasd") or ``head`` (an ``AasdHead``); ``structure``
     "chain" only; ``seed``; ``device`` / ``dtype`` of the head (default: the target's device, float32);
-    ``kv_policy``; ``stop_token_ids`` (default: the target's EOS ids; ``[]`` = never stop: ``drafters/stopping.py``).
+    ``kv_policy``; ``stop_token_ids`` (default: the target's EOS ids; ``[]`` = never stop: ``drafters/stopping.py``);
+    ``quantize`` "auto" (default: int8 weights for the head's decoder layer on a CPU), "int8" or "none"
+    (``drafters/int8_weights.py``; changes what is drafted, never the output).
     Resources: ``target`` (its embedding and lm_head are shared), ``tokenizer`` (unused)."""
 
     KIND = "aasd"
 
     def __init__(self, path: str | Path | None = None, head: AasdHead | None = None, structure: str = "chain",
                  seed: int = 0, device: str | None = None, dtype: str | None = None,
-                 kv_policy: KVPolicy | None = None, stop_token_ids: Sequence[int] | None = None, target=None,
-                 tokenizer=None, **unknown):
+                 kv_policy: KVPolicy | None = None, stop_token_ids: Sequence[int] | None = None, quantize: str = "auto",
+                 target=None, tokenizer=None, **unknown):
         if unknown:
             raise ValueError(f"aasd: unknown options {sorted(unknown)}")
         if structure != "chain":
@@ -106,6 +108,7 @@ class AasdDrafter:
         p = head.norm.weight
         self.device, self.dtype = p.device, p.dtype
         self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
+        self._int8 = int8_weights.resolve(quantize, self.device, "aasd")
         self._attn = head.llama_config._attn_implementation
         lc = head.llama_config
         self._kv = BatchedKV(lambda: growable_cache(lc), kv_policy or KVPolicy())  # appends in place, no O(S) copy
@@ -180,7 +183,7 @@ class AasdDrafter:
             cached[sel, :, draft_start:] = True  # the chain's own columns (all ancestors)
             allowed = torch.cat([cached, torch.ones(b, 1, 1, dtype=torch.bool, device=dev)], dim=2)  # [B, 1, S + 1]
             mask = attention_mask(allowed[:, None], self._attn, self.dtype)
-            out = self.head(t, p, mask, self._kv.cache)[sel, 0]  # [Bc, H]
+            out = self.head(t, p, mask, self._kv.cache, self._int8)[sel, 0]  # [Bc, H]
             self._kv.extend_valid(torch.zeros(b, 1, dtype=torch.bool, device=dev))  # never valid
             assert self._kv.seq_len == s + 1
             logits = self.head.logits(out)  # [Bc, V] fp32

@@ -156,13 +156,14 @@ class AasdHead(nn.Module):
                 torch.einsum("rn,...nd->...rd", self.w_v.to(v.dtype), v))
 
     def forward(self, ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                cache) -> torch.Tensor:
+                cache, int8: bool = False) -> torch.Tensor:
         """ids [B, T] int64 at position_ids [B, T]; ``cache``: a one-layer ``DynamicCache`` holding the context
         K/V [B, H_kv, S, D] (the target's, then the draft's own), to which this call's k'/v' are appended;
-        attention_mask [B, 1, T, S + T] (bool for sdpa, additive for eager). Returns h^ [B, T, H]."""
+        attention_mask [B, 1, T, S + T] (bool for sdpa, additive for eager); ``int8``: a lean step's layer over
+        int8 weights (``lean_llama.packed``). Returns h^ [B, T, H]."""
         x = self.embed(ids)  # [B, T, H]
         pos = position_ids.to(x.device)
-        o = lean_llama.layer_step(self.layer, self.rotary, x, attention_mask, pos, cache)  # drafting: lean path
+        o = lean_llama.layer_step(self.layer, self.rotary, x, attention_mask, pos, cache, int8)  # drafting: lean
         if o is None:
             o = self.layer(x, attention_mask=attention_mask, position_ids=pos, past_key_values=cache, use_cache=True,
                            position_embeddings=self.rotary(x, pos))

@@ -71,7 +71,7 @@ from pathlib import Path
 
 import torch
 
-from specula.drafters import stopping
+from specula.drafters import int8_weights, stopping
 from specula.drafters.eagle_head import EagleHead
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, spine
@@ -126,7 +126,9 @@ def _int(kind: str, name: str, v, lo: int) -> int:
 class EagleDrafter:
     """Options: ``path`` (zoo name or directory of an exported head, default "eagle") or ``head`` (an
     ``EagleHead``); ``structure`` "chain" | "tree"; tree: ``top_k``, ``depth``, ``total_tokens``; ``seed``;
-    ``device`` / ``dtype`` of the head (default: the target's device, float32); ``kv_policy``; ``stop_token_ids``
+    ``device`` / ``dtype`` of the head (default: the target's device, float32); ``quantize`` "auto" (default: int8
+    weights for the head's decoder layer on a CPU), "int8" or "none" (``drafters/int8_weights.py``; changes what is
+    drafted, never the output); ``kv_policy``; ``stop_token_ids``
     (default: the target's EOS ids; ``[]`` = never stop): a drafted stop token gets no children, since a generation
     that accepts it is over (a chain ends there; a tree expands other nodes instead).
     Resources: ``target`` (its embedding and lm_head are shared with the head; needed unless ``head`` is already
@@ -141,7 +143,8 @@ class EagleDrafter:
     def __init__(self, path: str | Path | None = None, head: EagleHead | None = None, structure: str = "chain",
                  top_k: int = 4, depth: int = 5, total_tokens: int = 24, seed: int = 0,
                  device: str | None = None, dtype: str | None = None, kv_policy: KVPolicy | None = None,
-                 stop_token_ids: Sequence[int] | None = None, target=None, tokenizer=None, **unknown):
+                 stop_token_ids: Sequence[int] | None = None, quantize: str = "auto", target=None, tokenizer=None,
+                 **unknown):
         kind = self.KIND
         if unknown:
             raise ValueError(f"{kind}: unknown options {sorted(unknown)}")
@@ -184,6 +187,7 @@ class EagleDrafter:
         self.device, self.dtype = p.device, p.dtype
         self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
         self._attn = head.llama_config._attn_implementation
+        self._int8 = int8_weights.resolve(quantize, self.device, kind)
         lc = head.llama_config
         self._kv = BatchedKV(lambda: growable_cache(lc), kv_policy or KVPolicy())  # appends in place, no O(S) copy
         self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv
@@ -480,7 +484,7 @@ class EagleDrafter:
     def _forward(self, nxt, hid, pos, allowed, cache, **extra) -> torch.Tensor:
         """nxt [B, T] int64, hid [B, T, H], pos [B, T], allowed [B, 1, T, S + T] bool -> head output [B, T, H]."""
         mask = attention_mask(allowed.to(self.device), self._attn, self.dtype)
-        return self.head(nxt.to(self.device), hid, pos.to(self.device), mask, cache, **extra)
+        return self.head(nxt.to(self.device), hid, pos.to(self.device), mask, cache, int8=self._int8, **extra)
 
     def _reclaim(self) -> None:
         """``BatchedKV.reclaim``, pinning the fed columns that later draft queries still attend to (invalid slots,

@@ -174,14 +174,15 @@ class EagleHead(nn.Module):
     # ---- forward --------------------------------------------------------------------------------------------
 
     def forward(self, next_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None, cache=None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None, cache=None, int8: bool = False) -> torch.Tensor:
         """One pass over pairs (hidden[:, t], next_ids[:, t]) -> predicted next features [B, T, H].
 
         next_ids [B, T] int64 (x_{i+1}), hidden [B, T, H] (h_i, target's or predicted), position_ids [B, T] int64,
         attention_mask: 4-D [B, 1, T, S + T] (bool for sdpa, additive float for eager) or None (plain causal).
         ``cache``: a ``DynamicCache`` with one layer to append to, or None (training: whole sequences).
+        ``int8``: a lean step's layer over int8 weights (``lean_llama.packed``).
         """
-        return self.decode(self.pair_inputs(next_ids, hidden), position_ids, attention_mask, cache)
+        return self.decode(self.pair_inputs(next_ids, hidden), position_ids, attention_mask, cache, int8)
 
     def pair_inputs(self, next_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """f_i = fc(concat(e(x_{i+1}), h_i)): next_ids [B, T] int64, hidden [B, T, H] -> [B, T, H]."""
@@ -189,10 +190,10 @@ class EagleHead(nn.Module):
         return self.fc(torch.cat([self.embed(next_ids), hidden.to(p.device, p.dtype)], dim=-1))
 
     def decode(self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-               cache=None) -> torch.Tensor:
+               cache=None, int8: bool = False) -> torch.Tensor:
         """The decoder layer over inputs x [B, T, H] (``forward``'s other arguments) -> [B, T, H]."""
         pos = position_ids.to(x.device)
-        lean = lean_llama.layer_step(self.layer, self.rotary, x, attention_mask, pos, cache)
+        lean = lean_llama.layer_step(self.layer, self.rotary, x, attention_mask, pos, cache, int8)
         if lean is not None:  # drafting: the same math without HF's per-call overhead
             return lean  # [B, T, H]
         cos_sin = self.rotary(x, pos)

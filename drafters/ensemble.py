@@ -529,7 +529,7 @@ class EnsembleDrafter(TextLMDrafter):
         cache = self._kv.new_cache()
         if self._lean:  # the same math without HF's per-call overhead (drafters/lean_llama.py)
             hidden = lean_llama.model_forward(self._body, allowed[:, None].to(self.device), pos.to(self.device), cache,
-                                              inputs_embeds=embeds)  # [B, L, H]
+                                              inputs_embeds=embeds, int8=self._int8)  # [B, L, H]
         else:
             hidden = self._body(inputs_embeds=embeds, position_ids=pos.to(self.device), past_key_values=cache,
                                 use_cache=True, attention_mask=attention_mask(allowed[:, None].to(self.device),

@@ -138,7 +138,8 @@ class FlashDrafter(EagleDrafter):
 
         cache = self._kv.new_cache()
         mask = attention_mask(allowed[:, None].to(self.device), self._attn, self.dtype)
-        out = self.head.decode(x, torch.arange(seq).expand(b, seq).to(self.device), mask, cache)  # [B, L', H]
+        out = self.head.decode(x, torch.arange(seq).expand(b, seq).to(self.device), mask, cache,
+                               self._int8)  # [B, L', H]
         self._kv.join(cache, valid.to(self.device))
         for i, c in enumerate(contexts):
             n = int(lengths[i])

@@ -54,7 +54,8 @@ class MsdHead(EagleHead):
 
     def forward(self, next_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, cache=None, visual: torch.Tensor | None = None,
-                visual_mask: torch.Tensor | None = None, decoupled: bool | None = None) -> torch.Tensor:
+                visual_mask: torch.Tensor | None = None, decoupled: bool | None = None, int8: bool = False
+                ) -> torch.Tensor:
         """``EagleHead.forward`` plus: visual [B, T, H] the target's input embedding of x_i at each pair (only read
         where visual_mask [B, T] bool, True where x_i is a visual token); ``decoupled`` (default: the config's)
         False ignores them. Returns [B, T, H]."""
@@ -63,7 +64,7 @@ class MsdHead(EagleHead):
         if dec and visual_mask is not None:
             m = visual_mask.to(x.device)[..., None]  # [B, T, 1]
             x = torch.where(m, visual.to(x.device, x.dtype), x)
-        return self.decode(x, position_ids, attention_mask, cache)
+        return self.decode(x, position_ids, attention_mask, cache, int8)
 
 
 def load_msd(path: str | Path, target=None, *, device: str | torch.device | None = None,

@@ -144,7 +144,8 @@ def test_every_q_equals_a_recompute(kit):
     model = kit["ctx"]
     target = load_target(model)
     reqs = mixed_requests(kit, 8, 2)
-    d = AasdDrafter(head=kit["random"], target=target, kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+    d = AasdDrafter(head=kit["random"], target=target, kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0),
+                    quantize="none")  # the recompute runs the stock fp32 layer
     chk = AasdChecked(d, target, model, reqs)
     compactions = churn(target, chk, d, reqs, gamma=3, plain_steps=(3, 4, 7))
     assert chk.checked > 30 and compactions > 0

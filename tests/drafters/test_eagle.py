@@ -111,7 +111,8 @@ def test_cache_and_every_q_equal_a_recompute(kit, structure):
     target = load_target(model)
     reqs = mixed_requests(kit, 9, 3)
     d = EagleDrafter(head=kit["random"], structure=structure, target=target,
-                     kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0), top_k=2, depth=3, total_tokens=5)
+                     kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0), top_k=2, depth=3, total_tokens=5,
+                     quantize="none")  # the recompute runs the stock fp32 layer
     chk = Checked(d, target, model, reqs)
     compactions = churn(target, chk, d, reqs, gamma=3, plain_steps=(3, 4, 7))  # plain steps: the drafter only observes
     assert chk.checked_nodes > 20 and chk.checked_roots > 5 and compactions > 0

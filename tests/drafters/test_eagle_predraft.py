@@ -43,7 +43,7 @@ def kit():
 
 def _drafter(kit, kind: str, **opts) -> EagleDrafter:
     cls = EagleDrafter if kind == "eagle" else MsdDrafter
-    return cls(head=kit[kind], target=kit["target"], kv_policy=TIGHT, stop_token_ids=[], **opts)
+    return cls(head=kit[kind], target=kit["target"], kv_policy=TIGHT, stop_token_ids=[], quantize="none", **opts)
 
 
 class _Row:

@@ -45,7 +45,8 @@ def kit():
 
 def _drafter(kit, kind: str, policy: KVPolicy, target=None) -> EagleDrafter:
     cls = EagleDrafter if kind == "eagle" else MsdDrafter
-    return cls(head=kit[kind], structure="chain", target=target or load_target(kit["ctx"]), kv_policy=policy)
+    return cls(head=kit[kind], structure="chain", target=target or load_target(kit["ctx"]), kv_policy=policy,
+               quantize="none")
 
 
 class _Sessions:

@@ -66,6 +66,7 @@ def kit():
 
 
 def drafter(kit, kind: str = "ensemble", lm: str = "noisy", **opts) -> EnsembleDrafter:
+    opts = {"quantize": "none", **opts}  # exact recomputes and exact copies: the stock fp32 weights
     return create({"kind": kind, "model": kit[lm], **opts}, target=load_target(kit["target"]))
 
 

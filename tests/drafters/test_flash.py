@@ -173,7 +173,7 @@ def test_every_q_equals_a_recompute(kit):
     target = load_target(model)
     reqs = mixed_requests(kit, 8, 2)
     d = FlashDrafter(head=kit["random"], target=target, tokens_per_pass=2,
-                     kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+                     kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0), quantize="none")  # recompute: stock fp32
     chk = FlashChecked(d, target, model, reqs)
     compactions = churn(target, chk, d, reqs, gamma=5, plain_steps=(3, 4))
     assert chk.checked > 40 and compactions > 0

@@ -93,7 +93,7 @@ def test_text_lm_drafts_through_the_lean_path_with_the_stock_paths_drafts():
     torch.manual_seed(2)
     model = LlamaForCausalLM(build_config(TextLMArch.from_name("tiny"), _Tok())).eval()
     model.config._attn_implementation = "sdpa"
-    lean = create({"kind": "text_lm", "model": model, "image_token_id": 96})
+    lean = create({"kind": "text_lm", "model": model, "image_token_id": 96, "quantize": "none"})
     stock = create({"kind": "text_lm", "model": model, "image_token_id": 96, "lean": False})
     assert lean._lean and not stock._lean
     with pytest.raises(ValueError, match="lean must be true or false"):

@@ -46,6 +46,7 @@ def kit():
 
 
 def drafter(kit, lm: str = "noisy", **opts) -> TextLMDrafter:
+    opts = {"quantize": "none", **opts}  # exact recomputes and exact copies: the stock fp32 weights
     return create({"kind": "text_lm", "model": kit[lm], **opts}, target=load_target(kit["target"]))
 
 
@@ -99,7 +100,7 @@ def test_cache_holds_the_committed_context(kit, structure):
     lm, image = kit["noisy"], kit["target"].config.image_token_id
     vocab = lm.config.vocab_size
     d = TextLMDrafter(model=lm, structure=structure, branching=[2, 2, 1], image_token_id=image,
-                      kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+                      kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0), quantize="none")
     reqs = requests(kit, 4, SamplingParams())
     temps = {"r0": 1.0, "r1": 0.0, "r2": 0.8, "r3": 1.0}
     rng = random.Random(0)

@@ -148,7 +148,7 @@ def test_lean_and_stock_forward_agree_on_mistral(kit):
     reqs = world_requests(kit["processor"], 2, SamplingParams(), suites=["text"])
     props = []
     for lean in (True, False):
-        _, d = case_drafter(kit, "mistral", "same", lean=lean, structure="tree", branching=[2, 2])
+        _, d = case_drafter(kit, "mistral", "same", lean=lean, structure="tree", branching=[2, 2], quantize="none")
         d.begin([DraftContext(r.request_id, r.input_ids, first_token=9, temperature=1.0, seed=i)
                  for i, r in enumerate(reqs)])
         props.append(d.propose(["r0", "r1"], gamma=2))

@@ -32,8 +32,8 @@ def _lm() -> LlamaForCausalLM:
 
 def _compacting_chain(lm) -> TextLMDrafter:
     """A chain text_lm that compacts its cache as soon as any column is reclaimable (so every test exercises it)."""
-    return TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE, kv_policy=KVPolicy(min_waste=4,
-                                                                                               waste_ratio=0.0))
+    return TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE,
+                         kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0), quantize="none")  # recomputes: fp32
 
 
 def _ref_logp(lm, ids: list[int]) -> torch.Tensor:
@@ -229,7 +229,7 @@ def test_grow_draws_the_same_nodes_alone_or_batched_with_a_row_of_more_lanes():
     branches = {"a": 1, "b": 3}
 
     def run(rows: list[str]) -> dict:
-        d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE)
+        d = TextLMDrafter(model=lm, structure="chain", image_token_id=IMAGE, quantize="none")
         d.begin([DraftContext(r, prompts[r], first_token=4, temperature=1.0, seed=21 + i) for i, r in
                  enumerate(sorted(prompts)) if r in rows])
         for r in rows:

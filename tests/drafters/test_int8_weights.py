@@ -1,0 +1,143 @@
+"""Int8 drafter weights: the quantized product is within a quantization step of the float one, the lean forward over
+them stays close to the stock forward and is rebuilt when the weights change, drafters use them by default on a CPU
+(and not when told), and on the shipped drafters they draft what the fp32 weights draft, output unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaModel
+
+from specula.drafters import create, int8_weights, lean_llama
+from specula.targets.kv import growable_cache
+
+
+def test_quantize_keeps_every_weight_within_half_a_step():
+    w = torch.randn(48, 80, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.01, 3.0, 48)[:, None]
+    q = int8_weights.quantize(w)
+    assert q.weight.dtype == torch.int8 and q.weight.shape == (48, 80) and q.scales.shape == (48,)
+    assert int(q.weight.abs().max()) <= 127
+    scales = q.scales.float()[:, None]  # [N, 1]
+    err = (q.weight.float() * scales - w).abs()  # [N, K]
+    # half a step, plus the bf16 rounding of the scale itself (relative 2^-8 of the largest weight of the row)
+    assert bool((err <= scales / 2 + w.abs().amax(1, keepdim=True) * 2 ** -8 + 1e-7).all())
+
+
+def test_the_product_is_the_float_product_within_quantization_error():
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(64, 96, generator=g), torch.randn(2, 5, 96, generator=g)  # x [B, T, K]
+    got = int8_weights.quantize(w)(x)  # [B, T, N]
+    want = F.linear(x, w)
+    assert got.shape == (2, 5, 64) and got.dtype == torch.float32
+    rel = (got - want).norm() / want.norm()
+    assert 0 < float(rel) < 0.02  # close, and really quantized (not the float weights)
+
+
+def test_resolve_chooses_int8_on_a_cpu_only_and_says_what_it_cannot_do(monkeypatch):
+    assert int8_weights.resolve("none", "cpu", "t") is False
+    assert int8_weights.resolve("auto", "cpu", "t") is int8_weights.kernel_runs("cpu") is True
+    assert int8_weights.resolve("int8", "cpu", "t") is True
+    assert int8_weights.resolve("auto", "cuda:0", "t") is False  # on a GPU a step is not bound by these bytes
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        int8_weights.resolve("fp8", "cpu", "t")
+    monkeypatch.setattr(int8_weights, "kernel_runs", lambda device_type: False)
+    assert int8_weights.resolve("auto", "cpu", "t") is False  # quietly the float weights
+    with pytest.raises(ValueError, match="does not run"):
+        int8_weights.resolve("int8", "cpu", "t")
+
+
+def _body(kv_heads: int) -> LlamaModel:
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=kv_heads, max_position_embeddings=256)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaModel(cfg).eval()
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_the_int8_forward_stays_close_to_the_stock_forward_step_by_step(kv_heads):
+    body = _body(kv_heads)
+    cfg = body.config
+    stock, lean = growable_cache(cfg), growable_cache(cfg)
+    b, s = 2, 0
+    with torch.no_grad():
+        for t in [6, 1, 3, 1]:  # a prefill, then draft levels
+            ids = torch.randint(0, cfg.vocab_size, (b, t))  # [B, T]
+            pos = torch.arange(s, s + t).expand(b, t)  # [B, T]
+            mask = torch.cat([torch.ones(b, t, s, dtype=torch.bool),
+                              torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)], -1)[:, None]
+            want = lean_llama.model_forward(body, mask, pos, stock, input_ids=ids)  # [B, T, H] (== stock forward)
+            got = lean_llama.model_forward(body, mask, pos, lean, input_ids=ids, int8=True)
+            assert got.shape == want.shape
+            assert 0 < float((got - want).norm() / want.norm()) < 0.03
+            for a, c in zip(stock.layers, lean.layers):
+                assert c.keys.shape == a.keys.shape
+                assert float((c.keys - a.keys).norm() / a.keys.norm()) < 0.03
+            s += t
+
+
+def test_packed_weights_are_made_once_and_again_when_the_weights_change():
+    body = _body(4)
+    layer = body.layers[0]
+    p = lean_llama.packed(layer)
+    assert lean_llama.packed(layer) is p  # kept between steps
+    assert p.split == (64, 64, 64) and p.qkv.weight.shape == (192, 64) and p.gate_up.weight.shape == (192, 64)
+    with torch.no_grad():
+        layer.mlp.up_proj.weight.mul_(2.0)  # a training step changes a weight in place
+    p2 = lean_llama.packed(layer)
+    assert p2 is not p
+    torch.testing.assert_close(p2.gate_up.scales[96:].float(), 2 * p.gate_up.scales[96:].float(), rtol=1e-2, atol=0)
+    layer.self_attn.q_proj.weight = torch.nn.Parameter(torch.zeros_like(layer.self_attn.q_proj.weight))
+    assert int(lean_llama.packed(layer).qkv.weight[:64].abs().sum()) == 0  # a replaced weight is read again
+    assert "_specula_int8" not in layer.state_dict() and all("int8" not in k for k in body.state_dict())
+
+
+def test_drafters_quantize_by_default_on_a_cpu_and_not_when_told():
+    from transformers import LlamaForCausalLM
+
+    cfg = _body(4).config
+    lm = LlamaForCausalLM(cfg).eval()
+    assert create({"kind": "text_lm", "model": lm, "image_token_id": 3, "vocab_size": 97})._int8 is True
+    assert create({"kind": "text_lm", "model": lm, "image_token_id": 3, "vocab_size": 97,
+                   "quantize": "none"})._int8 is False
+    assert create({"kind": "text_lm", "model": lm, "image_token_id": 3, "vocab_size": 97, "lean": False,
+                   "quantize": "int8"})._int8 is False  # the stock forward has no int8 path
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        create({"kind": "text_lm", "model": lm, "image_token_id": 3, "vocab_size": 97, "quantize": "int4"})
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from specula.runtime.bench.spec import encoded_prompts, load
+
+    _, processor, target, _ = load("target", hf=False)
+    return target, processor, encoded_prompts(processor, ["caption", "reasoning"], 2, 0)
+
+
+@pytest.mark.parametrize("kind", ["text_lm", "massv", "eagle", "flash"])
+def test_shipped_drafters_draft_as_well_with_int8_weights_and_the_output_is_unchanged(shipped, kind):
+    """On the embedded target and its trained drafters: greedy output equal to plain decoding with either weights, and
+    the int8 drafter's drafts accepted about as often (measured: the same tau on captions)."""
+    from specula.runtime.core.sampling import SamplingParams
+    from specula.runtime.engine.loop import SpecEngine
+    from specula.runtime.engine.prompts import eos_ids
+
+    target, processor, prompts = shipped
+    eos = eos_ids(processor.tokenizer, target)
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    plain = SpecEngine(target, None, eos_token_ids=eos)
+    want = {pid: next(iter(plain.generate([p.request(pid, params)]).values())).tokens for _, pid, p in prompts}
+    tau = {}
+    for mode in ("none", "int8"):
+        d = create({"kind": kind, "quantize": mode}, target=target, tokenizer=processor.tokenizer)
+        assert d._int8 is (mode == "int8")
+        eng = SpecEngine(target, d, gamma=5, eos_token_ids=eos)
+        blocks = tokens = 0
+        for _, pid, p in prompts:
+            r = next(iter(eng.generate([p.request(pid, params)]).values()))
+            assert r.tokens == want[pid]  # lossless with either weights
+            blocks += r.metrics.blocks
+            tokens += len(r.tokens)
+        tau[mode] = tokens / blocks
+    assert tau["int8"] >= 0.9 * tau["none"], tau
