@@ -288,7 +288,7 @@ class DrafterConfig(_Strict):
         drafter:
           kind: ngram                      # the default, chosen by name "ngram" (or by ``name``) or by none
           options: {max_n: 3}
-          gamma: 4                         # shared by every drafter
+          gamma: 8                         # at most, shared by every drafter
           alternatives:
             eagle: {kind: eagle, options: {path: /models/eagle}}
             ngram_long: {kind: ngram, options: {max_n: 6}}
@@ -312,8 +312,11 @@ class DrafterConfig(_Strict):
                     "DrafterEnsemble replica loads them all. gamma, codecs, timeouts and overlap are shared (overlap "
                     "applies to the requests whose drafter can draft ahead). Names: 1-64 letters, digits, '_', '.', "
                     "'-', not 'none' and not the default drafter's name.")
-    gamma: int = Field(4, ge=0, le=64, description="Draft tokens per block (nodes for tree drafters); 0 = no "
-                                                   "drafting (plain target decoding).")
+    gamma: int = Field(8, ge=0, le=64, description="Draft tokens per block at most (nodes for tree drafters); 0 = no "
+                                                   "drafting (plain target decoding). A colocated drafter with "
+                                                   "`adaptive` drafts 0..gamma per step, as long as the blocks pay "
+                                                   "(captions run to 8, one-word answers to 0); a separate drafter "
+                                                   "drafts gamma every step (4 or 5 suits it better).")
     accept_codecs: list[str] = Field(
         default_factory=lambda: ["fp32", "fp16", "bf16", "int8", "fp16+lz4", "int8+zstd"],
         description="Codecs the drafter decodes for the target features it receives (raw is always accepted).")

@@ -21,8 +21,10 @@ acceptance returns.
 Lossless by construction: the policy only changes how many tokens are drafted, never how they are verified.
 
 Learning: a_r is a decayed count of accepted drafts over accepted drafts plus rejections (the maximum-likelihood
-acceptance of a geometric model), starting from ``prior`` and drifting back to it while the row is not drafted (so a
-row that backed off is tried again); T_verify and T_draft are least-squares fits over the steps seen (decayed,
+acceptance of a geometric model), starting from the acceptance seen across recent rows (``population``: the same
+count over every row's blocks, slower to decay; ``prior`` until there is one) and drifting back to it while the row
+is not drafted (so a row that backed off is tried again). A new caption then drafts long from its first block when
+captions have been accepted, instead of a block or two sized for a stranger; T_verify and T_draft are least-squares fits over the steps seen (decayed,
 weights past the intercept kept >= 0), with ``warmup`` steps of lengths gamma, 0, gamma, gamma / 2 before the
 policy decides anything. Tree drafters choose between 0 and gamma only (their budget is nodes, not a chain's
 length).
@@ -150,6 +152,8 @@ class GoodputPolicy:
     verify: _Fit = field(default_factory=lambda: _Fit(3))  # seconds ~ 1, rows, tokens of the verify forward
     draft: _Fit = field(default_factory=lambda: _Fit(3))  # seconds ~ 1, k, k * rows drafted (steps that drafted)
     rows: dict[str, _Acceptance] = field(default_factory=dict)
+    population_decay: float = 0.98  # per block of any row, for the acceptance across rows
+    population: _Acceptance | None = None  # decayed counts over every row's blocks (None: none drafted yet)
     steps: int = 0
 
     def __post_init__(self) -> None:
@@ -158,7 +162,15 @@ class GoodputPolicy:
 
     def acceptance(self, rid: str) -> float:
         row = self.rows.get(rid)
-        return self.prior if row is None else min(max(row.rate, 0.0), 0.999)
+        return self.start() if row is None else min(max(row.rate, 0.0), 0.999)
+
+    def start(self) -> float:
+        """A new row's acceptance: the population's, once blocks were drafted (kept in 0.05 .. 0.95, so one
+        workload's extremes never rule a stranger out or in), else ``prior``."""
+        pop = self.population
+        if pop is None or pop.accepted + pop.rejected < self.prior_weight:
+            return self.prior
+        return min(max(pop.rate, 0.05), 0.95)
 
     def expected_tokens(self, rid: str, k: int) -> float:
         """E_r(k): tokens a block of k drafts emits on average (the bonus / corrected token included)."""
@@ -210,15 +222,18 @@ class GoodputPolicy:
         self.verify.add((1.0, rows, rows * (width + 1)), verify_s)
         if k > 0:
             self.draft.add((1.0, k, k * (rows if drafting is None else drafting)), draft_s)
+        start = self.start()  # before this step's counts: every row of a step starts from the same value
         for rid, n, a in zip(request_ids, drafted, accepted):
-            row = self.rows.setdefault(rid, _Acceptance(self.prior * self.prior_weight,
-                                                        (1 - self.prior) * self.prior_weight))
-            if n <= 0:  # not drafted: drift back to the prior, so a row that backed off is tried again
-                row.accepted += 0.1 * (self.prior * self.prior_weight - row.accepted)
-                row.rejected += 0.1 * ((1 - self.prior) * self.prior_weight - row.rejected)
+            row = self.rows.setdefault(rid, _Acceptance(start * self.prior_weight, (1 - start) * self.prior_weight))
+            if n <= 0:  # not drafted: drift back to the start, so a row that backed off is tried again
+                row.accepted += 0.1 * (start * self.prior_weight - row.accepted)
+                row.rejected += 0.1 * ((1 - start) * self.prior_weight - row.rejected)
                 continue
             row.accepted = self.decay * row.accepted + a
             row.rejected = self.decay * row.rejected + (1.0 if a < n else 0.0)
+            pop = self.population = self.population or _Acceptance(0.0, 0.0)
+            pop.accepted = self.population_decay * pop.accepted + a
+            pop.rejected = self.population_decay * pop.rejected + (1.0 if a < n else 0.0)
 
     def release(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:

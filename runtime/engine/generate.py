@@ -23,12 +23,18 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from specula.runtime.config import DrafterConfig
+
 # The drafter `specula generate` (and so `make run`) uses: the best over all suites in the newest full bench report
 # (reports/2026-12-02-linux-x86_64-2c: flash 1.19x over plain decoding, captions 2.08x; next text_lm and pooled
 # 1.11x). The serving config's default (runtime/config.py default_drafter_kind) is the same choice.
 DEFAULT_DRAFTER = "flash"
 FALLBACK_DRAFTER = "ngram"  # the default on a model the default drafter was not trained for: needs no weights
-DEFAULT_GAMMA = 5  # draft tokens per block, as in that report
+# Draft tokens per block at most, and the serving engine's settings (runtime/config.py DrafterConfig): the draft
+# length chosen per step by expected goodput (0..gamma), the drafter begun once an answer has 2 tokens.
+DEFAULT_GAMMA = DrafterConfig.model_fields["gamma"].default
+ENGINE_SETTINGS = {"adaptive": DrafterConfig.model_fields["adaptive"].default,
+                   "begin_after": DrafterConfig.model_fields["begin_after"].default}
 
 
 class _Chosen(argparse.Action):
@@ -56,7 +62,8 @@ def add_generate_arguments(p) -> None:
                         f"whose weights are the embedded target's; on another model {FALLBACK_DRAFTER})")
     p.set_defaults(drafter_given=False)
     p.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
-                   help=f"draft tokens per block (default: {DEFAULT_GAMMA})")
+                   help=f"draft tokens per block at most; each step drafts 0..gamma, as many as pay, as "
+                        f"`specula serve` does (default: {DEFAULT_GAMMA})")
     p.add_argument("--no-compare", action="store_true",
                    help="with a drafter, skip the plain-decoding run (no speedup, no losslessness check)")
     p.add_argument("--repeats", type=int, default=3,
@@ -141,7 +148,6 @@ def choose_drafter(args, model_path) -> tuple[str, dict]:
     """(kind, options) of the drafter ``args`` asks for, its record checked against ``model_path``'s weights
     (runtime/config_records.py, as ``specula serve`` checks it); the default drafter falls back to
     ``FALLBACK_DRAFTER`` with a note on stderr where its record names other weights."""
-    from specula.runtime.config import DrafterConfig
     from specula.runtime.config_records import record_mismatches
 
     spec = _drafter_spec(args.drafter)
@@ -190,7 +196,7 @@ def main(args) -> int:
         drafter = build_local_drafter({"kind": kind, **options}, target, tok)
     except ValueError as e:
         raise ValueError(f"drafter {kind!r} cannot draft for {path}: {e} (--drafter none decodes plainly)") from None
-    spec = SpecEngine(target, drafter, gamma=args.gamma, **kw)
+    spec = SpecEngine(target, drafter, gamma=args.gamma, **ENGINE_SETTINGS, **kw)
     if args.no_compare:
         return _report(args, path, ids, None, _run(spec, "spec", prompt, params), kind, options.get("path"))
     for name, engine in (("plain", plain), ("spec", spec)):  # first calls allocate and pick kernels

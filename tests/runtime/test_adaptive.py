@@ -159,3 +159,22 @@ def test_the_goodput_policy_in_the_engine_keeps_the_output(kit, plain_greedy):  
         got = eng.generate(reqs[i:i + 4])
         assert all(got[r.request_id].tokens == ref[r.request_id].tokens for r in reqs[i:i + 4])
     assert eng.policy.steps > 0 and eng.policy.rows == {}  # every row's state released with it
+
+
+def test_a_new_request_starts_from_the_acceptance_seen_across_recent_requests():
+    """Captions accepted well: the next caption drafts a full block at once instead of a short one sized for the
+    prior; after a run of poorly drafted requests a newcomer starts low, and neither extreme is ever certain."""
+    policy = GoodputPolicy(gamma=8)
+    assert policy.acceptance("new") == policy.prior  # nothing drafted yet
+    _train(policy, ["c0"], {"c0": 0.95}, 20)
+    policy.release(["c0"])
+    assert policy.acceptance("c1") > 0.85
+    stranger = GoodputPolicy(gamma=8)  # the same costs learnt, the fixed prior only
+    _train(stranger, ["c0"], {"c0": 0.95}, 20)
+    stranger.population = None
+    assert policy.choose(["c1"]) == 8 and stranger.choose(["c1"]) < 8
+    _train(policy, ["bad0", "bad1"], {"bad0": 0.02, "bad1": 0.02}, 150)  # drafted now and then, mostly rejected
+    policy.release(["bad0", "bad1"])
+    assert 0.05 <= policy.acceptance("c2") < 0.5 < policy.prior  # a newcomer starts below the fixed prior
+    policy.population.accepted, policy.population.rejected = 1e6, 0.0
+    assert policy.acceptance("c3") == 0.95  # clamped
