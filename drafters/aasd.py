@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from specula.drafters import int8_weights, stopping
+from specula.drafters import lean_llama, stopping
 from specula.drafters.aasd_head import AasdHead, context_kv
 from specula.drafters.eagle import _int
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
@@ -108,7 +108,7 @@ class AasdDrafter:
         p = head.norm.weight
         self.device, self.dtype = p.device, p.dtype
         self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
-        self._int8 = int8_weights.resolve(quantize, self.device, "aasd")
+        self._int8 = lean_llama.int8_drafting(quantize, self.device, [head.layer], "aasd")
         self._attn = head.llama_config._attn_implementation
         lc = head.llama_config
         self._kv = BatchedKV(lambda: growable_cache(lc), kv_policy or KVPolicy())  # appends in place, no O(S) copy

@@ -71,7 +71,7 @@ from pathlib import Path
 
 import torch
 
-from specula.drafters import int8_weights, stopping
+from specula.drafters import lean_llama, stopping
 from specula.drafters.eagle_head import EagleHead
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict, spine
@@ -187,7 +187,7 @@ class EagleDrafter:
         self.device, self.dtype = p.device, p.dtype
         self.stop_ids = self.stop_ids.to(self.device)  # compared with drafted tokens on the head's device
         self._attn = head.llama_config._attn_implementation
-        self._int8 = int8_weights.resolve(quantize, self.device, kind)
+        self._int8 = lean_llama.int8_drafting(quantize, self.device, [head.layer], kind)
         lc = head.llama_config
         self._kv = BatchedKV(lambda: growable_cache(lc), kv_policy or KVPolicy())  # appends in place, no O(S) copy
         self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv

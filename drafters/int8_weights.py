@@ -28,6 +28,7 @@ from functools import lru_cache
 import torch
 
 MODES = ("auto", "int8", "none")
+K_MULTIPLE = 16  # the kernel's inner dimension must be a multiple of this (others crash the process on CPU)
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,16 @@ class Int8Weight:
         return y.to(x.dtype).reshape(*lead, self.weight.shape[0])
 
 
+def fits(weight: torch.Tensor) -> bool:
+    """Whether the kernel takes this weight [N, K]: K a multiple of ``K_MULTIPLE`` (torch 2.13's CPU kernel
+    crashes the process on any other K, so this is checked before a weight is ever quantized)."""
+    return weight.dim() == 2 and weight.shape[1] > 0 and weight.shape[1] % K_MULTIPLE == 0
+
+
 def quantize(weight: torch.Tensor) -> Int8Weight:
-    """weight [N, K] float -> its per-row symmetric int8 copy."""
+    """weight [N, K] float -> its per-row symmetric int8 copy (``fits(weight)`` required)."""
+    if not fits(weight):
+        raise ValueError(f"int8 weights need [N, K] with K a multiple of {K_MULTIPLE}, got {tuple(weight.shape)}")
     w = weight.detach().float()
     scales = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [N]
     q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # [N, K]

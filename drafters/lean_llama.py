@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specula.drafters import int8_weights
 from specula.drafters.int8_weights import Int8Weight, quantize
 
 
@@ -105,12 +106,29 @@ class PackedLayer:
     split: tuple[int, int, int]
 
 
+def _weights(layer) -> tuple:
+    attn, mlp = layer.self_attn, layer.mlp
+    return (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight, mlp.gate_proj.weight,
+            mlp.up_proj.weight, mlp.down_proj.weight)
+
+
+def int8_drafting(quantize_mode: str, device, layers, who: str) -> bool:
+    """Whether a drafter drafts these decoder layers over int8 weights: ``int8_weights.resolve`` for the mode and
+    device, and every weight of the layers one the kernel takes (``int8_weights.fits``); "int8" asked for layers it
+    does not take is an error, "auto" quietly keeps the float weights."""
+    if not int8_weights.resolve(quantize_mode, device, who):
+        return False
+    odd = [tuple(w.shape) for layer in layers for w in _weights(layer) if not int8_weights.fits(w)]
+    if odd and quantize_mode == "int8":
+        raise ValueError(f"{who}: quantize 'int8' needs every layer weight's input size to be a multiple of "
+                         f"{int8_weights.K_MULTIPLE}; got {odd[0]}; use 'none'")
+    return not odd
+
+
 def packed(layer) -> PackedLayer:
     """``layer``'s int8 weights, made on first use and kept on the module (a plain attribute: never saved), made
     again when a weight is replaced, moved or changed in place (training steps bump ``_version``)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    ws = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight, mlp.gate_proj.weight,
-          mlp.up_proj.weight, mlp.down_proj.weight)
+    ws = _weights(layer)
     key = tuple((w.data_ptr(), w._version) for w in ws)
     held = getattr(layer, "_specula_int8", None)
     if held is None or held[0] != key:

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specula.drafters import int8_weights, lean_llama, stopping
+from specula.drafters import lean_llama, stopping
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registration import register
@@ -209,7 +209,7 @@ class TextLMDrafter:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # the head stays as it is: quantized it cost about 3% of acceptance on captions for ~2% of draft time
-        self._int8 = int8_weights.resolve(quantize, self.device, "text_lm") and self._lean
+        self._int8 = self._lean and lean_llama.int8_drafting(quantize, self.device, self._body.layers, "text_lm")
         self._head = head if self.vocab.identity else _VocabHead(head, self.vocab)
         self._kv = BatchedKV(lambda: _full_cache(cfg), kv_policy or KVPolicy())
         self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv

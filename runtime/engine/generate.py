@@ -30,11 +30,9 @@ from specula.runtime.config import DrafterConfig
 # 1.11x). The serving config's default (runtime/config.py default_drafter_kind) is the same choice.
 DEFAULT_DRAFTER = "flash"
 FALLBACK_DRAFTER = "ngram"  # the default on a model the default drafter was not trained for: needs no weights
-# Draft tokens per block at most, and the serving engine's settings (runtime/config.py DrafterConfig): the draft
-# length chosen per step by expected goodput (0..gamma), the drafter begun once an answer has 2 tokens.
+# Draft tokens per block: the serving config's most (runtime/config.py DrafterConfig.gamma). Here every block
+# drafts that many, so the drafter's own tau and speedup show; `specula serve` chooses 0..gamma per step.
 DEFAULT_GAMMA = DrafterConfig.model_fields["gamma"].default
-ENGINE_SETTINGS = {"adaptive": DrafterConfig.model_fields["adaptive"].default,
-                   "begin_after": DrafterConfig.model_fields["begin_after"].default}
 
 
 class _Chosen(argparse.Action):
@@ -62,8 +60,8 @@ def add_generate_arguments(p) -> None:
                         f"whose weights are the embedded target's; on another model {FALLBACK_DRAFTER})")
     p.set_defaults(drafter_given=False)
     p.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
-                   help=f"draft tokens per block at most; each step drafts 0..gamma, as many as pay, as "
-                        f"`specula serve` does (default: {DEFAULT_GAMMA})")
+                   help=f"draft tokens per block, every block (`specula serve` drafts up to its drafter.gamma, "
+                        f"as many as pay per step) (default: {DEFAULT_GAMMA})")
     p.add_argument("--no-compare", action="store_true",
                    help="with a drafter, skip the plain-decoding run (no speedup, no losslessness check)")
     p.add_argument("--repeats", type=int, default=3,
@@ -196,7 +194,7 @@ def main(args) -> int:
         drafter = build_local_drafter({"kind": kind, **options}, target, tok)
     except ValueError as e:
         raise ValueError(f"drafter {kind!r} cannot draft for {path}: {e} (--drafter none decodes plainly)") from None
-    spec = SpecEngine(target, drafter, gamma=args.gamma, **ENGINE_SETTINGS, **kw)
+    spec = SpecEngine(target, drafter, gamma=args.gamma, **kw)
     if args.no_compare:
         return _report(args, path, ids, None, _run(spec, "spec", prompt, params), kind, options.get("path"))
     for name, engine in (("plain", plain), ("spec", spec)):  # first calls allocate and pick kernels

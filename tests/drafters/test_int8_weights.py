@@ -141,3 +141,21 @@ def test_shipped_drafters_draft_as_well_with_int8_weights_and_the_output_is_unch
             tokens += len(r.tokens)
         tau[mode] = tokens / blocks
     assert tau["int8"] >= 0.9 * tau["none"], tau
+
+
+def test_a_layer_the_kernel_does_not_take_keeps_its_float_weights():
+    """torch's CPU kernel needs the inner size a multiple of 16 (others crash the process): such a drafter drafts over
+    its float weights under "auto" and is refused under "int8", never quantized."""
+    from transformers import LlamaForCausalLM
+
+    with pytest.raises(ValueError, match="multiple of 16"):
+        int8_weights.quantize(torch.randn(8, 40))
+    assert not int8_weights.fits(torch.randn(8, 40)) and int8_weights.fits(torch.randn(8, 48))
+    cfg = LlamaConfig(vocab_size=97, hidden_size=40, intermediate_size=72, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=4, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    lm = LlamaForCausalLM(cfg).eval()
+    d = create({"kind": "text_lm", "model": lm, "image_token_id": 3, "vocab_size": 97})
+    assert d._lean and d._int8 is False
+    with pytest.raises(ValueError, match="multiple of 16"):
+        create({"kind": "text_lm", "model": lm, "image_token_id": 3, "vocab_size": 97, "quantize": "int8"})
