@@ -480,7 +480,8 @@ class EnsembleDrafter(TextLMDrafter):
                     by_len.setdefault(feats[i][j].shape[0], []).append((i, j))
         fresh: dict[tuple[int, int], list[int]] = {}
         for group in by_len.values():
-            caps = self.captioner.caption(torch.stack([feats[i][j] for i, j in group]), self.caption_max_tokens)
+            caps = self.captioner.caption(torch.stack([feats[i][j] for i, j in group]), self.caption_max_tokens,
+                                          int8=self._int8)  # the drafter's own weights choice
             for (i, j), cap in zip(group, caps):
                 fresh[i, j] = cap
                 if keys[i][j] is not None:

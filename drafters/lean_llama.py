@@ -118,11 +118,20 @@ def int8_drafting(quantize_mode: str, device, layers, who: str) -> bool:
     does not take is an error, "auto" quietly keeps the float weights."""
     if not int8_weights.resolve(quantize_mode, device, who):
         return False
-    odd = [tuple(w.shape) for layer in layers for w in _weights(layer) if not int8_weights.fits(w)]
+    odd = _odd_shapes(layers)
     if odd and quantize_mode == "int8":
         raise ValueError(f"{who}: quantize 'int8' needs every layer weight's input size to be a multiple of "
                          f"{int8_weights.K_MULTIPLE}; got {odd[0]}; use 'none'")
     return not odd
+
+
+def int8_fits(layers) -> bool:
+    """Whether every weight of these decoder layers is one the int8 kernel takes."""
+    return not _odd_shapes(layers)
+
+
+def _odd_shapes(layers) -> list[tuple[int, ...]]:
+    return [tuple(w.shape) for layer in layers for w in _weights(layer) if not int8_weights.fits(w)]
 
 
 def packed(layer) -> PackedLayer:

@@ -108,11 +108,11 @@ def pool_image(features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     return pooled[0].t().to(features.dtype)  # [g_h*g_w, D]
 
 
-def _decoder(lm: nn.Module):
+def _decoder(lm: nn.Module, int8: bool = False):
     """A greedy decoder over ``lm``'s body with its own cache: ``step(embeds [B, T, H] | None, ids [B, T] | None, pos)
     -> last hidden [B, T, H]`` for T new tokens at positions pos.. (all rows aligned, causal). Through
     ``drafters/lean_llama.py`` (the same math without HF's per-call overhead) when the config qualifies, else the
-    stock forward."""
+    stock forward; ``int8``: the lean steps over int8 weights where the layers take them."""
     from transformers import DynamicCache
 
     from specula.drafters import lean_llama
@@ -120,6 +120,7 @@ def _decoder(lm: nn.Module):
 
     body = lm.model
     lean = lean_llama.supported(lm.config)
+    int8 = int8 and lean and lean_llama.int8_fits(lm.model.layers)
     cache = growable_cache(lm.config) if lean else DynamicCache(config=lm.config)
 
     def step(embeds, ids, pos: int) -> torch.Tensor:
@@ -133,7 +134,7 @@ def _decoder(lm: nn.Module):
         mask = None  # one new token per row attends to every cached slot: no mask to build
         if t > 1:
             mask = torch.ones(t, pos + t, dtype=torch.bool, device=dev).tril(pos).expand(b, 1, t, pos + t)  # causal
-        return lean_llama.model_forward(body, mask, positions, cache, input_ids=ids, inputs_embeds=embeds)
+        return lean_llama.model_forward(body, mask, positions, cache, input_ids=ids, inputs_embeds=embeds, int8=int8)
 
     return step
 
@@ -174,9 +175,9 @@ class MassvModel(nn.Module):
         return out
 
     @torch.no_grad()
-    def caption(self, features: torch.Tensor, max_tokens: int | None = None) -> list[list[int]]:
+    def caption(self, features: torch.Tensor, max_tokens: int | None = None, int8: bool = False) -> list[list[int]]:
         """Greedy captions of images: features [N_img, T, D] (``config.feature``) -> one token list per image (EOS
-        dropped). Every image is prompted with ``config.caption_prompt``, its image token expanded to T tokens, so
+        dropped); ``int8``: decoded over int8 layer weights (``lean_llama``; a drafter's captions, not training's). Every image is prompted with ``config.caption_prompt``, its image token expanded to T tokens, so
         all rows have one length and decode as one batch without padding."""
         cfg = self.config
         if not cfg.caption_prompt:
@@ -191,7 +192,7 @@ class MassvModel(nn.Module):
             prompt += [tok] * t if tok == cfg.image_token_id else [tok]
         ids = torch.tensor(prompt, dtype=torch.long, device=dev).expand(n, -1)  # [N_img, L]
         emb = self.embed(ids, list(features.to(dev)))  # [N_img, L, H]
-        step = _decoder(self.lm)
+        step = _decoder(self.lm, int8)
         hidden = step(emb, None, 0)  # [N_img, L, H]
         out: list[list[int]] = [[] for _ in range(n)]
         done = torch.zeros(n, dtype=torch.bool, device=dev)

@@ -375,7 +375,7 @@ def test_an_image_seen_before_takes_its_caption_from_the_cache(kit, cache, monke
     d = drafter(kit, "caption", caption_cache=cache)
     made = []
     real = d.captioner.caption
-    monkeypatch.setattr(d.captioner, "caption", lambda f, n=None: made.append(f.shape[0]) or real(f, n))
+    monkeypatch.setattr(d.captioner, "caption", lambda f, n=None, **kw: made.append(f.shape[0]) or real(f, n, **kw))
     a, b = requests(kit, 2, SamplingParams(max_tokens=4), suites=["vqa"])
     fa = target.encode_images(a.pixel_values, "pre_projector").features  # [1, T, D]
     fb = target.encode_images(b.pixel_values, "pre_projector").features
@@ -400,12 +400,13 @@ def test_an_image_seen_before_takes_its_caption_from_the_cache(kit, cache, monke
         drafter(kit, "massv", caption_cache=4)
 
 
-def test_captions_are_made_once_and_booked_as_caption_time(kit):
+def test_captions_are_made_once_and_booked_as_caption_time(kit, monkeypatch):
     target = load_target(kit["target"])
     d = drafter(kit, "caption")
     made = []
     real = d.captioner.caption
-    d.captioner.caption = lambda f, n=None: made.append(f.shape[0]) or real(f, n)
+    # monkeypatch: the captioner is the module's shared model, so the counter must not outlive this test
+    monkeypatch.setattr(d.captioner, "caption", lambda f, n=None, **kw: made.append(f.shape[0]) or real(f, n, **kw))
     reqs = requests(kit, 3, SamplingParams(max_tokens=8), suites=["multi_image", "vqa", "text"])
     res = SpecEngine(target, d, gamma=3, eos_token_ids=[-1]).generate(reqs)
     n_img = [0 if r.pixel_values is None else r.pixel_values.shape[0] for r in reqs]
