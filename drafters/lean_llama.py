@@ -150,53 +150,37 @@ def packed(layer) -> PackedLayer:
 
 def decoder_layer(layer, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   cache, layer_idx: int, int8: bool = False) -> torch.Tensor:
-    """One ``LlamaDecoderLayer`` step (``int8``: over ``packed(layer)``).
+    """One ``LlamaDecoderLayer`` step (``int8``: its products over ``packed(layer)``, three fewer).
 
     x     # [B, T, H]
     mask  # [B, 1, T, S + T] bool, True = attend (S: slots already in ``cache`` for this layer)
     cos, sin  # [B, 1, T, D] from ``rope_tables`` (sin signed)
     cache: an HF ``Cache`` (its ``update(k, v, layer_idx)`` appends and returns the whole K/V) or None.
     """
-    if int8:
-        return _decoder_layer_int8(layer, packed(layer), x, mask, cos, sin, cache, layer_idx)
-    attn = layer.self_attn
+    attn, mlp = layer.self_attn, layer.mlp
+    p = packed(layer) if int8 else None
     b, t, _ = x.shape
     d = attn.head_dim
     h = rms_norm(layer.input_layernorm, x)
-    q = F.linear(h, attn.q_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
-    k = F.linear(h, attn.k_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
-    v = F.linear(h, attn.v_proj.weight).view(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
-    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-    if cache is not None:
-        k, v = cache.update(k, v, layer_idx)  # [B, nkv, S + T, D]
-    gqa = q.shape[1] != k.shape[1]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)  # [B, nh, T, D]
-    o = o.transpose(1, 2).reshape(b, t, -1)  # [B, T, nh * D]
-    x = x + F.linear(o, attn.o_proj.weight)
-    mlp = layer.mlp
-    h = rms_norm(layer.post_attention_layernorm, x)
-    return x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
-                        mlp.down_proj.weight)
-
-
-def _decoder_layer_int8(layer, p: PackedLayer, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
-                        sin: torch.Tensor, cache, layer_idx: int) -> torch.Tensor:
-    """``decoder_layer`` over int8 fused weights: the same steps, three products fewer."""
-    attn = layer.self_attn
-    b, t, _ = x.shape
-    d = attn.head_dim
-    h = rms_norm(layer.input_layernorm, x)
-    q, k, v = p.qkv(h).split(p.split, dim=-1)  # [B, T, nh * D], [B, T, nkv * D] x 2
-    q = q.view(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
-    k = k.view(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
+    if p is None:
+        q, k, v = F.linear(h, attn.q_proj.weight), F.linear(h, attn.k_proj.weight), F.linear(h, attn.v_proj.weight)
+    else:
+        q, k, v = p.qkv(h).split(p.split, dim=-1)  # [B, T, nh * D], [B, T, nkv * D] x 2
+    q = q.reshape(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
+    k = k.reshape(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
     v = v.reshape(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     if cache is not None:
         k, v = cache.update(k, v, layer_idx)  # [B, nkv, S + T, D]
     gqa = q.shape[1] != k.shape[1]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)  # [B, nh, T, D]
-    x = x + p.o(o.transpose(1, 2).reshape(b, t, -1))  # [B, T, H]
-    gate, up = p.gate_up(rms_norm(layer.post_attention_layernorm, x)).chunk(2, dim=-1)  # [B, T, I] x 2
+    o = o.transpose(1, 2).reshape(b, t, -1)  # [B, T, nh * D]
+    x = x + (F.linear(o, attn.o_proj.weight) if p is None else p.o(o))
+    h = rms_norm(layer.post_attention_layernorm, x)
+    if p is None:
+        return x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
+                            mlp.down_proj.weight)
+    gate, up = p.gate_up(h).chunk(2, dim=-1)  # [B, T, I] x 2
     return x + p.down(F.silu(gate) * up)
 
 

@@ -140,6 +140,8 @@ def test_shipped_drafters_draft_as_well_with_int8_weights_and_the_output_is_unch
             blocks += r.metrics.blocks
             tokens += len(r.tokens)
         tau[mode] = tokens / blocks
+        layers = list(d._body.layers) if hasattr(d, "_body") else [d.head.layer]  # freshly loaded for this mode
+        assert all(hasattr(layer, "_specula_int8") for layer in layers) is (mode == "int8")  # drafted through them
     assert tau["int8"] >= 0.9 * tau["none"], tau
 
 
@@ -159,3 +161,18 @@ def test_a_layer_the_kernel_does_not_take_keeps_its_float_weights():
     assert d._lean and d._int8 is False
     with pytest.raises(ValueError, match="multiple of 16"):
         create({"kind": "text_lm", "model": lm, "image_token_id": 3, "vocab_size": 97, "quantize": "int8"})
+
+
+def test_the_caption_member_captions_over_int8_weights_and_says_about_the_same(shipped):
+    """The shipped massv model's caption mode over int8 layer weights: made through them, and captions that agree
+    with the fp32 ones on most tokens (a caption only shapes the caption member's drafts)."""
+    target, processor, prompts = shipped
+    model = create({"kind": "massv", "quantize": "none"}, target=target, tokenizer=processor.tokenizer).massv
+    pix = [p.pixel_values for _, _, p in prompts if p.pixel_values is not None]
+    feats = target.encode_images(torch.cat(pix), model.config.feature).features  # [N_img, T, D]
+    fp32 = model.caption(feats, 24)
+    assert not any(hasattr(layer, "_specula_int8") for layer in model.lm.model.layers)
+    int8 = model.caption(feats, 24, int8=True)
+    assert all(hasattr(layer, "_specula_int8") for layer in model.lm.model.layers)
+    same = sum(a == b for x, y in zip(fp32, int8) for a, b in zip(x, y))
+    assert len(int8) == len(fp32) and same >= 0.8 * sum(len(x) for x in fp32), (fp32, int8)
