@@ -4,7 +4,8 @@ A drafter step on a CPU is a handful of matrix-vector products over one or a few
 is what it costs: the target's verification just streamed tens of MB through the caches, so the drafter's weights
 come back from memory at every block. Measured on this project's 2-core machine (a d256, 2-layer drafter, 9.4 MB
 of fp32 weights), one 1-token step took 1.1 ms with cold caches and 0.42 ms warm; with int8 weights 0.69 ms cold
-and 0.41 ms warm, and a 5-token block of ``massv`` drafting 4.5-4.9 -> 3.7-3.9 ms with the same acceptance.
+and 0.41 ms warm, and a 5-token block of ``massv`` drafting 5.4 -> 4.2 ms (its prompt prefill included) with the
+same acceptance (reports/2026-12-07b-int8-drafting-linux-x86_64-2c/int8_ab).
 
 Each output row of a weight ``W [N, K]`` is kept as int8 with one scale, ``W[n] ~= scale[n] * Wq[n]`` (symmetric,
 ``scale = max |W[n]| / 127``), and multiplied by torch's weight-only int8 kernel (``torch._weight_int8pack_mm``,

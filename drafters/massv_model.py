@@ -177,8 +177,9 @@ class MassvModel(nn.Module):
     @torch.no_grad()
     def caption(self, features: torch.Tensor, max_tokens: int | None = None, int8: bool = False) -> list[list[int]]:
         """Greedy captions of images: features [N_img, T, D] (``config.feature``) -> one token list per image (EOS
-        dropped); ``int8``: decoded over int8 layer weights (``lean_llama``; a drafter's captions, not training's). Every image is prompted with ``config.caption_prompt``, its image token expanded to T tokens, so
-        all rows have one length and decode as one batch without padding."""
+        dropped); ``int8``: decoded over int8 layer weights (``lean_llama``; a drafter's captions, not training's).
+        Every image is prompted with ``config.caption_prompt``, its image token expanded to T tokens, so all rows
+        have one length and decode as one batch without padding."""
         cfg = self.config
         if not cfg.caption_prompt:
             raise ValueError("massv: this model has no caption_prompt (it was not trained for caption mode)")

@@ -24,10 +24,10 @@ Learning: a_r is a decayed count of accepted drafts over accepted drafts plus re
 acceptance of a geometric model), starting from the acceptance seen across recent rows (``population``: the same
 count over every row's blocks, slower to decay; ``prior`` until there is one) and drifting back to it while the row
 is not drafted (so a row that backed off is tried again). A new caption then drafts long from its first block when
-captions have been accepted, instead of a block or two sized for a stranger; T_verify and T_draft are least-squares fits over the steps seen (decayed,
-weights past the intercept kept >= 0), with ``warmup`` steps of lengths gamma, 0, gamma, gamma / 2 before the
-policy decides anything. Tree drafters choose between 0 and gamma only (their budget is nodes, not a chain's
-length).
+captions have been accepted, instead of a block or two sized for a stranger. T_verify and T_draft are least-squares
+fits over the steps seen (decayed, weights past the intercept kept >= 0), with ``warmup`` steps of lengths gamma,
+0, gamma, gamma / 2 before the policy decides anything. Tree drafters choose between 0 and gamma only (their budget
+is nodes, not a chain's length).
 
     policy = GoodputPolicy(gamma=5)
     k = policy.choose(["r1", "r2"])                 # before the step
