@@ -495,16 +495,23 @@ class LimitsConfig(_Strict):
 
 
 class HttpConfig(_Strict):
-    """Where Serve's HTTP proxy listens (used by `specula serve`, and by tests through serve.start)."""
+    """Where the HTTP API listens (`specula serve`): the Ingress replica itself (direct) or Serve's HTTP proxy."""
 
-    host: str = Field("127.0.0.1", description="Bind address of the HTTP proxy ('0.0.0.0' to serve the network).")
-    port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP proxy.")
+    host: str = Field("127.0.0.1", description="Bind address of the HTTP API ('0.0.0.0' to serve the network).")
+    port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API.")
     route_prefix: str = Field("/", description="Path prefix of the application: {prefix}v1/chat/completions, "
                                                "{prefix}v1/completions, {prefix}v1/models, {prefix}generate, "
                                                "{prefix}health, {prefix}metrics.")
     served_model_name: str | None = Field(
         None, min_length=1, description="Model id of the OpenAI routes (GET /v1/models, the `model` field of "
                                         "requests; gRPC ListModels); null = the last part of model.path.")
+    direct: bool | None = Field(
+        None, description="The Ingress replica listens on host:port itself (the same routes, on its own uvicorn "
+                          "server) instead of behind Ray Serve's HTTP proxy, whose hop costs about 8 ms per request "
+                          "on 2 CPUs; Serve's proxy then listens on a free loopback port. Needs one Ingress "
+                          "replica (deployments.ingress: num_replicas 1, no autoscaling). null = decided by "
+                          "`specula serve`: direct on a local Ray (one machine) with one Ingress replica, behind "
+                          "Serve's proxy when joining a cluster (--address) or with more replicas.")
 
     @field_validator("route_prefix")
     @classmethod
@@ -560,7 +567,7 @@ class SpeculaConfig(_Strict):
     dataplane: DataplaneConfig = Field(default_factory=DataplaneConfig,
                                        description="Verifier <-> drafter gRPC settings.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits at the ingress.")
-    http: HttpConfig = Field(default_factory=HttpConfig, description="Serve HTTP proxy settings.")
+    http: HttpConfig = Field(default_factory=HttpConfig, description="Where and how the HTTP API listens.")
     grpc: GrpcConfig = Field(default_factory=GrpcConfig, description="The public gRPC API.")
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Bearer-token auth (HTTP and gRPC).")
     deployments: Deployments = Field(default_factory=Deployments, description="Placement and scaling.")
@@ -579,6 +586,14 @@ class SpeculaConfig(_Strict):
             d["kind"] = "ngram" if d.get("options") else default_drafter_kind(path)
             data = {**data, "drafter": d}
         return data
+
+    @model_validator(mode="after")
+    def _direct_http_has_one_ingress(self) -> SpeculaConfig:
+        if self.http.direct and self.deployments.ingress.replicas_at_most() != 1:
+            raise ValueError("http.direct: true needs one Ingress replica (deployments.ingress.num_replicas: 1, no "
+                             "autoscaling_config): the port is the replica's own; use http.direct: false to serve "
+                             "more replicas behind Serve's proxy")
+        return self
 
     @model_validator(mode="after")
     def _drafters_fit_the_model(self) -> SpeculaConfig:

@@ -10,6 +10,8 @@ Only ``builder.build_app`` binds them. Request flow (docs/design.md, "One reques
         -> TargetVerifier.generate (streaming)                 the request's decode loop, KV cache pinned here
                <-> DrafterEnsemble replica over one gRPC Session stream (its address from DrafterEnsemble.address)
     <- JSON / SSE chunks / NDJSON records
+
+HTTP reaches the Ingress through Serve's proxy, or with ``http.direct`` on the replica's own port (direct_http.py).
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ class TargetVerifier:
 
 @serve.deployment
 class Ingress:
-    """The HTTP front door: OpenAI routes, ``POST /generate``, /health, /metrics (routing in http_api.py).
+    """The HTTP front door: OpenAI routes, ``POST /generate``, /health, /metrics (routing in http_api.py), behind
+    Serve's proxy or, with ``http.direct``, on this replica's own port (direct_http.py).
 
     The seam every front door of this replica shares (the public gRPC API, grpc_api.py, plugs in here), so HTTP
     and gRPC requests wait in one admission queue and count in one set of metrics:
@@ -184,6 +187,12 @@ class Ingress:
 
             servicer = PublicApiServicer.from_config(self.config, self.engine, self.run, self.admission, self.metrics)
             self.grpc = serve_in_running_loop(self.config, servicer)
+        self.direct = None
+        if self.config.http.direct:  # this replica listens on http.host:http.port itself (direct_http.py)
+            from specula.runtime.serve.direct_http import DirectHttp
+
+            h = self.config.http
+            self.direct = DirectHttp(self.http, h.host, h.port, h.route_prefix)
 
     def grpc_address(self) -> str | None:
         """host:port of this replica's public gRPC API (None when grpc.enabled is false)."""
@@ -200,6 +209,8 @@ class Ingress:
             self.hosted.check_health()
 
     def __del__(self) -> None:
+        if getattr(self, "direct", None) is not None:
+            self.direct.close()
         if getattr(self, "grpc", None) is not None:
             self.grpc.close()
         if getattr(self, "hosted", None) is not None:

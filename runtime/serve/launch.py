@@ -107,13 +107,25 @@ def config_from_args(args: argparse.Namespace):
     return load_config(raw, where=str(where))
 
 
+def direct_http(cfg, local: bool):
+    """``cfg`` with ``http.direct`` decided where it is null: the Ingress replica serves HTTP itself on a local Ray
+    (this machine) with one Ingress replica; behind Serve's proxy on a cluster or with more replicas."""
+    if cfg.http.direct is not None:
+        return cfg
+    from specula.runtime.config import load_config
+
+    raw = cfg.model_dump(mode="json")
+    raw["http"]["direct"] = local and cfg.deployments.ingress.replicas_at_most() == 1
+    return load_config(raw)
+
+
 def serve_cli(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+    local = args.address is None
+    cfg = direct_http(config_from_args(args), local)
 
     from specula.runtime.serve.placement import (ClusterResources, StartupError, placement_message,
                                                  placement_problems, size_reservations, watch_startup)
 
-    local = args.address is None
     init = {"address": args.address} if not local else {
         k: v for k, v in (("num_cpus", args.num_cpus), ("num_gpus", args.num_gpus), ("_temp_dir", args.ray_temp_dir))
         if v is not None}
@@ -154,7 +166,10 @@ def serve_cli(args: argparse.Namespace) -> int:
                 raise StartupError(message)
             print(f"{message}\nspecula: deploying anyway: the cluster may scale up (--placement-timeout "
                   f"{timeout:g} s)", file=sys.stderr, flush=True)
-        serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
+        # http.direct: the Ingress replica listens on http.host:http.port; Serve's proxy takes a free loopback port
+        proxy = {"host": "127.0.0.1", "port": _free_port()} if cfg.http.direct else \
+            {"host": cfg.http.host, "port": cfg.http.port}
+        serve.start(http_options=proxy)
         deployed = True
         serve.run_many([serve.RunTarget(build_app(cfg), name=cfg.name, route_prefix=cfg.http.route_prefix)],
                        wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
@@ -165,8 +180,9 @@ def serve_cli(args: argparse.Namespace) -> int:
         where = "off" if cfg.drafter.gamma == 0 else ("in the verifier" if cfg.drafter.colocate else "separate")
         vision = "in the verifier" if cfg.deployments.vision_encoder.colocate else "separate"
         verifier = "in the ingress" if cfg.deployments.target_verifier.in_ingress else "separate"
+        door = "HTTP from the ingress replica" if cfg.http.direct else "HTTP through Serve's proxy"
         print(f"specula: serving {cfg.name!r} (model {cfg.model.path}, drafter {cfg.drafter.kind}, "
-              f"gamma {cfg.drafter.gamma}, drafting {where}, vision {vision}, verifier {verifier}) on {url}; "
+              f"gamma {cfg.drafter.gamma}, drafting {where}, vision {vision}, verifier {verifier}, {door}) on {url}; "
               "Ctrl-C stops\n"
               f"{http_examples(cfg)}", flush=True)
         from specula.runtime.serve.grpc_api import grpcurl_example
@@ -199,6 +215,14 @@ def _stop(serve, name: str, local: bool) -> None:
         serve.shutdown()
     else:
         serve.delete(name)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _interrupt(signum, frame) -> None:

@@ -82,7 +82,7 @@ def test_the_default_config_serves_an_image_question_on_two_cpus(tmp_path):
     text = log.read_text()
     assert rc == 0, text[-3000:]
     assert ("specula: serving 'specula' (model target, drafter flash, gamma 8, drafting in the verifier, "
-             "vision in the verifier, verifier in the ingress)" in text
+             "vision in the verifier, verifier in the ingress, HTTP from the ingress replica)" in text
             and "cannot place" not in text)
     assert text.rstrip().endswith("specula: stopped"), text[-3000:]
     print(f"\nspecula serve (default config, 2 CPUs): serving and /health answering {up:.0f} s after start; "
