@@ -196,7 +196,8 @@ class VerifierSettings(DeviceDeploymentSettings):
                                 "ingress: the tokens of the decoding steps in between travel as one chunk (each "
                                 "chunk is a Ray streaming message, and one per step costs the decode loop's CPU on "
                                 "a small machine). A request's first token and its last chunk are never held "
-                                "back. 0 = one chunk per decoding step.")
+                                "back; an answer read only once whole (not streamed, no stop strings) travels as "
+                                "those two chunks alone. 0 = one chunk per decoding step.")
     in_ingress: bool | None = Field(
         None, description="Run the verifier's engine (the target, each request's decode loop and its KV cache) "
                           "inside each Ingress replica instead of in TargetVerifier replicas: no TargetVerifier "

@@ -41,6 +41,9 @@ class GenerationRequest:
     visual: torch.Tensor | VisualFeatures | None = None
     # the drafter this request chose by name (DraftContext.drafter: a MultiDrafter routes on it); None = the default
     drafter: str | None = None
+    # False: its caller wants the whole answer only (not streamed, no stop string to watch), so the served verifier
+    # sends the first token's chunk and the last one, none between (VerifierEngine.astream); output is the same
+    streamed: bool = True
 
 
 @dataclass(frozen=True)

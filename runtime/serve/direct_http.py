@@ -61,6 +61,7 @@ def bind(host: str, port: int, wait_s: float = BIND_WAIT_S) -> socket.socket:
     while True:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT connections of a predecessor
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it: no Nagle wait
         try:
             sock.bind((host, port))
             sock.listen(2048)

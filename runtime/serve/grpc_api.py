@@ -130,7 +130,7 @@ class PublicApiServicer(api.pb2_grpc.SpeculaServicer):
                 async with self.admission.slot():
                     self.active += 1
                     try:
-                        await self._generate(body, params, emit)
+                        await self._generate(body, params, emit, whole=method == "Generate")
                     finally:
                         self.active -= 1
         except NotFound as e:
@@ -196,8 +196,11 @@ class PublicApiServicer(api.pb2_grpc.SpeculaServicer):
         req = self.engine.prepare(self.engine.parse(body), uuid.uuid4().hex)
         return replace(req, params=replace(req.params, **extra)) if extra else req
 
-    async def _generate(self, body: dict, extra: dict, emit) -> None:
+    async def _generate(self, body: dict, extra: dict, emit, whole: bool = False) -> None:
+        """``whole``: the caller reads the answer only once it is complete (unary Generate)."""
         req = await asyncio.to_thread(self._prepare, body, extra)
+        if whole and not req.params.stop:  # no chunks between the first and the last (GenerationRequest.streamed)
+            req = replace(req, streamed=False)
         detok = self.engine.detokenizer(req)  # text deltas and stop strings, as for HTTP
         stats = _Stats()
         chunks = self.run(self.engine.upstream(req))

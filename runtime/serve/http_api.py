@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from functools import partial
 
 from starlette.requests import Request
@@ -136,6 +137,8 @@ class HttpApi:
                 t1 = time.perf_counter()
                 self.metrics.phase("queue", t1 - t0)
                 request = await asyncio.to_thread(job.prepare, plan, uuid.uuid4().hex)
+                if not job.stream(plan) and not request.params.stop:  # the answer is read only once it is whole
+                    request = replace(request, streamed=False)
                 self.metrics.phase("prepare", time.perf_counter() - t1)
                 detok = self.engine.detokenizer(request)
                 shape = job.shaper(plan, request)

@@ -170,6 +170,31 @@ def _plain(stack, prompt, images, max_tokens):
 # ----------------------------------------------------------------------------------------------- answers
 
 
+def test_unary_generate_asks_the_verifier_for_the_whole_answer_only(stack):
+    """Unary Generate without stop strings needs no chunk between the first and the last (GenerationRequest
+    .streamed); a stream, or stop strings to watch, keep them."""
+    seen = []
+    inner = local_run(stack.vision, stack.verifier, stack.drafter.address)
+
+    async def run(request):
+        seen.append(request.streamed)
+        async for chunk in inner(request):
+            yield chunk
+
+    cfg = stack.cfg
+    servicer = PublicApiServicer.from_config(cfg, stack.ingress, run, Admission(2, 2), None)
+    server = stack.loop.call(start_grpc_server(cfg, servicer))
+    stack.servers.append(server)
+    prompt, images = _images(2)
+    with SpeculaClient(f"127.0.0.1:{server.port}", KEY) as client:
+        whole = client.generate(prompt, images, max_tokens=8, temperature=0.0)
+        chunks = list(client.stream(prompt, images, max_tokens=8, temperature=0.0))
+        client.generate(prompt, images, max_tokens=8, temperature=0.0, stop=["zzz"])
+    assert seen == [False, True, True]
+    assert whole.tokens == [t for c in chunks for t in c.tokens]  # the same answer
+    stack.wait_idle(servicer)
+
+
 @pytest.mark.parametrize("sample", [0, 2])  # one image; text only
 def test_greedy_unary_and_stream_equal_plain_decoding(stack, main, sample):
     _, _, client = main
