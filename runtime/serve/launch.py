@@ -8,7 +8,8 @@
 CPU reservations left null in the config (the default) are sized from the CPUs Ray sees (placement.py), so the
 default config starts on a 2-CPU machine. A config that cannot fit its local Ray (a replica asking more CPUs or
 GPUs than the machine has) is refused (exit 1) before Ray starts, and checked again against what the started Ray
-has; on a cluster it is only a warning (an autoscaler may add nodes). While the application starts, a replica that
+has; on a cluster it is only a warning (an autoscaler may add nodes). So is an HTTP port that another process holds
+(with a local Ray). While the application starts, a replica that
 Serve cannot place (it reports it waiting for resources) for longer than ``--placement-timeout`` ends the start:
 ``specula serve`` prints which deployment, what it asks, what the cluster has and which config field to change,
 stops what it started and exits 1. So does an application that fails to deploy. ``specula: serving ...`` is
@@ -136,6 +137,11 @@ def serve_cli(args: argparse.Namespace) -> int:
     timeout = args.placement_timeout
     if timeout is None:
         timeout = LOCAL_PLACEMENT_TIMEOUT_S if local else CLUSTER_PLACEMENT_TIMEOUT_S
+    # a taken HTTP port is refused before Ray starts: one line, not a replica failing its start three times
+    if local and (taken := _port_taken(cfg.http.host, cfg.http.port)):
+        print(f"specula: cannot serve HTTP on {cfg.http.host}:{cfg.http.port}: {taken}; choose a free port with "
+              "--port (http.port)", file=sys.stderr, flush=True)
+        return 1
     if local:  # what cannot fit the Ray about to start is refused before it starts (seconds, not a Ray start)
         expected = ClusterResources.local(args.num_cpus, args.num_gpus)
         sized = size_reservations(cfg, expected)
@@ -215,6 +221,22 @@ def _stop(serve, name: str, local: bool) -> None:
         serve.shutdown()
     else:
         serve.delete(name)
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why host:port cannot be listened on now (e.g. "address already in use"), or None when it can; port 0 is
+    always free."""
+    import socket
+
+    if port == 0:
+        return None
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: TIME_WAIT does not count
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return (e.strerror or str(e)).lower()
+    return None
 
 
 def _free_port() -> int:

@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -155,3 +156,25 @@ def test_the_watchdog_ends_a_start_that_a_cluster_cannot_place(tmp_path):
             "deployments.target_verifier.ray_actor_options.num_cpus") in text, text[-3000:]
     assert "specula" not in left  # the half-started application is deleted; the cluster keeps running
     print("\n" + "\n".join(line for line in text.splitlines() if line.startswith(("specula:", "  - "))))
+
+
+def test_a_taken_http_port_is_refused_before_ray_starts(tmp_path):
+    """The port the application would serve on (the ingress replica's own, http.direct) is held by another
+    process: one line naming it and the flag, exit 1, no Ray started (not a replica failing its start)."""
+    log = tmp_path / "serve.log"
+    with socket.socket() as holder, ray_env() as tmp:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = _spawn(["--port", str(port), "--grpc-port", "0", "--ray-temp-dir", tmp], log, tmp)
+        try:
+            rc = proc.wait(timeout=REFUSE_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {REFUSE_S:.0f} s:\n{log.read_text()[-3000:]}") from None
+        finally:
+            _reap(proc)
+    text = log.read_text()
+    assert rc == 1, text[-3000:]
+    assert f"specula: cannot serve HTTP on 127.0.0.1:{port}: address already in use; choose a free port with " \
+           "--port (http.port)" in text, text
+    assert "Started a local Ray instance" not in text
