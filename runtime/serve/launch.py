@@ -8,8 +8,8 @@
 CPU reservations left null in the config (the default) are sized from the CPUs Ray sees (placement.py), so the
 default config starts on a 2-CPU machine. A config that cannot fit its local Ray (a replica asking more CPUs or
 GPUs than the machine has) is refused (exit 1) before Ray starts, and checked again against what the started Ray
-has; on a cluster it is only a warning (an autoscaler may add nodes). So is an HTTP port that another process holds
-(with a local Ray). While the application starts, a replica that
+has; on a cluster it is only a warning (an autoscaler may add nodes). With a local Ray, an HTTP port that another
+process holds is refused before Ray starts as well. While the application starts, a replica that
 Serve cannot place (it reports it waiting for resources) for longer than ``--placement-timeout`` ends the start:
 ``specula serve`` prints which deployment, what it asks, what the cluster has and which config field to change,
 stops what it started and exits 1. So does an application that fails to deploy. ``specula: serving ...`` is

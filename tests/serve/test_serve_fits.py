@@ -41,6 +41,17 @@ def _reap(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
+def _refused(args: list[str], log: Path, tmp: str) -> int:
+    """``specula serve args``'s exit code, which must come within REFUSE_S seconds."""
+    proc = _spawn(args, log, tmp)
+    try:
+        return proc.wait(timeout=REFUSE_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after {REFUSE_S:.0f} s:\n{log.read_text()[-3000:]}") from None
+    finally:
+        _reap(proc)
+
+
 def _health(url: str, proc: subprocess.Popen, log: Path) -> bool:
     """It said it is serving (the application is RUNNING; the ingress may answer a moment before) and /health
     answers."""
@@ -101,14 +112,8 @@ def test_a_replica_bigger_than_the_local_ray_is_refused_at_once(tmp_path):
     log = tmp_path / "serve.log"
     with ray_env() as tmp:
         started = time.monotonic()
-        proc = _spawn(["--config", str(_too_big(tmp_path, free_port())), "--num-cpus", "2", "--ray-temp-dir", tmp],
+        rc = _refused(["--config", str(_too_big(tmp_path, free_port())), "--num-cpus", "2", "--ray-temp-dir", tmp],
                       log, tmp)
-        try:
-            rc = proc.wait(timeout=REFUSE_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after {REFUSE_S:.0f} s:\n{log.read_text()[-3000:]}") from None
-        finally:
-            _reap(proc)
         took = time.monotonic() - started
     text = log.read_text()
     assert rc == 1, text[-3000:]
@@ -166,13 +171,7 @@ def test_a_taken_http_port_is_refused_before_ray_starts(tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        proc = _spawn(["--port", str(port), "--grpc-port", "0", "--ray-temp-dir", tmp], log, tmp)
-        try:
-            rc = proc.wait(timeout=REFUSE_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after {REFUSE_S:.0f} s:\n{log.read_text()[-3000:]}") from None
-        finally:
-            _reap(proc)
+        rc = _refused(["--port", str(port), "--grpc-port", "0", "--ray-temp-dir", tmp], log, tmp)
     text = log.read_text()
     assert rc == 1, text[-3000:]
     assert f"specula: cannot serve HTTP on 127.0.0.1:{port}: address already in use; choose a free port with " \
