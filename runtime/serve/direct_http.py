@@ -16,6 +16,7 @@ the generation stops and its KV cache is freed. A streamed answer is cancelled b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
@@ -40,11 +41,11 @@ class DirectHttp:
         import uvicorn
 
         self.sock = bind(host, port, bind_wait_s)
-        self.address = self.sock.getsockname()[:2]
         app = asgi_app(handler, route_prefix)
         self.server = uvicorn.Server(uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning",
                                                     log_config=None, timeout_keep_alive=90))
-        self.server.install_signal_handlers = lambda: None  # a replica's loop thread is not the main thread
+        self.server.capture_signals = contextlib.nullcontext  # signals are the replica process's (Ray's), never
+        #                                                          uvicorn's, even on a loop in the main thread
         self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[self.sock]))
         self.task.add_done_callback(_log_failure)
 

@@ -126,6 +126,24 @@ def test_a_taken_port_is_waited_for_then_refused_naming_the_fields():
     sock.close()
 
 
+def test_the_door_leaves_the_process_signals_to_their_owner():
+    """On a loop in the main thread (a replica run with Serve's user code there) uvicorn would take SIGINT and
+    SIGTERM for as long as it serves; the replica's process (Ray) must keep them."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    async def serve_a_moment():
+        door = DirectHttp(lambda request: JSONResponse({}), "127.0.0.1", free_port())
+        await asyncio.sleep(0.3)
+        during = signal.getsignal(signal.SIGTERM)
+        door.close()
+        await asyncio.wait_for(door.task, 10)
+        return during
+
+    assert asyncio.run(serve_a_moment()) is before
+
+
 def test_specula_serve_decides_direct_for_one_ingress_on_this_machine():
     from specula.runtime.config import load_config
     from specula.runtime.serve.launch import direct_http
