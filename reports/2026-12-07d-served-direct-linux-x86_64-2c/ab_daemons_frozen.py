@@ -1,3 +1,6 @@
+"""Served plain captions with and without the app's other Ray processes stopped (SIGSTOP) during each request,
+against in-process plain: `python ab_daemons_frozen.py` (run at c990526)."""
+import tempfile
 import time, sys, os, signal, statistics as st
 from pathlib import Path
 import torch
@@ -8,7 +11,7 @@ cfg = load_config({})
 target, processor = S._load(cfg.model.path)
 ps = S.world_prompts(processor, ["caption"], 6)
 inproc = S.in_process_runners(target, processor, {}, 0, 64)["plain"]
-with S.ServedApp({"drafter": {"gamma": 0}, "grpc": {"enabled": False}}, num_cpus=None, log=Path("/tmp/exp/fd.log")) as app:
+with S.ServedApp({"drafter": {"gamma": 0}, "grpc": {"enabled": False}}, num_cpus=None, log=Path(tempfile.gettempdir()) / "fd.log") as app:
     r = S.ServedRunner(app.url, 64, 1)
     pids = app.processes()
     rep = [p for p in pids if b"ServeReplica" in Path(f"/proc/{p}/cmdline").read_bytes()[:40]][0]

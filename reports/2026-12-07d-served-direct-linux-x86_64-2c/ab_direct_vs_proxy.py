@@ -1,3 +1,6 @@
+"""Ray 2.60's own direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1) against Serve's proxy, the same apps:
+`python ab_direct_vs_proxy.py caption 6` (run at b9219be, before http.direct existed)."""
+import tempfile
 import time, sys, os, subprocess, statistics as st, re, json
 from pathlib import Path
 os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
@@ -18,7 +21,7 @@ def replica_port(app):
 apps = {}
 try:
     for name, c in S.configs({}).items():
-        apps[name] = S.ServedApp(c, num_cpus=None, log=Path(f"/tmp/exp/ab-{name}.log"))
+        apps[name] = S.ServedApp(c, num_cpus=None, log=Path(tempfile.gettempdir()) / f"ab-{name}.log")
     runners = {f"in_process/{k}": r for k, r in S.in_process_runners(target, processor, {"kind": cfg.drafter.kind, **cfg.drafter.options}, cfg.drafter.gamma, 64, cfg.drafter.adaptive, cfg.drafter.begin_after).items()}
     owner = {}
     for name, a in apps.items():

@@ -1,3 +1,6 @@
+"""Served apps of several configs (JSON: name -> config overrides) against in-process plain, round robin, each
+alone: `python ab_served_configs.py caption 6 '{"a": {...}, "b": {...}}'`."""
+import tempfile
 import time, sys, os, json
 from pathlib import Path
 import torch
@@ -12,7 +15,7 @@ variants = json.loads(sys.argv[3])  # name -> config
 apps = {}
 try:
     for name, c in variants.items():
-        apps[name] = S.ServedApp({"grpc": {"enabled": False}, **c}, num_cpus=None, log=Path(f"/tmp/exp/iv-{name}.log"))
+        apps[name] = S.ServedApp({"grpc": {"enabled": False}, **c}, num_cpus=None, log=Path(tempfile.gettempdir()) / f"iv-{name}.log")
         apps[name].freeze(True)
     runners = {"in_process/plain": S.in_process_runners(target, processor, {}, 0, 64)["plain"]}
     for name, a in apps.items():

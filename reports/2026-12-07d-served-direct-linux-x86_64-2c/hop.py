@@ -1,3 +1,6 @@
+"""Wall time at the client against the time the verifier booked, one-token and 64-token captions, served plain:
+`python hop.py` (run at b9219be)."""
+import tempfile
 import json, time, sys, statistics as st, os, subprocess
 from pathlib import Path
 import torch
@@ -10,7 +13,7 @@ cfg = load_config({})
 proc = load_processor_for(cfg)
 ps = world_prompts(proc, ["caption"], 6)
 prof = len(sys.argv) > 1
-with ServedApp({"drafter": {"gamma": 0}}, num_cpus=None, log=Path("/tmp/exp/hop_serve.log")) as app:
+with ServedApp({"drafter": {"gamma": 0}}, num_cpus=None, log=Path(tempfile.gettempdir()) / "hop_serve.log") as app:
     r = ServedRunner(app.url, 64, 1)
     c = httpx.Session()
     for _ in range(5): c.get(app.url + "/models")
