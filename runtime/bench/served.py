@@ -30,7 +30,6 @@ import os
 import platform
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -90,7 +89,9 @@ class ServedApp:
     when it does not come up."""
 
     def __init__(self, config: dict, *, num_cpus: int | None, log: Path, ready_timeout: float = 300.0):
-        self.port = _free_port()
+        from specula.runtime.serve.direct_http import free_port
+
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="sb", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
         cfg_file = self.dir / "config.yaml"
         cfg_file.write_text(json.dumps(config))  # JSON is YAML
@@ -169,12 +170,6 @@ class ServedApp:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, n: int = 1500) -> str:

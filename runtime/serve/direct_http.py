@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from specula.runtime.serve.errors import error_body
+
 log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -52,6 +54,13 @@ class DirectHttp:
     def close(self) -> None:
         """End the server: uvicorn stops accepting, closes the socket and lets open responses finish."""
         self.server.should_exit = True
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a listener started next: another process may take it meanwhile)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def bind(host: str, port: int, wait_s: float = BIND_WAIT_S) -> socket.socket:
@@ -89,9 +98,8 @@ def asgi_app(handler: Handler, route_prefix: str = "/"):
             return
         path = scope.get("path", "/")
         if root and not (path == root or path.startswith(root + "/")):
-            await JSONResponse({"error": {"message": f"no route {path} (the application is under {root}/)",
-                                          "type": "invalid_request_error", "param": None, "code": "not_found"}},
-                               status_code=404)(scope, receive, send)
+            body = error_body(f"no route {path} (the application is under {root}/)", 404, code="not_found")
+            await JSONResponse(body, status_code=404)(scope, receive, send)
             return
         scope = {**scope, "root_path": root}  # what Serve's proxy hands a replica: _path() strips it
         watched = _Watched(receive)

@@ -154,6 +154,7 @@ def serve_cli(args: argparse.Namespace) -> int:
     from ray import serve
 
     from specula.runtime.serve.builder import build_app
+    from specula.runtime.serve.direct_http import free_port
 
     build_app(cfg, cluster=ClusterResources.local(args.num_cpus, args.num_gpus))  # validate and bind first
     previous = signal.getsignal(signal.SIGTERM)
@@ -173,7 +174,7 @@ def serve_cli(args: argparse.Namespace) -> int:
             print(f"{message}\nspecula: deploying anyway: the cluster may scale up (--placement-timeout "
                   f"{timeout:g} s)", file=sys.stderr, flush=True)
         # http.direct: the Ingress replica listens on http.host:http.port; Serve's proxy takes a free loopback port
-        proxy = {"host": "127.0.0.1", "port": _free_port()} if cfg.http.direct else \
+        proxy = {"host": "127.0.0.1", "port": free_port()} if cfg.http.direct else \
             {"host": cfg.http.host, "port": cfg.http.port}
         serve.start(http_options=proxy)
         deployed = True
@@ -224,27 +225,17 @@ def _stop(serve, name: str, local: bool) -> None:
 
 
 def _port_taken(host: str, port: int) -> str | None:
-    """Why host:port cannot be listened on now (e.g. "address already in use"), or None when it can; port 0 is
-    always free."""
-    import socket
+    """Why host:port cannot be listened on now (e.g. "address already in use"), or None when it can (as the door
+    binds it: ``direct_http.bind``, without waiting); port 0 is always free."""
+    from specula.runtime.serve.direct_http import bind
 
     if port == 0:
         return None
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: TIME_WAIT does not count
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            return (e.strerror or str(e)).lower()
+    try:
+        bind(host, port, wait_s=0).close()
+    except OSError as e:
+        return os.strerror(e.errno).lower() if e.errno else str(e)
     return None
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _interrupt(signum, frame) -> None:
