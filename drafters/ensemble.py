@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from specula.drafters import lean_llama
+from specula.drafters.ensemble_join import JoinRule, JoinStats, draft_depth
 from specula.drafters.ensemble_members import DEFAULT_GRID, Member, member_context, parse_members
 from specula.drafters.ensemble_weights import adapted_weights, check_adapt, committed_logprobs, posterior
 from specula.drafters.image_runs import feature_lengths, per_image
@@ -78,7 +79,11 @@ class EnsembleDrafter(TextLMDrafter):
     the committed tokens (``drafters/ensemble_weights.py``). ``prune_below`` (default 1e-3; 0 = never): a member
     whose adapted posterior falls below that fraction of the leading member's leaves the request (its row is
     released, the mixture is renormalised over the others), so a request whose best member has shown itself drafts
-    at about that member's cost. Resources: ``target``, ``tokenizer`` (unused)."""
+    at about that member's cost. ``join`` ("on_demand", the default, or "at_once" as IbED), ``join_after``
+    (default 2 blocks), ``join_below`` (default 0.7) and ``join_greedy`` (default false): on demand, the first
+    member drafts alone and the others join a sampled request once that member's acceptance rate there falls below
+    ``join_below`` after at least ``join_after`` verified blocks; a greedy request keeps the first member alone
+    unless ``join_greedy`` (``drafters/ensemble_join.py``). Resources: ``target``, ``tokenizer`` (unused)."""
 
     KIND = "ensemble"
     DEFAULT_MEMBERS: tuple = ALL_MEMBERS
@@ -86,7 +91,8 @@ class EnsembleDrafter(TextLMDrafter):
     def __init__(self, path: str | Path = "massv", model: nn.Module | None = None, members: Sequence | None = None,
                  weights: Sequence[float] | None = None, grid=DEFAULT_GRID, captioner=None,
                  caption_max_tokens: int | None = None, caption_cache: int = 256, vocab_size: int | None = None,
-                 adapt: float = 1.0, adapt_floor: float = 0.1, prune_below: float = 1e-3, dtype: str | None = None,
+                 adapt: float = 1.0, adapt_floor: float = 0.1, prune_below: float = 1e-3, join: str = "on_demand",
+                 join_after: int = 2, join_below: float = 0.7, join_greedy: bool = False, dtype: str | None = None,
                  attn_implementation: str = "sdpa", image_token_id: int | None = None, device: str | None = None,
                  target=None, tokenizer=None, **options):
         options.update(image_token_id=image_token_id, device=device, target=target, tokenizer=tokenizer)
@@ -99,6 +105,7 @@ class EnsembleDrafter(TextLMDrafter):
         if isinstance(prune_below, bool) or not isinstance(prune_below, (int, float)) or not 0 <= prune_below < 1:
             raise ValueError(f"{kind}: prune_below must be a number in [0, 1), got {prune_below!r}")
         self.prune_below = float(prune_below)
+        self.join = JoinRule.parse(join, join_after, join_below, join_greedy, kind)
         if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             raise ValueError(f"{kind}: unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16'")
         torch_dtype = getattr(torch, str(dtype)) if dtype is not None else None
@@ -154,6 +161,9 @@ class EnsembleDrafter(TextLMDrafter):
         self._loglik_of: dict[str, list[float]] = {}  # request id -> per member, log-lik of the committed tokens
         self._call_groups: list[tuple[int, int, list[float]]] | None = None  # (first row, rows, weights) per request
         self._begin_times: dict[str, dict[str, float]] = {}
+        self._waiting: dict[str, tuple[list[int], list[torch.Tensor], int]] = {}  # request id -> (prompt, its
+        # image features, the first member's context length) while its other members wait to join (``join``)
+        self._join_stats: dict[str, JoinStats] = {}
 
     def _needs(self) -> frozenset[str]:
         model = self.massv if self.massv is not None else self.captioner
@@ -177,19 +187,24 @@ class EnsembleDrafter(TextLMDrafter):
             if not float(c.temperature) >= 0:
                 raise ValueError(f"{kind}.begin: request {c.request_id!r} has temperature {c.temperature!r}")
         feats = [self._features(c) for c in contexts]
-        captions = self._captions(contexts, feats)
+        waits = [f is not None and len(self.members) > 1 and self.join.waits(float(c.temperature))
+                 for c, f in zip(contexts, feats)]  # on demand: the others join later, if at all (``_join_due``)
+        live = [self.members if self.join.at_once and f is not None else self.members[:1] for f in feats]
+        captions = self._captions([c.request_id for c in contexts], _if_captioned(feats, live), book=True)
         rows: list[tuple[str, list[int], torch.Tensor | None]] = []  # (key, tokens, visual rows)
         groups, weights = {}, {}
-        for c, f, cap in zip(contexts, feats, captions):
+        for c, f, cap, members, w in zip(contexts, feats, captions, live, waits):  # no image: one context, one row
             prompt = c.prompt_ids.tolist()
-            members = self.members if f is not None else self.members[:1]  # no image: one context, one row
             keys = []
             for j, m in enumerate(members):
                 toks, vis = member_context(m, prompt, f, cap, self.image_token_id)
                 keys.append(f"{c.request_id}\x00{j}")
                 rows.append((keys[-1], toks, vis))
             groups[c.request_id] = keys
-            weights[c.request_id] = [m.weight for m in members] if f is not None else [1.0]
+            weights[c.request_id] = [m.weight for m in members]
+            if w:
+                self._waiting[c.request_id] = (prompt, f, len(rows[-1][1]))
+                self._join_stats[c.request_id] = JoinStats()
         last, order = self._prefill(rows)  # [rows, V]; the order the rows joined the cache
         self._groups_of.update(groups)
         self._weights_of.update(weights)
@@ -233,20 +248,22 @@ class EnsembleDrafter(TextLMDrafter):
         return Proposal(ids, prop.tokens[first], tuple(prop.counts[g[0]] for g in groups), parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
-        learnt = self._learn(verdicts)
+        learnt, seen = self._learn(verdicts), self._blocks_seen(verdicts)
         super().observe([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
         self._apply(learnt)
         self._prune(learnt)
+        self._join_due(seen)
 
     def extend(self, request_ids: Sequence[str], n: int) -> Proposal:
         """Draft ``n`` more nodes of each request's outstanding chain (``Lookahead``), every member row in lockstep."""
         return self._per_request(request_ids, "extend", lambda keys: super(EnsembleDrafter, self).extend(keys, n))
 
     def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
-        learnt = self._learn(verdicts)
+        learnt, seen = self._learn(verdicts), self._blocks_seen(verdicts)
         super().observe_ahead([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
         self._apply(learnt)
         self._prune(learnt)
+        self._join_due(seen)
 
     def branch(self, rows: Sequence[tuple[str, int]]) -> list[tuple[int, int] | None]:
         """text_lm's ``branch``, ranked by each request's mixture (at the weights of now: the ranking only picks
@@ -349,6 +366,8 @@ class EnsembleDrafter(TextLMDrafter):
             self._weights_of.pop(r, None)
             self._loglik_of.pop(r, None)
             self._begin_times.pop(r, None)
+            self._waiting.pop(r, None)
+            self._join_stats.pop(r, None)
         super().release(keys)
 
     def context(self, request_id: str, member: int = 0) -> list[int]:
@@ -408,6 +427,52 @@ class EnsembleDrafter(TextLMDrafter):
             out[v.request_id] = committed_logprobs(logits, counted, rows[0].temperature or 1.0, self.image_token_id)
         return out
 
+    def _blocks_seen(self, verdicts: Sequence[Verdict]) -> dict[str, tuple[int, int]]:
+        """(accepted, drafted) of each verdict whose request's other members wait and whose draft it verifies; read
+        before the base class clears the drafts, counted by ``_join_due`` once the verdicts were taken."""
+        out = {}
+        for v in verdicts:
+            if v.request_id in self._waiting:
+                d = self._rows[self._keys(v.request_id)[0]].draft
+                if d is not None and d.tokens:
+                    out[v.request_id] = (len(v.accepted), draft_depth(d.parents))
+        return out
+
+    @torch.no_grad()
+    def _join_due(self, seen: dict[str, tuple[int, int]]) -> None:
+        """Count the verified blocks and bring in the waiting members of the requests whose first member drafts
+        poorly (``ensemble_join``), once no row of theirs holds an outstanding draft: one prefill of their contexts,
+        the committed tokens queued as each new row's tail."""
+        due = []
+        for rid, (accepted, drafted) in seen.items():
+            stats = self._join_stats[rid]
+            stats.add(accepted, drafted)
+            if self.join.due(stats) and all(self._rows[k].draft is None for k in self._keys(rid)):
+                due.append(rid)
+        if not due:
+            return
+        waiting = [self._waiting.pop(rid) for rid in due]
+        for rid in due:
+            del self._join_stats[rid]
+        rest = self.members[1:]
+        captions = self._captions(due, _if_captioned([f for _, f, _ in waiting], [rest] * len(due)), book=False)
+        rows: list[tuple[str, list[int], torch.Tensor | None]] = []  # (key, member context, visual rows)
+        for rid, (prompt, f, _), cap in zip(due, waiting, captions):
+            for j, m in enumerate(rest, start=1):
+                rows.append((f"{rid}\x00{j}", *member_context(m, prompt, f, cap, self.image_token_id)))
+        _, order = self._prefill(rows)
+        lead = {rid: self._rows[self._keys(rid)[0]] for rid in due}
+        answer = {rid: lead[rid].context[n:] for rid, (_, _, n) in zip(due, waiting)}  # committed since the prompt
+        for key, toks, _ in (rows[i] for i in order):  # self._rows keeps the cache's row order
+            rid = key.split("\x00")[0]
+            first = lead[rid]
+            self._rows[key] = _Row(toks + answer[rid], list(answer[rid]), len(toks), first.temperature,
+                                   first.generator)
+        for rid in due:  # every member now, in member order; the mixture starts again from the configured weights
+            self._groups_of[rid] = [f"{rid}\x00{j}" for j in range(len(self.members))]
+            self._weights_of[rid] = [m.weight for m in self.members]
+            self._loglik_of[rid] = [0.0] * len(self.members)
+
     def _apply(self, learnt: dict[str, list[float]]) -> None:
         for rid, gains in learnt.items():
             self._loglik_of[rid] = [a + b for a, b in zip(self._loglik_of[rid], gains)]
@@ -457,10 +522,11 @@ class EnsembleDrafter(TextLMDrafter):
                              f"longest), got {got}: {e}") from None
         return per_image(f.to(self.device, self.dtype), lengths)
 
-    def _captions(self, contexts, feats) -> list[list[list[int]] | None]:
-        """One caption (token list) per image of each context that has images: cached ones from the cache, the
-        others in one batched greedy decode per image size."""
-        out: list[list[list[int]] | None] = [None] * len(contexts)
+    def _captions(self, request_ids: Sequence[str], feats, book: bool) -> list[list[list[int]] | None]:
+        """One caption (token list) per image of each request with features (None: no caption wanted): cached ones
+        from the cache, the others in one batched greedy decode per image size. ``book``: time it for
+        ``pop_begin_times`` (in ``begin``; a caption made when members join is drafting time)."""
+        out: list[list[list[int]] | None] = [None] * len(request_ids)
         todo = [i for i, f in enumerate(feats) if f is not None]
         if self.captioner is None or not todo:
             return out
@@ -492,9 +558,8 @@ class EnsembleDrafter(TextLMDrafter):
             out[i] = [fresh[i, j] if (i, j) in fresh else known[key] for j, key in enumerate(keys[i])]
         spent = time.perf_counter() - t0
         n_img = sum(len(feats[i]) for i in todo)
-        for i in todo:  # the batch's time, shared in proportion to each request's images
-            rid = contexts[i].request_id
-            self._begin_times.setdefault(rid, {})["caption"] = spent * len(feats[i]) / n_img
+        for i in todo if book else ():  # the batch's time, shared in proportion to each request's images
+            self._begin_times.setdefault(request_ids[i], {})["caption"] = spent * len(feats[i]) / n_img
         return out
 
     def _prefill(self, rows: list[tuple[str, list[int], torch.Tensor | None]]) -> tuple[torch.Tensor, list[int]]:
@@ -564,6 +629,11 @@ class EnsembleDrafter(TextLMDrafter):
         owner = torch.tensor([i for i, (_, n, _) in enumerate(groups) for _ in range(n)],
                              device=mixed.device)  # [Bc] request of each row
         return kids[owner], (q[owner] if q is not None else None)
+
+
+def _if_captioned(feats: list, members: list[Sequence[Member]]) -> list:
+    """Each request's image features where its members include a caption member, else None (no caption made)."""
+    return [f if any(m.kind == "caption" for m in ms) else None for f, ms in zip(feats, members)]
 
 
 def _image_key(features: torch.Tensor) -> bytes:

@@ -232,6 +232,14 @@ def test_claim_rules_follow_the_numbers():
     assert "text_lm speedup 0.974x" in next(c for c in claims.evaluate(tree_slower) if c["paper"] == "aasd")["evidence"]
     no_five = _fake({"ensemble": 3.0, "massv": 2.0}, multi={"ensemble": {1: 3.0}})
     assert _verdicts(no_five)["ibed"] == "not measurable yet"
+    # with the paper's at-once ensemble measured, the claim is judged on it, not on the default on-demand one
+    both = _fake({"ensemble": 3.0, "ensemble/at_once": 2.5, "massv": 3.0},
+                 multi={"ensemble": {1: 3.0, 5: 3.0}, "ensemble/at_once": {1: 2.5, 5: 2.5}})
+    both["drafters"]["available"][1]["config"] = {"kind": "ensemble", "join": "at_once"}
+    assert _verdicts(both)["ibed"] == "not reproduced"
+    assert "ensemble/at_once tau 2.5" in next(c for c in claims.evaluate(both) if c["paper"] == "ibed")["evidence"]
+    del both["drafters"]["available"][1]["config"]  # a report of an older checkout: the best ensemble, as before
+    assert _verdicts(both)["ibed"] == "reproduced"
 
 
 def test_help_names_the_flags(capsys):
@@ -422,3 +430,24 @@ def test_parametrized_cases_own_the_figures_recorded_under_their_full_name():
     got = {r["test"]: r["figures"] for r in _results(cases, figures)}
     assert got == {"test_auth[a]": ["a refused"], "test_auth[b]": ["b refused"], "test_x[1]": ["shared"],
                    "test_x[2]": ["shared"], "test_lost": ["timed out"]}
+
+
+def test_the_paper_s_ensemble_is_measured_beside_the_default_one():
+    """The report runs the ensemble as IbED publishes it (every member at once) beside the default (members on
+    demand), and keeps both in the sections after the main one (the IbED claim reads the at-once one's multi-image
+    run), while other kinds keep only their faster variant."""
+    from types import SimpleNamespace
+
+    from specula.runtime.bench.report.drafters import IBED_AS_PUBLISHED, Available, default_configs
+    from specula.runtime.bench.report.sections import Ctx
+
+    configs, _ = default_configs()
+    assert {"kind": "ensemble"} in configs and IBED_AS_PUBLISHED in configs
+    found = SimpleNamespace(available=[Available("ensemble", {"kind": "ensemble"}, None),
+                                       Available("ensemble/at_once", dict(IBED_AS_PUBLISHED), None),
+                                       Available("massv", {"kind": "massv"}, None),
+                                       Available("massv/tree", {"kind": "massv", "structure": "tree"}, None)])
+    speed = {"ensemble": 1.3, "ensemble/at_once": 0.9, "massv": 1.28, "massv/tree": 1.07}
+    ctx = Ctx(SimpleNamespace(every_variant=False), None, None, None, None, found, [],
+              state={"main_configs": {k: {"all": {"speedup_vs_plain": v}} for k, v in speed.items()}})
+    assert sorted(a.label for a in ctx.secondary()) == ["ensemble", "ensemble/at_once", "massv"]

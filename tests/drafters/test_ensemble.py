@@ -67,6 +67,8 @@ def kit():
 
 def drafter(kit, kind: str = "ensemble", lm: str = "noisy", **opts) -> EnsembleDrafter:
     opts = {"quantize": "none", **opts}  # exact recomputes and exact copies: the stock fp32 weights
+    if kind == "ensemble":  # the mixture's own checks: every member from the first block (IbED)
+        opts.setdefault("join", "at_once")
     return create({"kind": kind, "model": kit[lm], **opts}, target=load_target(kit["target"]))
 
 
@@ -515,7 +517,7 @@ def test_sampled_tokens_follow_the_target(kit, structure):
     base = requests(kit, 1, SamplingParams(), suites=["vqa"])[0]
     target = load_target(kit["target"])
     d = create({"kind": "ensemble", "model": kit["copy"], "structure": structure, "branching": [2, 1], "seed": 3,
-                "weights": [1, 1, 2, 1]}, target=target)
+                "weights": [1, 1, 2, 1], "join": "at_once"}, target=target)
     assert_follows_the_target(kit["target"], d, base, target=target, max_tokens=4 if structure == "chain" else 6)
 
 def test_captions_through_the_lean_forward_equal_the_stock_forward(kit, monkeypatch):

@@ -107,7 +107,7 @@ def test_massv_and_a_four_member_ensemble_draft_for_images_of_any_size(qwen):
     _assert_drafts_losslessly(qwen, d)
     ens = create({"kind": "ensemble", "model": model, "members": ["multimodal", "text", "caption",
                                                                   {"kind": "pooled", "grid": 2}],
-                  "caption_max_tokens": 3}, target=qwen["target"])
+                  "caption_max_tokens": 3, "join": "at_once"}, target=qwen["target"])
     _assert_drafts_losslessly(qwen, ens)
 
 
@@ -209,7 +209,8 @@ def test_the_padding_never_reaches_a_draft_and_a_misfit_is_refused(qwen):
     drafters = {"projected": [create({"kind": "msd", "head": _msd_head(target)}, target=target),
                               create({"kind": "flash", "head": _flash_head(target, 10)}, target=target)],
                 "pre_projector": [create({"kind": "ensemble", "model": model, "caption_max_tokens": 3,
-                                          "members": ["multimodal", "caption", "pooled"]}, target=target)]}
+                                          "members": ["multimodal", "caption", "pooled"], "join": "at_once"},
+                                         target=target)]}
     for variant, ds in drafters.items():
         zero, junk = _context(qwen, "a", variant), _context(qwen, "a", variant, pad=1e4)
         for d in ds:

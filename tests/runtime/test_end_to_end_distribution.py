@@ -201,7 +201,8 @@ def ensemble(kit, structure: str = "chain"):
 
     model = massv_from_target(kit["model"], kit["processor"])
     return create({"kind": "ensemble", "model": model, "members": ["multimodal", "text"], "weights": [1, 3], "adapt": 0,
-                   "structure": structure, "branching": [2, 1], "seed": 3}, target=load_target(kit["model"]))
+                   "join": "at_once", "structure": structure, "branching": [2, 1], "seed": 3},
+                  target=load_target(kit["model"]))
 
 
 @pytest.mark.parametrize("structure", ["chain", "tree"])

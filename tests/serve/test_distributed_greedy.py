@@ -57,7 +57,8 @@ DRAFTERS = {
     "flash": ("flash", {}),
     "aasd": ("aasd", {}),
     "massv": ("massv", {}), "massv_tree": ("massv", {"structure": "tree"}),
-    "ensemble": ("ensemble", {}), "ensemble_tree": ("ensemble", {"structure": "tree"}),
+    "ensemble": ("ensemble", {"join": "at_once"}),  # every member from the start: the mixture over the wire
+    "ensemble_tree": ("ensemble", {"structure": "tree", "join": "at_once"}),
     "pooled": ("pooled", {}), "pooled_tree": ("pooled", {"structure": "tree"}),
     "caption": ("caption", {}), "caption_tree": ("caption", {"structure": "tree"}),
 }

@@ -48,7 +48,7 @@ OPTIONS = {
     "massv": lambda w: {"path": str(w / "massv")},
     "caption": lambda w: {"path": str(w / "massv")},  # the massv model captions the images itself
     "pooled": lambda w: {"path": str(w / "massv"), "grid": 3},
-    "ensemble": lambda w: {"path": str(w / "massv")},  # all four members
+    "ensemble": lambda w: {"path": str(w / "massv"), "join": "at_once"},  # all four members from the start
 }
 
 

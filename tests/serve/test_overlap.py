@@ -102,7 +102,8 @@ def _ensemble(model_dir):
                                    image_token_id=hf.config.image_token_id))
     m.projector[0].load_state_dict(hf.model.multi_modal_projector.linear_1.state_dict())
     m.projector[2].load_state_dict(hf.model.multi_modal_projector.linear_2.state_dict())
-    return create({"kind": "ensemble", "model": m.eval(), "members": ["multimodal", "text"], "quantize": "none"},
+    return create({"kind": "ensemble", "model": m.eval(), "members": ["multimodal", "text"], "quantize": "none",
+                   "join": "at_once"},
                   target=load_target(model_dir))
 
 

@@ -41,7 +41,8 @@ class Ctx:
 
     def secondary(self) -> list:
         """The drafters of the sections after the main one: all of them, or (``cfg.every_variant`` False) one
-        variant per kind, the chain or tree with the higher overall speedup in the main section."""
+        variant per kind, the chain or tree with the higher overall speedup in the main section; the ensemble as
+        IbED publishes it (``join: at_once``) counts as a kind of its own, as its claim reads its multi-image run."""
         configs = self.state.get("main_configs")
         if self.cfg.every_variant or not configs:
             return list(self.found.available)
@@ -49,8 +50,9 @@ class Ctx:
         for a in self.found.available:
             s = (configs.get(a.label) or {}).get("all") or {}
             score = s.get("speedup_vs_plain") or 0.0
-            if a.kind not in best or score > best[a.kind][0]:
-                best[a.kind] = (score, a)
+            kind = a.kind + ("/at_once" if a.config.get("join") == "at_once" else "")
+            if kind not in best or score > best[kind][0]:
+                best[kind] = (score, a)
         return [a for _, a in best.values()]
 
     @property
