@@ -19,7 +19,7 @@ cannot touch them, so short answers hide what it does); tokens per request per s
 step (verify, draft on the critical path, transfer, idle, drafting ahead) and the transfer share of a block step;
 the drafter's time on the verifier's critical path per block over T_decode (``critical_draft_vs_t_decode``: asking
 for and waiting on the proposal and sending the verdict, as the verifier books it; in a single process the drafting
-itself);
+itself; the drafter's Begin of each request apart, as ``draft_begin_s``);
 pre-drafted blocks used / dropped; overlap efficiency = speedup / (tau * T_decode / T_verify(gamma)) with
 T_decode the plain step and T_verify(gamma) the verify step of that run (1.0 = the ideal of drafting for free);
 wire bytes per codec (fp32, fp16, int8, int8+zstd) of the target features a drafter may need, encoded as real
@@ -134,16 +134,22 @@ class _DrafterProcess:
 
 def run(model: str, drafter: dict, gamma: int, suites, n: int, max_tokens: int, temperature: float = 0.0,
         seed: int = 0, log=print, predraft: int = 3, pin_cores: bool = False) -> dict:
-    """Every config round robin on the same prompts. ``pin_cores``: the verifier (this thread and every thread it
-    starts here) on one CPU core, the drafter process on another, as on separate devices (needs 2 usable cores;
-    the affinity is restored at the end)."""
-    before = _cores()
+    """Every config round robin on the same prompts, the verifier here on one torch thread as the drafter process
+    is (a caller's thread count, e.g. the report's ``--threads 2``, would put three compute threads on two cores
+    while both processes work; it is restored at the end). ``pin_cores``: the verifier (this thread and every
+    thread it starts here) on one CPU core, the drafter process on another, as on separate devices (needs 2 usable
+    cores; the affinity is restored at the end)."""
+    import torch
+
+    before, threads = _cores(), torch.get_num_threads()
     pinned = sorted(before)[:2] if pin_cores and len(before) >= 2 else None
     if pinned:
         os.sched_setaffinity(0, {pinned[0]})
+    torch.set_num_threads(1)
     try:
         return _run(model, drafter, gamma, suites, n, max_tokens, temperature, seed, log, predraft, pinned)
     finally:
+        torch.set_num_threads(threads)
         if pinned:
             os.sched_setaffinity(0, before)
 
@@ -285,7 +291,8 @@ def _summarize(cfg: dict, seconds, rows, wire) -> dict:
              "speedup_vs_plain": round(plain_s / seconds[name], 3) if seconds[name] else None,
              "greedy_exact": all(x["exact"] for x in rs) if cfg["temperature"] == 0 and name != "plain" else None,
              "verify_s": round(verify, 4),
-             "critical_draft_s": round(t["draft"], 6)}  # the verifier's time on the drafter, as it booked it
+             "critical_draft_s": round(t["draft"], 6),  # the verifier's time on the drafter, as it booked it
+             "draft_begin_s": round(t["draft_begin"], 6)}  # its Begins (prefill of each prompt), once per request
         per_step[name] = verify / blocks if blocks else 0.0
         critical[name] = t["draft"] / blocks if blocks else 0.0  # what the verifier spent on the drafter per block
         dps = [x["dataplane"] for x in rs if x["dataplane"]]

@@ -295,8 +295,9 @@ def render_markdown(r: dict) -> str:
 
 
 def _draft_cost(r: dict) -> list[str]:
-    """The draft-cost table: each configuration's drafter time per verification block (its prefill of each prompt
-    included, captions apart) against T_decode, plain decoding's time per step in the same run."""
+    """The draft-cost table: each configuration's drafting time per verification block against T_decode, plain
+    decoding's time per step in the same run: the drafting of blocks alone, and with the drafter's prefill of each
+    prompt spread over the blocks (that prefill per request, and captions, apart)."""
     plain = r["configs"].get("plain", {})
     split, blocks = plain.get("time_split_s") or {}, plain.get("blocks")
     if not blocks or "verify" not in split:
@@ -304,18 +305,22 @@ def _draft_cost(r: dict) -> list[str]:
     t_decode = split["verify"] / blocks  # s per plain decode step
     lines = ["", "## draft cost per block", "",
              f"T_decode = {t_decode * 1e3:.2f} ms (plain decoding's target time per step, this run). Draft: the "
-             "drafter's time (its prefill of each prompt included) / verification blocks; caption: the captioning "
-             "members' decode per request.", "",
-             "| config | blocks | draft ms / block | draft / T_decode | caption ms / request |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+             "drafter's drafting of blocks / verification blocks; with prefill: its prefill of each prompt "
+             "included (a short answer has one or two blocks to spread it over); prefill and caption: per request.",
+             "",
+             "| config | blocks | draft ms / block | draft / T_decode | with prefill / T_decode | prefill ms / request "
+             "| caption ms / request |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     n_requests = len(r.get("prompts") or []) or None
     for name, c in r["configs"].items():
         ts, b = c.get("time_split_s") or {}, c.get("blocks")
         if name == "plain" or not b or "draft" not in ts:
             continue
-        per = ts["draft"] / b
+        per, begin = ts["draft"] / b, ts.get("draft_begin", 0.0)
+        pre = f"{begin / n_requests * 1e3:.1f}" if n_requests else "-"
         cap = f"{ts['caption'] / n_requests * 1e3:.1f}" if "caption" in ts and n_requests else "-"
-        lines.append(f"| {name} | {b} | {per * 1e3:.2f} | {per / t_decode:.2f} | {cap} |")
+        lines.append(f"| {name} | {b} | {per * 1e3:.2f} | {per / t_decode:.2f} | {(per + begin / b) / t_decode:.2f} "
+                     f"| {pre} | {cap} |")
     return lines
 
 

@@ -152,7 +152,7 @@ class SpecEngine:
             m = RequestMetrics()
             m.time["prefill"] += (t1 - t0 + tp - tv) / len(requests)  # the vision tower run for both, if any
             m.time["sample"] += (t2 - t1) / len(requests)
-            m.time["draft"] += (t0 - tp) / len(requests)  # early Begins (prepare), if any
+            m.time["draft_begin"] += (t0 - tp) / len(requests)  # early Begins (prepare), if any
             self.rows[r.request_id] = _Row(r, g, [], m)
         if self.drafter is not None:
             t3 = time.perf_counter()
@@ -174,12 +174,12 @@ class SpecEngine:
     def _begin(self, contexts: list[DraftContext], t0: float) -> None:
         """``drafter.begin`` for these rows, its time booked to them (from ``t0``)."""
         self.drafter.begin(contexts)
-        # drafter-side parts of begin it timed itself (e.g. captioning) are booked apart from "draft"
+        # drafter-side parts of begin it timed itself (e.g. captioning) are booked apart from "draft_begin"
         side = self.drafter.pop_begin_times() if hasattr(self.drafter, "pop_begin_times") else {}
         rest = (time.perf_counter() - t0 - sum(v for p in side.values() for v in p.values())) / len(contexts)
         for c in contexts:
             m = self.rows[c.request_id].metrics
-            m.time["draft"] += rest
+            m.time["draft_begin"] += rest
             for k, v in side.get(c.request_id, {}).items():
                 m.time[k] += v
 

@@ -3,8 +3,10 @@
 - ``tau`` (mean accepted length) = tokens emitted per target verification, the bonus/corrected token included.
 - ``alpha_n`` = acceptance rate of draft position n (1-based): of the blocks that had a draft at position n,
   the share in which it was accepted. Counted per position, not derived from tau.
-- time split: vision / prefill / draft / verify / sample / commit, seconds; "caption" (a caption drafter's
-  captioning in ``begin``, booked apart from "draft") where a drafter reports it.
+- time split: vision / prefill / draft / draft_begin / verify / sample / commit, seconds. "draft" is the drafting of
+  blocks (proposals, the drafter's observing of verdicts); "draft_begin" the drafter's ``begin`` of each request
+  (its prefill of the prompt: once per request, as the target's prefill is); "caption" (a caption drafter's
+  captioning in ``begin``, booked apart from "draft_begin") where a drafter reports it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-TIME_KEYS = ("vision", "prefill", "draft", "caption", "verify", "sample", "commit")
+TIME_KEYS = ("vision", "prefill", "draft", "draft_begin", "caption", "verify", "sample", "commit")
 
 
 @dataclass

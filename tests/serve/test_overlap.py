@@ -421,6 +421,23 @@ def test_bench_distributed_quick_writes_valid_json(lively, tmp_path):
     assert md.startswith("# ") and f"| {r['configs']['offers']['critical_draft_vs_t_decode']} | True |" in md
 
 
+def test_bench_distributed_runs_the_verifier_on_one_thread_whoever_calls_it(lively):
+    """The report calls ``bench distributed``'s ``run`` from a process at ``--threads 2``: the verifier must still run
+    on one torch thread beside the drafter process's one (three threads on two cores slowed every overlapped
+    config), and the caller's thread count comes back afterwards; each request's drafter Begin is booked apart."""
+    from specula.runtime.bench import distributed
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        r = distributed.run(str(lively), {"kind": "ngram"}, 3, ("text",), 1, 8, log=lambda *_: None)
+        assert r["machine"]["torch_threads"] == 1 and torch.get_num_threads() == 2
+        assert all(c["draft_begin_s"] >= 0 for c in r["configs"].values())
+        assert r["configs"]["single_process"]["draft_begin_s"] > 0
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_bench_distributed_pins_verifier_and_drafter_to_a_core_each(lively, tmp_path):
     """``--pin-cores`` (in its own process: the pinning must not leak into other tests): the verifier's and the
     drafter process's CPU affinity are one distinct core each, recorded in the JSON; output still equals plain."""

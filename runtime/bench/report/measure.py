@@ -8,8 +8,10 @@ and for unions of groups ("all", "visual"):
     seconds, tokens, tokens_per_s    wall time of ``engine.generate`` and tokens emitted
     speedup_vs_plain                 the reference engine's seconds / this engine's seconds, same prompts
     tau, alpha                       vLLM's conventions (runtime/engine/metrics.py): tau counts the bonus token
-    time_split_s                     draft / verify / other (vision, prefill, sample, commit) seconds
-    draft_ms_per_block               drafting cost per verification
+    time_split_s                     draft (its prefill of each prompt included) / verify / other (vision,
+                                     prefill, caption, sample, commit) seconds
+    draft_ms_per_block               drafting cost per verification: the drafting of blocks, without the
+                                     drafter's prefill of each prompt (``draft_begin_ms_per_request``)
     exact                            greedy only: outputs equal to the reference engine's, token for token
 """
 
@@ -94,15 +96,17 @@ def stats(runs: Runs, name: str, groups: Sequence[str], reference: str = "plain"
     ref = sum(runs.seconds[reference][g] for g in groups) if reference in runs.seconds else 0.0
     m = aggregate([x for g in groups for x in runs.metrics[name][g]])
     t = dict(m.time)
-    other = sum(v for k, v in t.items() if k not in ("draft", "verify"))
+    other = sum(v for k, v in t.items() if k not in ("draft", "draft_begin", "verify"))
+    n_requests = sum(len(runs.metrics[name][g]) for g in groups)
     out = {
         "seconds": _r(secs, 4), "tokens": toks, "tokens_per_s": _r(toks / secs, 2) if secs else None,
         "speedup_vs_plain": _r(ref / secs) if secs and ref else None,
         "tau": _r(m.tau) if m.blocks else None, "alpha": [_r(a) for a in m.alpha[:8]],
         "blocks": m.blocks, "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
-        "time_split_s": {"draft": _r(t.get("draft", 0.0), 4), "verify": _r(t.get("verify", 0.0), 4),
-                         "other": _r(other, 4)},
+        "time_split_s": {"draft": _r(t.get("draft", 0.0) + t.get("draft_begin", 0.0), 4),
+                         "verify": _r(t.get("verify", 0.0), 4), "other": _r(other, 4)},
         "draft_ms_per_block": _r(1e3 * t.get("draft", 0.0) / m.blocks, 4) if m.blocks else None,
+        "draft_begin_ms_per_request": _r(1e3 * t.get("draft_begin", 0.0) / n_requests, 4) if n_requests else None,
     }
     if runs.params.is_greedy and name != reference and reference in runs.outputs:
         pids = [p for p, g in runs.groups.items() if g in set(groups)]

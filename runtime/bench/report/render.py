@@ -99,9 +99,13 @@ def render_markdown(r: dict) -> str:
             lines += [f"- {n}: " + ", ".join(_f(a) for a in c["all"]["alpha"]) for n, c in sec["configs"].items()
                       if c["all"]["alpha"]]
             lines += ["", "### time split (seconds, all prompts)", ""]
-            lines += _table(["config", "draft", "verify", "other", "draft ms / block"],
+            lines += ["Draft: the drafter's time, its prefill of each prompt included; draft ms / block: the drafting "
+                      "of blocks alone; prefill ms / request: the drafter's prefill of each prompt.", ""]
+            lines += _table(["config", "draft", "verify", "other", "draft ms / block", "prefill ms / request"],
                             [[n, *(_f(c["all"]["time_split_s"][k], 3) for k in ("draft", "verify", "other")),
-                              _f(c["all"]["draft_ms_per_block"], 3)] for n, c in sec["configs"].items()])
+                              _f(c["all"]["draft_ms_per_block"], 3),
+                              _f(c["all"].get("draft_begin_ms_per_request"), 3)]
+                             for n, c in sec["configs"].items()])
     lines += ["", f"## {len(TITLES) + 1}. {RELIABILITY_TITLE}", "", *_reliability_md(S.get("reliability"))]
     if r.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in r["plots"]]
