@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from specula.drafters import lean_llama
-from specula.drafters.ensemble_join import JoinRule, JoinStats, draft_depth
+from specula.drafters.ensemble_join import JoinRule, JoinStats
 from specula.drafters.ensemble_members import DEFAULT_GRID, Member, member_context, parse_members
 from specula.drafters.ensemble_weights import adapted_weights, check_adapt, committed_logprobs, posterior
 from specula.drafters.image_runs import feature_lengths, per_image
@@ -248,7 +248,7 @@ class EnsembleDrafter(TextLMDrafter):
         return Proposal(ids, prop.tokens[first], tuple(prop.counts[g[0]] for g in groups), parents, q)
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
-        learnt, seen = self._learn(verdicts), self._blocks_seen(verdicts)
+        learnt, seen = self._learn(verdicts), self._blocks_seen(verdicts, ahead=False)
         super().observe([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
         self._apply(learnt)
         self._prune(learnt)
@@ -259,7 +259,7 @@ class EnsembleDrafter(TextLMDrafter):
         return self._per_request(request_ids, "extend", lambda keys: super(EnsembleDrafter, self).extend(keys, n))
 
     def observe_ahead(self, verdicts: Sequence[Verdict]) -> None:
-        learnt, seen = self._learn(verdicts), self._blocks_seen(verdicts)
+        learnt, seen = self._learn(verdicts), self._blocks_seen(verdicts, ahead=True)
         super().observe_ahead([replace(v, request_id=k) for v in verdicts for k in self._keys(v.request_id)])
         self._apply(learnt)
         self._prune(learnt)
@@ -427,26 +427,37 @@ class EnsembleDrafter(TextLMDrafter):
             out[v.request_id] = committed_logprobs(logits, counted, rows[0].temperature or 1.0, self.image_token_id)
         return out
 
-    def _blocks_seen(self, verdicts: Sequence[Verdict]) -> dict[str, tuple[int, int]]:
-        """(accepted, drafted) of each verdict whose request's other members wait and whose draft it verifies; read
-        before the base class clears the drafts, counted by ``_join_due`` once the verdicts were taken."""
+    def _blocks_seen(self, verdicts: Sequence[Verdict], ahead: bool) -> dict[str, tuple[int, bool]]:
+        """(accepted, missed) of each verdict whose request's other members wait and whose draft it verifies: the
+        draft tokens kept, and whether the target turned one down (a drafted node after the accepted path; drafting
+        ahead, ``observe_ahead``: the chain's node there did not match the next token, so the verdict landed on a
+        rejection branch). Read before the base class moves the drafts on; counted by ``_join_due``."""
         out = {}
         for v in verdicts:
-            if v.request_id in self._waiting:
-                d = self._rows[self._keys(v.request_id)[0]].draft
-                if d is not None and d.tokens:
-                    out[v.request_id] = (len(v.accepted), draft_depth(d.parents))
+            if v.request_id not in self._waiting:
+                continue
+            d = self._rows[self._keys(v.request_id)[0]].draft
+            if d is None or not d.tokens:
+                continue
+            path = [int(i) for i in v.accepted]
+            if ahead:  # accepts nodes 0..k-1 of the chain, k < its length
+                k = len(path)
+                missed = not (k < len(d.tokens) and d.tokens[k] == int(v.next_token))
+            else:
+                last = path[-1] if path else -1
+                missed = any(p == last for p in d.parents)
+            out[v.request_id] = (len(path), missed)
         return out
 
     @torch.no_grad()
-    def _join_due(self, seen: dict[str, tuple[int, int]]) -> None:
+    def _join_due(self, seen: dict[str, tuple[int, bool]]) -> None:
         """Count the verified blocks and bring in the waiting members of the requests whose first member drafts
         poorly (``ensemble_join``), once no row of theirs holds an outstanding draft: one prefill of their contexts,
         the committed tokens queued as each new row's tail."""
         due = []
-        for rid, (accepted, drafted) in seen.items():
+        for rid, (accepted, missed) in seen.items():
             stats = self._join_stats[rid]
-            stats.add(accepted, drafted)
+            stats.add(accepted, missed)
             if self.join.due(stats) and all(self._rows[k].draft is None for k in self._keys(rid)):
                 due.append(rid)
         if not due:

@@ -7,13 +7,14 @@ member alone accepted as much as the four-member mixture or more on every suite 
 (``join: "on_demand"``) the first listed member drafts alone, and the others join a request once that member has
 shown it drafts poorly there:
 
-    blocks >= join_after  and  accepted / drafted < join_below
+    blocks >= join_after  and  accepted / examined < join_below
 
-over the request's verified blocks so far (drafted: the deepest node of each block, so a tree counts its depth;
-accepted: the tokens the target kept), for sampled requests: a greedy one keeps its first member alone unless
+over the request's verified blocks so far (accepted: the draft tokens the target kept; examined: those plus, per
+block, the draft position it turned down, if it turned one down: a rate per examined draft position, the same at
+any gamma, adaptive or not), for sampled requests: a greedy one keeps its first member alone unless
 ``join_greedy`` is set. Measured on the embedded target (reports/2026-12-07e-ensemble-join-linux-x86_64-2c/):
-sampled at T = 1 the mixture raised tau where the multimodal member struggled (reasoning 2.38 -> 3.16), while for
-greedy requests the mixture's argmax lowered it (reasoning 4.24 -> 3.89) and joining only cost time.
+sampled at T = 1 the joined mixture raised tau where the multimodal member struggled (reasoning 2.76 -> 3.22),
+while for greedy requests the mixture's argmax lowered it (reasoning 4.24 -> 3.89) and joining only cost time.
 
 They join with the request's committed tokens as their context's tail (fed at their next forward), their caption
 made then, and the mixture's weights start from the configured prior. What joins depends only on verified blocks, and every draft is drawn from the mixture of the members live at that
@@ -21,12 +22,11 @@ moment, which is the q the verifier gets: the output stays exactly the target's.
 
     rule = JoinRule.parse("on_demand", join_after=2, join_below=0.7, join_greedy=False, where="ensemble")
     rule.waits(temperature=0.8)                               # True: a sampled request's others wait
-    rule.due(JoinStats(blocks=3, accepted=4, drafted=15))  # True: 0.27 < 0.7
+    rule.due(JoinStats(blocks=3, accepted=4, examined=7))  # True: 0.57 < 0.7
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 JOIN_MODES = ("on_demand", "at_once")
@@ -38,12 +38,13 @@ class JoinStats:
 
     blocks: int = 0
     accepted: int = 0
-    drafted: int = 0
+    examined: int = 0
 
-    def add(self, accepted: int, drafted: int) -> None:
+    def add(self, accepted: int, missed: bool) -> None:
+        """One verified block: ``accepted`` draft tokens kept, ``missed`` whether a draft position was turned down."""
         self.blocks += 1
         self.accepted += int(accepted)
-        self.drafted += int(drafted)
+        self.examined += int(accepted) + int(missed)
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,6 @@ class JoinRule:
 
     def due(self, stats: JoinStats) -> bool:
         """Whether the waiting members join now (never for ``at_once``: they were there from the start)."""
-        if self.at_once or stats.blocks < self.after or stats.drafted == 0:
+        if self.at_once or stats.blocks < self.after or stats.examined == 0:
             return False
-        return stats.accepted < self.below * stats.drafted
-
-
-def draft_depth(parents: Sequence[int]) -> int:
-    """The number of tokens on the longest branch of a draft (parents precede children; -1 is the root)."""
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return max(depth, default=0)
+        return stats.accepted < self.below * stats.examined

@@ -263,7 +263,7 @@ def _summarize(cfg, path, suites, times, tokens_out, metrics, exact, assisted_re
 
 def render_markdown(r: dict) -> str:
     suites = list(r.get("suites", r["config"]["suites"]))
-    lines = [f"# Specula bench: speculative vs plain decoding", "",
+    lines = ["# Specula bench: speculative vs plain decoding", "",
              f"Model `{r['model']}`, {r['machine']['cpu_count']} CPUs, {r['machine']['torch_threads']} torch threads, "
              f"torch {r['machine']['torch']}; {r['config']['n_per_suite']} prompts per suite, max_tokens "
              f"{r['config']['max_tokens']}, temperature {r['config']['temperature']}. Speedup = plain engine time / "

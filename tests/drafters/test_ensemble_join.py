@@ -13,7 +13,7 @@ from drafter_kit import assert_equals_plain, assert_follows_the_target, eos, nod
 from test_ensemble import _contexts, _member_logp, drafter, kit  # noqa: F401 (kit: the module's fixture)
 
 from specula.drafters import Verdict, create
-from specula.drafters.ensemble_join import JoinRule, JoinStats, draft_depth
+from specula.drafters.ensemble_join import JoinRule, JoinStats
 from specula.drafters.massv_model import pool_features
 from specula.runtime.core.mixture import mix_distributions
 from specula.runtime.core.sampling import SamplingParams
@@ -27,15 +27,14 @@ def test_the_join_rule():
     assert JoinRule.parse("on_demand", 2, 0.5, True, "e").waits(0.0) and not JoinRule.parse(
         "at_once", 2, 0.5, True, "e").waits(0.8)
     stats = JoinStats()
-    stats.add(0, 4)
+    stats.add(0, True)
     assert not rule.due(stats)  # one block is not enough to judge
-    stats.add(3, 4)
-    assert rule.due(stats)  # 3 of 8 < 0.5
-    stats.add(4, 4)
-    assert not rule.due(stats)  # 7 of 12
+    stats.add(1, True)
+    assert rule.due(stats) and (stats.accepted, stats.examined) == (1, 3)  # 1 of 3 < 0.5
+    stats.add(4, False)  # a block accepted whole: nothing turned down
+    assert not rule.due(stats) and stats.examined == 7  # 5 of 7
     assert not JoinRule.parse("at_once", 1, 1.0, False, "e").due(JoinStats(5, 0, 20))  # at once: nobody waits
     assert not JoinRule.parse("on_demand", 1, 0.0, False, "e").due(JoinStats(5, 0, 20))  # 0: never join
-    assert draft_depth([-1, 0, 1, 2]) == 4 and draft_depth([-1, -1, 0, 0, 2]) == 3 and draft_depth([]) == 0
     for bad, msg in ((("sometimes", 2, 0.5, False), "join must be one of"), (("on_demand", 0, 0.5, False),
                      "join_after"), (("on_demand", True, 0.5, False), "join_after"),
                      (("on_demand", 2, 1.5, False), "join_below"), (("on_demand", 2, 0.5, 1), "join_greedy")):
@@ -94,6 +93,35 @@ def test_members_join_a_request_whose_first_member_drafts_poorly(kit):
     assert d.pop_begin_times() == {}  # the caption made at the join is drafting time
     d.release(["r0", "r1"])
     assert not d._rows and not d._waiting and not d._join_stats and d._kv.batch_size == 0
+
+
+def test_blocks_verified_ahead_count_towards_a_join(kit):
+    """Drafting ahead (``extend`` / ``observe_ahead``, the data plane's overlap): a block accepted whole whose next
+    token is the chain's next node counts as kept, one that lands off the chain (here: a plain ``observe`` of a
+    turned-down node) as missed; the members join once the rate falls below the rule's, and drafting ahead goes on
+    with every member in lockstep."""
+    target = load_target(kit["target"])
+    reqs = requests(kit, 1, SamplingParams(), suites=["chart"])
+    f = target.encode_images(reqs[0].pixel_values, "pre_projector").features
+    d = drafter(kit, grid=3, join="on_demand", join_after=2, join_below=0.7, prune_below=0)
+    d.begin(_contexts(kit, reqs, 0.8, lambda r: f))
+    a = d.propose(["r0"], gamma=3)
+    d.extend(["r0"], 3)
+    chain = d._rows[d._keys("r0")[0]].draft.tokens
+    d.observe_ahead([Verdict("r0", (0, 1, 2), tuple(chain[:3]), chain[3])])  # 3 kept, the guess right
+    assert (d._join_stats["r0"].accepted, d._join_stats["r0"].examined) == (3, 3)
+    assert a.counts == (3,) and d.live_members("r0") == ["multimodal"]
+    d.observe([Verdict("r0", (), (), 11)])  # the next block turned down at once (11: not the chain's node)
+    assert d.live_members("r0") == ["multimodal"]  # 3 of 4, not below 0.7
+    d.propose(["r0"], gamma=3)
+    d.observe([Verdict("r0", (), (), 11)])  # 3 of 5
+    assert d.live_members("r0") == ["multimodal", "text", "caption", "pooled9"] and "r0" not in d._join_stats
+    b = d.propose(["r0"], gamma=2)
+    more = d.extend(["r0"], 2)
+    assert b.counts == (2,) and more.counts == (2,)
+    rows = [d._rows[k].draft.tokens for k in d._keys("r0")]
+    assert all(r == rows[0] for r in rows) and len(rows[0]) == 4  # every member row holds the same chain
+    d.release(["r0"])
 
 
 @pytest.mark.parametrize("join_greedy", [True, False])
