@@ -11,9 +11,12 @@ replacement, in draw order (the sibling law ``verify_tree`` assumes).
 Members (``drafters/ensemble_members.py``): multimodal, text, caption, pooled; from config with weights (equal by
 default). Past IbED, each request's weights adapt (``drafters/ensemble_weights.py``, option ``adapt``): the mixture
 leans towards the members that predicted the request's committed tokens best so far (a Bayesian mixture with a
-floor); the configured weights are the prior. The model is a ``MassvModel`` (``drafters/massv_model.py``: a small
-Llama + its projector over the target's vision features); its caption mode is the captioner unless another one is
-given. ``massv`` (one multimodal member), ``pooled`` and ``caption`` are this drafter with one member.
+floor); the configured weights are the prior. By default the members other than the first join a request only on
+demand (``drafters/ensemble_join.py``: a sampled request whose first member drafts poorly); ``join: at_once`` drafts
+with all of them from the first block, as the paper does. The model is a ``MassvModel``
+(``drafters/massv_model.py``: a small Llama + its projector over the target's vision features); its caption mode is
+the captioner unless another one is given. ``massv`` (one multimodal member), ``pooled`` and ``caption`` are this
+drafter with one member.
 
 Batching. The runner is ``text_lm``'s (``drafters/text_lm.py``): one ``BatchedKV`` over every cache row, one
 forward per draft level over all rows. Here a row is (request, member): rows = requests x members, each with its

@@ -451,3 +451,13 @@ def test_the_paper_s_ensemble_is_measured_beside_the_default_one():
     ctx = Ctx(SimpleNamespace(every_variant=False), None, None, None, None, found, [],
               state={"main_configs": {k: {"all": {"speedup_vs_plain": v}} for k, v in speed.items()}})
     assert sorted(a.label for a in ctx.secondary()) == ["ensemble", "ensemble/at_once", "massv"]
+
+
+def test_the_served_phase_split_counts_the_drafter_s_prefill_as_drafting():
+    """Section 10's "prefill / draft / verify": draft is the drafter's whole time per token, its prefill of each
+    prompt (booked apart as draft_begin) included, as in section 1's time split."""
+    from specula.runtime.bench.report.render import _phases
+
+    assert _phases({"prefill": 5.0, "draft": 0.4, "draft_begin": 0.1, "verify": 2.0, "sample": 0.1}) == \
+        "prefill 5.00 / draft 0.50 / verify 2.00"
+    assert _phases({"prefill": 5.0, "verify": 2.0}) == "prefill 5.00 / verify 2.00"  # plain decoding drafts nothing

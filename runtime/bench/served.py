@@ -15,8 +15,9 @@ HTTP requests served)::
 
 Reported per (runtime, configuration, streams): tokens/s (completion tokens / wall time of the whole set), the
 speedup over plain decoding of the same runtime and over in-process plain, tau, and the per-phase time split the
-verifier reports (vision, prefill, draft, verify, sample, commit; seconds per generated token). Greedy outputs are
-compared with in-process plain decoding token for token (``exact``). Writes ``served.json`` and ``served.md``.
+verifier reports (vision, prefill, draft, draft_begin, caption, verify, sample, commit; ms per generated token).
+Greedy outputs are compared with in-process plain decoding token for token (``exact``). Writes ``served.json`` and
+``served.md``.
 """
 
 from __future__ import annotations

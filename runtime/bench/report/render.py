@@ -197,11 +197,16 @@ def _overlap_md(sec, r):
 RELIABILITY_TITLE = "reliability and security suite: each test's figure"
 
 
+def _phases(ms: dict) -> str:
+    """prefill / draft / verify ms per token; draft is the drafter's whole time, its prefill of each prompt
+    (``draft_begin``) included."""
+    ms = {**ms, "draft": ms.get("draft", 0.0) + ms.get("draft_begin", 0.0)} if "draft" in ms else ms
+    return " / ".join(f"{p} {ms[p]:.2f}" for p in ("prefill", "draft", "verify") if p in ms)
+
+
 def _served_md(sec, r):
     rows = [[*k.split("/"), _f(v["tokens_per_s"], 1), _f(v["speedup_vs_plain"], 3), _f(v["vs_in_process_plain"], 3),
-             _f(v["tau"], 2), _f(v["exact"]), " / ".join(f"{p} {v['ms_per_token'][p]:.2f}" for p in
-                                                   ("prefill", "draft", "verify") if p in v["ms_per_token"])]
-            for k, v in sec["rows"].items()]
+             _f(v["tau"], 2), _f(v["exact"]), _phases(v["ms_per_token"])] for k, v in sec["rows"].items()]
     suites = sec["suites"]
     per_suite = [[runtime, name, streams, *(_f(x, 2, "x") for x in ratios)]
                  for runtime, name, streams, ratios in suite_speedups(sec["rows"], suites)]
