@@ -14,6 +14,7 @@ without an entry in ``OPTIONS`` fails ``test_every_registered_kind_is_covered`` 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import asdict
 
@@ -265,5 +266,39 @@ def test_pre_projector_features_come_from_the_vision_stage(weights, plain, from_
         ingress_req = app.ingress.prepare(app.ingress.parse(world_body(IMAGE, MAX_TOKENS)), "ref")
         want = real_encode(ingress_req.pixel_values, "pre_projector").features
         assert torch.allclose(ctx.extra["pre_projector"].float(), want.float(), atol=1e-5)
+    finally:
+        app.close()
+
+
+def test_ensemble_members_join_on_demand_across_the_data_plane(weights, plain):
+    """The ensemble's default, members joining on demand, in a DrafterServer with overlap on (blocks drafted ahead,
+    verdicts observed ahead): its first member (the image pooled to one token, so it misses) drafts alone until its
+    first miss, then the multimodal member joins mid-answer; greedy output equals plain decoding and a sampled run
+    completes, the drafter never falling back."""
+    opts = {"path": str(weights / "massv"), "members": [{"kind": "pooled", "grid": 1}, "multimodal"],
+            "join_after": 1, "join_below": 1.0, "join_greedy": True}
+    drafter = {"kind": "ensemble", "options": opts, "gamma": GAMMA, "overlap": True, "propose_timeout_s": 120.0,
+               "connect_timeout_s": 60.0}
+    app = LocalApp.from_config(make_config(weights / "target", drafter=drafter))
+    try:
+        d = app.drafter.drafter
+        joined: list[str] = []
+        real = d._join_due
+
+        def watched(seen):
+            waiting = set(d._waiting)
+            real(seen)
+            joined.extend(sorted(waiting - set(d._waiting)))  # only a join takes a request off the waiting list here
+
+        d._join_due = watched
+        got, last = _answer(app, world_body(IMAGE, MAX_TOKENS))
+        assert got["tokens"] == plain[IMAGE].tokens and got["drafter"] == "ok"
+        assert last["dataplane"]["overlap"] is True and len(joined) == 1, joined
+        sampled = app.generate({**world_body(IMAGE, MAX_TOKENS), "temperature": 1.0, "seed": 11})
+        assert sampled["drafter"] == "ok" and 1 <= len(sampled["tokens"]) <= MAX_TOKENS
+        deadline = time.monotonic() + 30  # a session ends when its stream closes, on the server's own thread
+        while (d._rows or d._waiting) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not d._rows and not d._waiting  # every session's rows released
     finally:
         app.close()
