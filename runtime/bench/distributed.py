@@ -442,9 +442,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    import torch
-
-    torch.set_num_threads(1)  # one thread here; the drafter process takes one too
     drafter = default_drafter() if not args.drafter else (
         json.loads(args.drafter) if args.drafter.strip().startswith("{") else {"kind": args.drafter})
     suites = tuple(args.suite) or (QUICK["suites"] if args.quick else ("caption", "vqa", "reasoning", "chart",

@@ -161,4 +161,14 @@ def test_sampled_tokens_follow_the_target_when_members_join(kit):
     target = load_target(kit["target"])
     d = create({"kind": "ensemble", "model": kit["copy"], "seed": 3, "weights": [1, 1, 2, 1], "join": "on_demand",
                 "join_after": 1, "join_below": 1.0}, target=target)
+    joined = [0]
+    real = d._join_due
+
+    def counted(seen):
+        waiting = len(d._waiting)
+        real(seen)
+        joined[0] += waiting - len(d._waiting)
+
+    d._join_due = counted
     assert_follows_the_target(kit["target"], d, base, target=target, max_tokens=4)
+    assert joined[0] >= 100, joined  # the check saw the members join, not the first member alone
