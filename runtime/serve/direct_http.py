@@ -5,8 +5,9 @@ actor call and streams the answer back the same way. On 2 CPUs that hop costs ab
 64 tokens takes about 200 ms with speculation, a one-word answer about 60 ms), and CPU the decode loop needs. With
 ``http.direct`` the Ingress replica listens on ``http.host:http.port`` itself: a uvicorn server in the replica's
 event loop runs the same ``HttpApi`` (routes, auth, admission, metrics and errors are those of Serve's path), and
-``specula serve`` gives Serve's proxy a free loopback port instead (Ray Serve still runs, places and health-checks
-the replica). It needs one Ingress replica per port, so it is decided with the placement (``launch.py``).
+``specula serve`` starts Serve without a proxy (``proxy_location`` Disabled: Ray Serve still runs, places and
+health-checks the replica). It needs one Ingress replica per port, so it is decided with the placement
+(``launch.py``).
 
 What Serve's proxy did besides routing is done here: the application's ``route_prefix`` (``root_path``, as Serve
 sets it; other paths are 404), and a client that disconnects before its answer is ready cancels the handler, so

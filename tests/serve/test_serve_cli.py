@@ -40,8 +40,8 @@ def _ready(url: str, proc: subprocess.Popen, log) -> bool:
 
 
 def _local_ray_facts(root: int) -> dict:
-    """The niceness of the TargetVerifier replica(s) among ``root``'s descendants, and whether a dashboard with its
-    frontend runs."""
+    """The niceness of the TargetVerifier replica(s) among ``root``'s descendants, whether a dashboard with its
+    frontend runs, and Serve's HTTP proxies."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -60,7 +60,8 @@ def _local_ray_facts(root: int) -> dict:
         todo += children.get(pid, [])
     return {"verifier_nice": [os.getpriority(os.PRIO_PROCESS, p) for p, c in cmds.items() if "TargetVerifier" in c],
             "dashboard": [c[:120] for c in cmds.values()  # Ray keeps a head without its UI modules
-                          if "dashboard/dashboard.py" in c and "--disable-frontend" not in c]}
+                          if "dashboard/dashboard.py" in c and "--disable-frontend" not in c],
+            "proxies": [c[:120] for c in cmds.values() if c.startswith("ray::ProxyActor")]}
 
 
 def test_sigterm_shuts_down_gracefully(model_dir, tmp_path):
@@ -97,6 +98,8 @@ def test_sigterm_shuts_down_gracefully(model_dir, tmp_path):
     # not Ray's nice 15, and no dashboard
     assert quiet["verifier_nice"] == [0], quiet
     assert not quiet["dashboard"], quiet
+    assert "HTTP from the ingress replica" in text  # http.direct: the replica is the door, Serve runs no proxy
+    assert not quiet["proxies"], quiet
     assert "specula: serving 'specula'" in text
     assert "specula: shutting down" in text and text.rstrip().endswith("specula: stopped"), text[-3000:]
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # Serve's proxy is gone with it
