@@ -16,8 +16,9 @@ HTTP requests served)::
 Reported per (runtime, configuration, streams): tokens/s (completion tokens / wall time of the whole set), the
 speedup over plain decoding of the same runtime and over in-process plain, tau, and the per-phase time split the
 verifier reports (vision, prefill, draft, draft_begin, caption, verify, sample, commit; ms per generated token).
-Greedy outputs are compared with in-process plain decoding token for token (``exact``). Writes ``served.json`` and
-``served.md``.
+Greedy outputs are compared with in-process plain decoding token for token (``exact``). The same split gives the
+ceilings the measured speedups are read against (``ceilings.py``: the prefill stays whatever is drafted). Writes
+``served.json`` and ``served.md``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from specula.runtime.bench.ceilings import ceilings, ceilings_md
 from specula.runtime.bench.constants import BENCH_OFFSET, EVAL_SUITES
 from specula.runtime.engine.metrics import TIME_KEYS
 
@@ -316,15 +318,18 @@ def summarize(sets: dict, reference: dict) -> dict:
             for k, v in ((r["metrics"] or {}).get("time_s") or {}).items():
                 split[k] += v
         per_suite = defaultdict(lambda: [0, 0.0])
+        longest = defaultdict(int)
         for r in rows:
             per_suite[r["suite"]][0] += r["tokens"]
             per_suite[r["suite"]][1] += r.get("wall_s", 0.0)
+            longest[r["suite"]] = max(longest[r["suite"]], r["tokens"])
         out[key] = {
             "tokens": tokens, "wall_s": round(s["wall_s"], 3), "tokens_per_s": round(tokens / s["wall_s"], 2),
             "tau": round((accepted + blocks) / blocks, 3) if blocks else None,  # the metrics' convention
             "ms_per_token": {k: round(1000 * split[k] / max(tokens, 1), 3) for k in TIME_KEYS if k in split},
             "exact": all(ref_text.get(r["prompt_id"]) == r["text"] for r in rows),
             "per_suite_tokens_per_s": {k: round(v[0] / v[1], 2) for k, v in per_suite.items() if v[1] > 0},
+            "per_suite_longest_answer": dict(longest),
         }
     return out
 
@@ -380,7 +385,8 @@ def run(args, log=print) -> dict:
             "concurrency": list(args.concurrency), "threads_in_process": args.threads, "num_cpus": args.num_cpus,
             "config": raw, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                        "torch": torch.__version__},
-            "rows": rows, "raw": {k: v["rows"] for k, v in sets.items()}}
+            "rows": rows, "ceilings": [c.to_dict() for c in ceilings(rows)],
+            "raw": {k: v["rows"] for k, v in sets.items()}}
 
 
 def render_markdown(r: dict) -> str:
@@ -419,7 +425,25 @@ def render_markdown(r: dict) -> str:
     for runtime, name, streams, ratios in suite_speedups(r["rows"], suites):
         lines.append(f"| {runtime} | {name} | {streams} | "
                      + " | ".join("" if x is None else f"{x:.2f}x" for x in ratios) + " |")
+    if any(int(s) > 1 for s in r["concurrency"]):
+        lines += ["", MANY_STREAMS_NOTE]
+    if ceiling_lines := ceilings_md(r["rows"], longest_answers(r["rows"])):
+        lines += ["", "## Ceilings", "", *ceiling_lines]
     return "\n".join(lines) + "\n"
+
+
+MANY_STREAMS_NOTE = ("With several streams, a request's own wall time includes the batched prefill it arrives into "
+                     "(the prompts that came with it), which varies with arrival order from run to run; for short "
+                     "answers that prefill is most of it. The whole set's tokens/s is the figure to read there.")
+
+
+def longest_answers(rows: dict) -> dict[str, int]:
+    """suite -> the longest answer over every row (greedy: each configuration gives the same answers)."""
+    out: dict[str, int] = {}
+    for row in rows.values():
+        for s, n in (row.get("per_suite_longest_answer") or {}).items():
+            out[s] = max(out.get(s, 0), n)
+    return out
 
 
 def suite_speedups(rows: dict, suites) -> list[tuple[str, str, str, list[float | None]]]:

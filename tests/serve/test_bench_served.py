@@ -52,3 +52,9 @@ def test_bench_served_reports_both_runtimes_and_equal_answers(model_dir, tmp_pat
     caption = report["rows"]["served/default/2"]["per_suite_tokens_per_s"]["caption"] / \
         report["rows"]["served/plain/2"]["per_suite_tokens_per_s"]["caption"]
     assert f"| served | default | 2 | {caption:.2f}x |" in md
+    # the ceilings from the run's own time split, per runtime: one stream over plain, two streams over one
+    assert {(c["runtime"], c["compared"]) for c in report["ceilings"]} == {
+        (rt, what) for rt in ("in_process", "served") for what in ("default over plain, 1 stream",
+                                                                    "default, 2 streams over 1")}
+    assert all(c["cap"] > 0 for c in report["ceilings"]) and "## Ceilings" in md
+    assert 0 < report["rows"]["in_process/plain/1"]["per_suite_longest_answer"]["caption"] <= 12

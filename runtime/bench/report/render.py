@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from specula.runtime.bench.plots import bar_chart, line_chart, stacked_bar_chart
-from specula.runtime.bench.served import suite_speedups
+from specula.runtime.bench.ceilings import ceilings_md
+from specula.runtime.bench.served import MANY_STREAMS_NOTE, longest_answers, suite_speedups
 
 TITLES = {
     "main": "tau and speedup per drafter x suite (greedy), alpha_n, time split",
@@ -215,7 +216,9 @@ def _served_md(sec, r):
             *_table(["runtime", "config", "streams", "tokens/s", "x plain (same runtime)", "x in-process plain",
                      "tau", "greedy == in-process plain", "ms per token: prefill / draft / verify"], rows),
             "", "The default config over plain decoding of the same runtime, per suite (tokens/s of each request's "
-                "own wall time):", "", *_table(["runtime", "config", "streams", *suites], per_suite)]
+                "own wall time):", "", *_table(["runtime", "config", "streams", *suites], per_suite),
+            *(["", MANY_STREAMS_NOTE] if any(int(s) > 1 for s in sec.get("concurrency") or ()) else []),
+            *(["", *lines] if (lines := ceilings_md(sec["rows"], longest_answers(sec["rows"]))) else [])]
 
 
 def _cell(text) -> str:
