@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from specula.runtime.bench.prefill_matmuls import describe, prefill_matmuls
 from specula.targets.types import Accept, DraftBlock, PrefillRequest
 
 
@@ -118,6 +119,8 @@ def bench_target(
 
     decode = statistics.median(times[0])
     info = target.info
+    tokens = sum(int(p.input_ids.shape[0]) for p in prompts)
+    lm_ms = _median(prefill_lm_ms) if with_pixels else _median(prefill_ms)
     return {
         "model_type": info.model_type,
         "device": info.device,
@@ -132,6 +135,7 @@ def bench_target(
         "prefill_ms": _median(prefill_ms),
         "prefill_lm_ms": _median(prefill_lm_ms),
         "decode_ms": decode,
+        "prefill_matmuls": prefill_matmuls(target, tokens, lm_ms, prefill_repeats),
         "verify": [
             {"gamma": k, "ms": statistics.median(v), "ratio": statistics.median(v) / decode}
             for k, v in times.items()
@@ -160,6 +164,8 @@ def render_markdown(result: dict) -> str:
         f"| decode (T_decode) | {_fmt(result['decode_ms'])} | 1.00 |",
         *(f"| verify gamma={v['gamma']} | {_fmt(v['ms'])} | {v['ratio']:.2f} |" for v in result["verify"]),
     ]
+    if text := describe(result.get("prefill_matmuls")):
+        lines += ["", text]
     return "\n".join(lines) + "\n"
 
 

@@ -21,3 +21,22 @@ def test_bench_target_reports_everything(kit):
     assert target.live_ids == ()
     text = render_markdown(result)
     assert "verify gamma=3" in text and "T_decode" in text and "vision_tower" in text
+    # the prefill's matmuls: every decoder layer's q, k, v, o, gate, up and down projections, no LM head; FLOPs
+    # counted from the layers' weights over both prompts' tokens
+    m = result["prefill_matmuls"]
+    layers = target.model.config.text_config.num_hidden_layers
+    weights = sum(p.numel() for n, p in target.model.named_parameters()
+                  if ".layers." in n and "language_model" in n and n.endswith("proj.weight"))
+    assert m["linear_layers"] == 7 * layers and m["tokens"] == sum(result["prompt_tokens"])
+    assert abs(m["linear_gflop"] - 2 * m["tokens"] * weights / 1e9) < 1e-9
+    assert m["linears_alone_ms"] > 0 and m["share_of_prefill"] > 0 and m["prefill_gflops"] > 0
+    assert f"in its {7 * layers} linear layers" in text and "of the prefill." in text
+
+
+def test_prefill_matmuls_count_flops_and_say_nothing_unmeasured():
+    from collections import Counter
+
+    from specula.runtime.bench.prefill_matmuls import describe, linear_flops
+
+    assert linear_flops(Counter({(4, 8): 3, (8, 4): 1}), tokens=10) == 2 * 10 * (4 * 8 * 3 + 8 * 4)
+    assert describe(None) is None and describe({"share_of_prefill": None}) is None

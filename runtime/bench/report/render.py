@@ -6,6 +6,7 @@ from pathlib import Path
 
 from specula.runtime.bench.plots import bar_chart, line_chart, stacked_bar_chart
 from specula.runtime.bench.ceilings import ceilings_md
+from specula.runtime.bench.prefill_matmuls import describe
 from specula.runtime.bench.served import MANY_STREAMS_NOTE, longest_answers, suite_speedups
 
 TITLES = {
@@ -163,8 +164,9 @@ def _target_md(sec, r):
     head = [f"T_decode {_f(sec['decode_ms'], 3)} ms, prefill {_f(sec['prefill_ms'], 2)} ms, vision encode "
             f"{_f(sec['encode_ms'], 2)} ms ({sec['repeats']} repeats, medians); parameters "
             f"{sec['params'].get('total', 0):,}.", ""]
-    return head + _table(["gamma", "T_verify ms", "T_verify / T_decode"],
-                         [[v["gamma"], _f(v["ms"], 3), _f(v["ratio"], 3)] for v in sec["verify"]])
+    table = _table(["gamma", "T_verify ms", "T_verify / T_decode"],
+                   [[v["gamma"], _f(v["ms"], 3), _f(v["ratio"], 3)] for v in sec["verify"]])
+    return head + table + (["", text] if (text := describe(sec.get("prefill_matmuls"))) else [])
 
 
 def _wire_md(sec, r):
