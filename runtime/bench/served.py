@@ -212,17 +212,20 @@ class ServedRunner:
 class InProcessRunner:
     """Batches of prompts decoded together by a ``SpecEngine`` in this process (greedy)."""
 
-    def __init__(self, engine, tokenizer, max_tokens: int):
+    def __init__(self, engine, tokenizer, max_tokens: int, text_only: str | None = None):
         from specula.runtime.core.sampling import SamplingParams
 
-        self.engine, self.tokenizer = engine, tokenizer
+        self.engine, self.tokenizer, self.text_only = engine, tokenizer, text_only
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         self.calls = 0
 
     def __call__(self, batch: list[Prompt]) -> list[dict]:
+        from specula.runtime.engine.drafter_route import route
+
         self.calls += 1
         t0 = time.perf_counter()
-        res = self.engine.generate([p.encoded.request(f"{p.prompt_id}#{self.calls}", self.params) for p in batch])
+        res = self.engine.generate([route(p.encoded.request(f"{p.prompt_id}#{self.calls}", self.params),
+                                          self.text_only) for p in batch])
         wall = time.perf_counter() - t0
         rows = []
         for p in batch:
@@ -237,9 +240,13 @@ class InProcessRunner:
 
 
 def in_process_runners(target, processor, drafter: dict, gamma: int, max_tokens: int, adaptive: bool = False,
-                       begin_after: int = 0) -> dict:
+                       begin_after: int = 0, alternatives: dict[str, dict] | None = None,
+                       text_only: str | None = None, default_name: str | None = None) -> dict:
     """``plain`` (no drafter) and, with gamma > 0, ``default`` (the config's drafter, its draft length chosen per
-    step with ``adaptive`` and begun after ``begin_after`` tokens, as a colocated drafter's) in this process."""
+    step with ``adaptive`` and begun after ``begin_after`` tokens, as a colocated drafter's) in this process; with
+    ``alternatives`` (name -> ``{"kind", <options>}``) a MultiDrafter over them all, the default under
+    ``default_name`` (else its kind), and requests without images that name none drafting with ``text_only``, as
+    the served verifier routes them (runtime/engine/drafter_route.py)."""
     from specula.runtime.bench.spec import make_drafter
     from specula.runtime.engine.loop import SpecEngine
     from specula.runtime.engine.prompts import eos_ids
@@ -248,9 +255,15 @@ def in_process_runners(target, processor, drafter: dict, gamma: int, max_tokens:
     out = {"plain": InProcessRunner(SpecEngine(target, None, gamma=0, eos_token_ids=eos), processor.tokenizer,
                                     max_tokens)}
     if gamma > 0:
-        engine = SpecEngine(target, make_drafter(drafter, target, processor.tokenizer), gamma=gamma,
-                            eos_token_ids=eos, adaptive=adaptive, begin_after=begin_after)
-        out["default"] = InProcessRunner(engine, processor.tokenizer, max_tokens)
+        built = make_drafter(drafter, target, processor.tokenizer)
+        if alternatives:
+            from specula.drafters.multi_drafter import MultiDrafter
+
+            name = default_name or drafter["kind"]
+            built = MultiDrafter({name: built, **{n: make_drafter(c, target, processor.tokenizer)
+                                                  for n, c in alternatives.items()}}, default=name)
+        engine = SpecEngine(target, built, gamma=gamma, eos_token_ids=eos, adaptive=adaptive, begin_after=begin_after)
+        out["default"] = InProcessRunner(engine, processor.tokenizer, max_tokens, text_only if alternatives else None)
     return out
 
 
@@ -346,6 +359,7 @@ def run(args, log=print) -> dict:
     cfg = load_config(raw)
     gamma, model = cfg.drafter.gamma, cfg.model.path
     drafter = {"kind": cfg.drafter.kind, **cfg.drafter.options}
+    alternatives = {n: {"kind": a.kind, **a.options} for n, a in cfg.drafter.alternatives.items()}
     torch.set_num_threads(args.threads)
     target, processor = _load(model, getattr(args, "device", "cpu"))
     prompts = world_prompts(processor, args.suite or SUITES, args.n, args.seed)
@@ -362,8 +376,10 @@ def run(args, log=print) -> dict:
         sets: dict[str, dict] = {}
         for streams in args.concurrency:
             runners = {f"in_process/{n}/{streams}": r
-                       for n, r in in_process_runners(target, processor, drafter, gamma, args.max_tokens,
-                                                      cfg.drafter.adaptive, cfg.drafter.begin_after).items()}
+                       for n, r in in_process_runners(
+                           target, processor, drafter, gamma, args.max_tokens, cfg.drafter.adaptive,
+                           cfg.drafter.begin_after, alternatives=alternatives, text_only=cfg.drafter.text_only,
+                           default_name=cfg.drafter.default_name).items()}
             runners.update({f"served/{n}/{streams}": ServedRunner(a.url, args.max_tokens, streams)
                             for n, a in apps.items()})
             log(f"[bench served] {streams} stream(s): {', '.join(runners)}, round robin, each alone")
@@ -381,6 +397,7 @@ def run(args, log=print) -> dict:
         r["speedup_vs_plain"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3) if base else None
         r["vs_in_process_plain"] = round(r["tokens_per_s"] / ip["tokens_per_s"], 3) if ip else None
     return {"bench": "served", "model": str(model), "drafter": drafter, "gamma": gamma,
+            "text_only": cfg.drafter.text_only if gamma > 0 else None,
             "suites": list(args.suite or SUITES), "n_per_suite": args.n, "max_tokens": args.max_tokens,
             "concurrency": list(args.concurrency), "threads_in_process": args.threads, "num_cpus": args.num_cpus,
             "config": raw, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -390,7 +407,8 @@ def run(args, log=print) -> dict:
 
 
 def render_markdown(r: dict) -> str:
-    lines = [f"# Specula bench: served vs in-process, plain vs {r['drafter']['kind']}@{r['gamma']}", "",
+    lines = [f"# Specula bench: served vs in-process, plain vs {r['drafter']['kind']}@{r['gamma']}"
+             + (f" ({r['text_only']} for text-only requests)" if r.get("text_only") else ""), "",
              f"Model `{r['model']}`, {r['machine']['cpus']} CPUs, torch {r['machine']['torch']}; "
              f"{r['n_per_suite']} prompts x {len(r['suites'])} suites, max_tokens {r['max_tokens']}, greedy. Served: "
              "`specula serve` on a local Ray, the openai client over HTTP; in process: SpecEngine at "

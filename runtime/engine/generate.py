@@ -9,7 +9,9 @@ takes (runtime/config_front_door.py ``drafter_from_ref``): a trained drafter's d
 kind; a drafter whose record (``specula.json``) names other target weights than the model's is refused naming both
 fingerprints (runtime/config_records.py). The default drafter's shipped weights are the embedded target's: on any
 other model, without ``--drafter``, it drafts with ``FALLBACK_DRAFTER`` (the serving config's default) and says so
-on stderr. ``add_generate_arguments`` is the command's flags; parsing them imports neither torch nor the drafters.
+on stderr. A question without images and without ``--drafter`` drafts with the serving config's text-only choice
+(``TEXT_DRAFTER``, runtime/config.py ``BEST_TEXT_DRAFTER``) where it was trained for the model.
+``add_generate_arguments`` is the command's flags; parsing them imports neither torch nor the drafters.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from specula.runtime.config import DrafterConfig
+from specula.runtime.config import BEST_TEXT_DRAFTER, DrafterConfig
 
 # The drafter `specula generate` (and so `make run`) uses: the best over all suites in the newest full bench report
 # (reports/2026-12-02-linux-x86_64-2c: flash 1.19x over plain decoding, captions 2.08x; next text_lm and pooled
 # 1.11x). The serving config's default (runtime/config.py default_drafter_kind) is the same choice.
 DEFAULT_DRAFTER = "flash"
 FALLBACK_DRAFTER = "ngram"  # the default on a model the default drafter was not trained for: needs no weights
+TEXT_DRAFTER = BEST_TEXT_DRAFTER  # the default for a question without images (config drafter.text_only's choice)
 # Draft tokens per block: the serving config's most (runtime/config.py DrafterConfig.gamma). Here every block
 # drafts that many, so the drafter's own tau and speedup show; `specula serve` chooses 0..gamma per step.
 DEFAULT_GAMMA = DrafterConfig.model_fields["gamma"].default
@@ -57,7 +60,8 @@ def add_generate_arguments(p) -> None:
                    help=f"a trained drafter's directory (its specula.json names the kind and the target weights it "
                         f"was trained for, checked against --model's), a drafter kind (specula.drafters.kinds(), "
                         f"with its shipped weights), or none for plain decoding only (default: {DEFAULT_DRAFTER}, "
-                        f"whose weights are the embedded target's; on another model {FALLBACK_DRAFTER})")
+                        f"or {TEXT_DRAFTER} for a question without images, whose weights are the embedded "
+                        f"target's; on another model {FALLBACK_DRAFTER})")
     p.set_defaults(drafter_given=False)
     p.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
                    help=f"draft tokens per block, every block (`specula serve` drafts up to its drafter.gamma, "
@@ -163,9 +167,12 @@ def choose_drafter(args, model_path) -> tuple[str, dict]:
 def main(args) -> int:
     speculative = _check_args(args)
     images = load_images(args.image)
+    from specula.runtime.config import trained_for
     from specula.zoo.store import resolve
 
     path = resolve(args.model)
+    if speculative and not images and not getattr(args, "drafter_given", True) and trained_for(TEXT_DRAFTER, path):
+        args.drafter = TEXT_DRAFTER  # a text-only question: the text drafter, as specula serve routes it
     kind, options = choose_drafter(args, path) if speculative else (None, {})
     import torch
     from transformers.utils import logging as hf_logging

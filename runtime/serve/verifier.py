@@ -38,6 +38,7 @@ from dataclasses import replace
 
 from specula.runtime.dataplane import RemoteDrafter
 from specula.runtime.engine.compute_thread import ComputeThread, compute_thread
+from specula.runtime.engine.drafter_route import route
 from specula.runtime.engine.loop import GenerationRequest, SpecEngine, TokenEvent
 from specula.targets.types import VisualFeatures
 
@@ -59,6 +60,8 @@ class VerifierEngine:
         drafter_name: the name a colocated drafter reports in each request's metrics when the request chose none.
         adaptive: a colocated drafter's draft length chosen per step by expected goodput (runtime/engine/adaptive.py).
         begin_after: a colocated drafter begins for a request once it has this many tokens (SpecEngine's).
+        text_only: the drafter's name for requests without images that name none (config ``drafter.text_only``,
+            runtime/engine/drafter_route.py); None = the default for all.
         gamma: draft tokens per block.
         eos_token_ids: default the target's.
         max_batch_size: live requests decoded together; more wait in arrival order.
@@ -70,7 +73,7 @@ class VerifierEngine:
 
     def __init__(self, target, drafter=None, *, gamma: int = 4, eos_token_ids=None, max_batch_size: int = 16,
                  stream_interval_s: float = 0.0, drafter_name: str = "", adaptive: bool = False,
-                 begin_after: int = 0, compute: ComputeThread | None = None) -> None:
+                 begin_after: int = 0, text_only: str | None = None, compute: ComputeThread | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if stream_interval_s < 0:
@@ -79,6 +82,7 @@ class VerifierEngine:
         self.remote = drafter if isinstance(drafter, RemoteDrafter) else None
         self.local = drafter if drafter is not None and self.remote is None else None
         self.stream_interval_s, self.drafter_name = stream_interval_s, drafter_name
+        self.text_only = text_only if drafter is not None else None  # drafter_route.py
         self._chosen: dict[str, str] = {}  # request id -> the colocated drafter it drafts with
         self._compute = compute or compute_thread()
         self.engine = self._compute.call(
@@ -120,7 +124,7 @@ class VerifierEngine:
         target, drafter = compute.call(build)
         return cls(target, drafter, gamma=d.gamma, max_batch_size=settings.max_batch_size,
                    stream_interval_s=settings.stream_interval_ms / 1000.0, drafter_name=d.default_name,
-                   adaptive=d.adaptive, begin_after=d.begin_after, compute=compute)
+                   adaptive=d.adaptive, begin_after=d.begin_after, text_only=d.text_only, compute=compute)
 
     # ------------------------------------------------------------------------------------------- callers' side
 
@@ -132,6 +136,7 @@ class VerifierEngine:
             if request.request_id in self._ids:
                 raise ValueError(f"request id {request.request_id!r} is already live")
             self._ids.add(request.request_id)
+        request = route(request, self.text_only)  # a request without images that named no drafter
         if self.remote is not None:
             self.remote.attach(request.request_id, drafter_address)
             request = _keep_what_is_needed(request, self.remote.spec.needs)

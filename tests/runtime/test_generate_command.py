@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from specula.cli import main
-from specula.runtime.engine.generate import DEFAULT_DRAFTER
+from specula.runtime.engine.generate import DEFAULT_DRAFTER, TEXT_DRAFTER
 
 SAMPLE = str(Path(__file__).resolve().parents[2] / "world" / "assets" / "sample.png")
 ASK = ["generate", "--image", SAMPLE, "--question", "Describe the image in detail.", "--threads", "1",
@@ -34,6 +34,15 @@ def test_default_drafter_answers_as_plain_decoding_does_with_tau_and_speedup(cap
     assert "speedup " in report and "x over plain decoding" in report and "same text" in report
     assert "tau " not in "\n".join(plain[1:]) and "speedup" not in "\n".join(plain[1:])
     assert "plain decoding:" in plain[1]
+
+
+def test_a_question_without_images_drafts_with_the_text_drafter_unless_one_is_named(capsys):
+    text = ["generate", "--question", "What is 2 times 4?", "--threads", "1", "--max-tokens", "16", "--json"]
+    assert main(text) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert TEXT_DRAFTER != DEFAULT_DRAFTER and r["drafter"] == TEXT_DRAFTER and r["identical"] is True
+    assert main(text + ["--drafter", DEFAULT_DRAFTER]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["drafter"] == DEFAULT_DRAFTER
 
 
 def test_json_record_of_a_named_drafter(capsys):

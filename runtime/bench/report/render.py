@@ -213,7 +213,8 @@ def _served_md(sec, r):
     suites = sec["suites"]
     per_suite = [[runtime, name, streams, *(_f(x, 2, "x") for x in ratios)]
                  for runtime, name, streams, ratios in suite_speedups(sec["rows"], suites)]
-    return [f"Default drafter {sec['drafter']['kind']}@{sec['gamma']}, {sec['n_per_suite']} prompts x "
+    route = f" ({sec['text_only']} for text-only requests)" if sec.get("text_only") else ""
+    return [f"Default drafter {sec['drafter']['kind']}@{sec['gamma']}{route}, {sec['n_per_suite']} prompts x "
             f"{len(suites)} suites, round robin, each runtime alone on the machine.", "",
             *_table(["runtime", "config", "streams", "tokens/s", "x plain (same runtime)", "x in-process plain",
                      "tau", "greedy == in-process plain", "ms per token: prefill / draft / verify"], rows),

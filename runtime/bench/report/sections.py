@@ -304,7 +304,8 @@ def served(ctx: Ctx) -> dict:
     finally:
         torch.set_num_threads(args.threads)
         shutil.rmtree(logs, ignore_errors=True)
-    return {"status": "ok", "drafter": r["drafter"], "gamma": r["gamma"], "suites": r["suites"],
+    return {"status": "ok", "drafter": r["drafter"], "gamma": r["gamma"], "text_only": r.get("text_only"),
+            "suites": r["suites"],
             "n_per_suite": r["n_per_suite"], "concurrency": r["concurrency"], "rows": r["rows"]}
 
 
