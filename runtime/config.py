@@ -519,8 +519,8 @@ class HttpConfig(_Strict):
     direct: bool | None = Field(
         None, description="The Ingress replica listens on host:port itself (the same routes, on its own uvicorn "
                           "server) instead of behind Ray Serve's HTTP proxy, whose hop costs about 8 ms per request "
-                          "on 2 CPUs; Serve then runs no proxy. Needs one Ingress "
-                          "replica (deployments.ingress: num_replicas 1, no autoscaling). null = decided by "
+                          "on 2 CPUs; Serve then runs no proxy. Needs one Ingress replica (deployments.ingress: "
+                          "num_replicas 1, no autoscaling). null = decided by "
                           "`specula serve`: direct on a local Ray (one machine) with one Ingress replica, behind "
                           "Serve's proxy when joining a cluster (--address) or with more replicas.")
 
