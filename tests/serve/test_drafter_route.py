@@ -63,3 +63,25 @@ def test_text_requests_draft_with_the_text_drafter_and_answer_as_plain_decoding(
             assert got["tokens"] == SpecEngine(target, None, gamma=0).generate([req])["ref"].tokens, body["prompt"]
             assert got["metrics"]["drafter"] == want and got["drafter"] == "ok", (body["prompt"], got["metrics"])
             assert got["metrics"]["blocks"] > 0
+
+
+def test_bench_served_in_process_default_routes_as_the_served_verifier(model_dir, monkeypatch):
+    """``bench served``'s in-process default builds the same MultiDrafter and routes text prompts the same way."""
+    from specula.drafters.multi_drafter import MultiDrafter
+    from specula.runtime.bench.served import in_process_runners, world_prompts
+    from specula.targets.processor import load_processor
+
+    began = []
+    real_begin = MultiDrafter.begin
+    monkeypatch.setattr(MultiDrafter, "begin",
+                        lambda self, cs: (began.extend(self.resolve(c.drafter) for c in cs), real_begin(self, cs))[1])
+    target, processor = load_target(model_dir), load_processor(model_dir)
+    runners = in_process_runners(target, processor, {"kind": "ngram", "max_n": 3}, 4, 24,
+                                 alternatives={"short": {"kind": "ngram", "max_n": 2}}, text_only="short",
+                                 default_name="ngram")
+    prompts = world_prompts(processor, ["text", "caption"], 1)
+    assert [p.encoded.pixel_values is None for p in prompts] == [True, False]
+    for p in prompts:
+        got, want = runners["default"]([p])[0], runners["plain"]([p])[0]
+        assert got["text"] == want["text"] and got["tokens"] > 2
+    assert began == ["short", "ngram"]
