@@ -189,7 +189,9 @@ def serve_cli(args: argparse.Namespace) -> int:
         vision = "in the verifier" if cfg.deployments.vision_encoder.colocate else "separate"
         verifier = "in the ingress" if cfg.deployments.target_verifier.in_ingress else "separate"
         door = "HTTP from the ingress replica" if cfg.http.direct else "HTTP through Serve's proxy"
-        print(f"specula: serving {cfg.name!r} (model {cfg.model.path}, drafter {cfg.drafter.kind}, "
+        d = cfg.drafter
+        route = f" ({d.text_only} for requests without images)" if d.text_only and d.gamma > 0 else ""
+        print(f"specula: serving {cfg.name!r} (model {cfg.model.path}, drafter {cfg.drafter.kind}{route}, "
               f"gamma {cfg.drafter.gamma}, drafting {where}, vision {vision}, verifier {verifier}, {door}) on {url}; "
               "Ctrl-C stops\n"
               f"{http_examples(cfg)}", flush=True)

@@ -87,13 +87,18 @@ def test_the_default_config_serves_an_image_question_on_two_cpus(tmp_path):
             assert answer["choices"][0]["message"]["content"].strip()
             assert answer["usage"]["prompt_tokens"] > 100  # the image's tokens are in the prompt
             assert answer["specula"]["metrics"]["drafter"] == "flash"  # the default drafter, in the verifier
+            text = {"max_tokens": 16, "temperature": 0, "messages": [{"role": "user", "content": "What is 2 times 4?"}]}
+            status, raw = post(f"{url}/v1/chat/completions", text, timeout=120)
+            assert status == 200, raw[:500]
+            assert json.loads(raw)["specula"]["metrics"]["drafter"] == "msd"  # drafter.text_only: no image
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=STOP_S)
         finally:
             _reap(proc)
     text = log.read_text()
     assert rc == 0, text[-3000:]
-    assert ("specula: serving 'specula' (model target, drafter flash, gamma 8, drafting in the verifier, "
+    assert ("specula: serving 'specula' (model target, drafter flash (msd for requests without images), gamma 8, "
+            "drafting in the verifier, "
              "vision in the verifier, verifier in the ingress, HTTP from the ingress replica)" in text
             and "cannot place" not in text)
     assert text.rstrip().endswith("specula: stopped"), text[-3000:]
