@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specula.runtime.engine.metrics import TIME_KEYS
+
 PREFILL_KEYS = ("vision", "prefill")
-DECODE_KEYS = ("draft", "draft_begin", "caption", "verify", "sample", "commit")
+DECODE_KEYS = tuple(k for k in TIME_KEYS if k not in PREFILL_KEYS)  # every other phase the engine books
 NOTHING_TO_DRAFT_TOKENS = 2  # answers this short: the prefill's token, then one forward
 
 

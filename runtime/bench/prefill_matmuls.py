@@ -10,11 +10,12 @@ which is what bounds every speedup of speculation when answers are short (``ceil
 from __future__ import annotations
 
 import statistics
-import time
 from collections import Counter
 
 import torch
 import torch.nn.functional as F
+
+from specula.runtime.bench.device_clock import ms_since, now
 
 
 def linear_shapes(target) -> Counter:
@@ -35,6 +36,7 @@ def linear_flops(shapes: Counter, tokens: int) -> float:
 
 def linears_alone_ms(shapes: Counter, tokens: int, device, dtype, repeats: int = 5) -> float:
     """The median time of every layer's multiply on a [tokens, in] input, summed over the layers (ms)."""
+    device = torch.device(device)
     total = 0.0
     g = torch.Generator().manual_seed(0)
     for (i, o), n in shapes.items():
@@ -42,12 +44,11 @@ def linears_alone_ms(shapes: Counter, tokens: int, device, dtype, repeats: int =
         w = torch.randn(o, i, generator=g).to(device=device, dtype=dtype)  # [out, in]
         times = []
         for r in range(repeats + 1):
-            _sync(device)
-            t = time.perf_counter()
+            t = now(device)
             F.linear(x, w)
-            _sync(device)
+            ms = ms_since(t, device)
             if r:  # the first is a warm-up
-                times.append((time.perf_counter() - t) * 1e3)
+                times.append(ms)
         total += statistics.median(times) * n
     return total
 
@@ -73,11 +74,3 @@ def describe(m: dict | None) -> str | None:
             f"in its {m['linear_layers']} linear layers ({m['prefill_gflops']:.0f} GFLOP/s over the whole prefill); "
             f"the same multiplies alone take {m['linears_alone_ms']:.2f} ms ({m['linears_alone_gflops']:.0f} "
             f"GFLOP/s): {100 * m['share_of_prefill']:.0f}% of the prefill.")
-
-
-def _sync(device) -> None:
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()

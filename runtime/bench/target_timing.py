@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from specula.runtime.bench.device_clock import ms_since, now
 from specula.runtime.bench.prefill_matmuls import describe, prefill_matmuls
 from specula.targets.types import Accept, DraftBlock, PrefillRequest
 
@@ -76,15 +76,15 @@ def bench_target(
         visual = []
         if with_pixels:
             for p in with_pixels:
-                t = _now(device)
+                t = now(device)
                 visual.append(target.encode_images(p.pixel_values, "projected", image_grid_thw=p.image_grid_thw))
                 if keep:
-                    encode_ms.append(_ms_since(t, device))
+                    encode_ms.append(ms_since(t, device))
         reqs = fresh("prefill")
-        t = _now(device)
+        t = now(device)
         target.prefill(reqs)
         if keep:
-            prefill_ms.append(_ms_since(t, device))
+            prefill_ms.append(ms_since(t, device))
         target.release([r.request_id for r in reqs])
         if with_pixels:
             it = iter(visual)
@@ -92,10 +92,10 @@ def bench_target(
                 dataclasses.replace(r, pixel_values=None, visual=next(it)) if r.pixel_values is not None else r
                 for r in fresh("prefill-lm")
             ]
-            t = _now(device)
+            t = now(device)
             target.prefill(lm_reqs)
             if keep:
-                prefill_lm_ms.append(_ms_since(t, device))
+                prefill_lm_ms.append(ms_since(t, device))
             target.release([r.request_id for r in lm_reqs])
 
     # Decode and verify, interleaved.
@@ -108,12 +108,12 @@ def bench_target(
     for i in range(warmup + repeats):
         for gamma in times:
             drafts = torch.randint(3, target.info.vocab_size, (len(ids), gamma), generator=g)
-            t = _now(device)
+            t = now(device)
             res = target.verify(DraftBlock.chain(ids, drafts))
             nxt = res.logits[:, 0].argmax(-1).tolist()
             target.commit([Accept(r, (), tok) for r, tok in zip(ids, nxt)])
             if i >= warmup:
-                times[gamma].append(_ms_since(t, device))
+                times[gamma].append(ms_since(t, device))
     cache_len = target.kv.seq_len
     target.release(ids)
 
@@ -178,23 +178,6 @@ def _param_counts(target) -> dict[str, int]:
         counts[name] = sum(q.numel() for q in fresh)
     counts["total"] = sum(q.numel() for q in target.model.parameters())
     return counts
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def _now(device: torch.device) -> float:
-    _sync(device)
-    return time.perf_counter()
-
-
-def _ms_since(start: float, device: torch.device) -> float:
-    _sync(device)
-    return (time.perf_counter() - start) * 1e3
 
 
 def _median(xs: list[float]) -> float | None:
