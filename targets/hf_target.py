@@ -26,6 +26,7 @@ from .checks import check_block, check_prompt, check_visual
 from .images import check_image_groups
 from .batching import length_groups
 from .kv import BatchedKV, KVPolicy, attention_mask, growable_cache, pad_dim, stack_caches
+from .packed_linear import pack_linears, unpack_linears, wanted
 from .tree import block_structure, chain_structure, check_path
 from .types import (
     Accept,
@@ -70,10 +71,17 @@ class HFTarget:
         device: str | torch.device | None = None,
         feature_layers: Sequence[int] = (),
         kv_policy: KVPolicy = KVPolicy(),
+        packed_linears: bool | None = None,
     ):
         if device is not None:
             model.to(device)
         self.model = model.eval()
+        # oneDNN on prepacked weights for the CPU linears (packed_linear.py); None: auto (a CPU model that fits)
+        if wanted(model, packed_linears):
+            self.linears_packed = pack_linears(model)
+        else:
+            unpack_linears(model)  # a model instance an earlier target packed
+            self.linears_packed = 0
         first = next(model.parameters())
         self.device = first.device
         self.dtype = first.dtype

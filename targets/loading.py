@@ -40,12 +40,14 @@ def load_target(
     feature_layers: Sequence[int] = (),
     kv_policy: KVPolicy = KVPolicy(),
     attn_implementation: str = "sdpa",
+    packed_linears: bool | None = None,
 ) -> HFTarget:
     """A Target over a local HF checkpoint directory (no hub access, no remote code) or a model instance.
 
     ``dtype=None`` keeps the checkpoint's (or the instance's) dtype. A model instance is moved in place.
     ``feature_layers`` are HF hidden-state indices returned with every prefill/verify (e.g. EAGLE-3's
-    low/mid/high layers: ``(2, n // 2, n - 3)``).
+    low/mid/high layers: ``(2, n // 2, n - 3)``). ``packed_linears``: run the linear layers through oneDNN on
+    prepacked weights (``targets/packed_linear.py``); None = auto (a CPU model whose linear weights fit 1 GiB).
 
         target = load_target("/models/llava-1.5-7b-hf", device="cuda:0", dtype="float16")
     """
@@ -67,4 +69,5 @@ def load_target(
             attn_implementation=attn_implementation,
             local_files_only=True,
         )
-    return backend(model, device=device, feature_layers=feature_layers, kv_policy=kv_policy)
+    return backend(model, device=device, feature_layers=feature_layers, kv_policy=kv_policy,
+                   packed_linears=packed_linears)

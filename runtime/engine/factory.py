@@ -17,14 +17,16 @@ def model_dir(config: SpeculaConfig) -> Path:
 def load_target_for(config: SpeculaConfig, device: str):
     from specula.targets import load_target
 
-    return load_target(model_dir(config), device=device, dtype=config.model.dtype)
+    return load_target(model_dir(config), device=device, dtype=config.model.dtype,
+                       packed_linears=config.model.packed_linears)
 
 
 def load_vision_target_for(config: SpeculaConfig, device: str):
     """The target with only its vision tower and projector loaded (the VisionEncoder's; see vision_weights.py)."""
     from specula.runtime.engine.vision_weights import load_vision_target
 
-    return load_vision_target(model_dir(config), device=device, dtype=config.model.dtype)
+    return load_vision_target(model_dir(config), device=device, dtype=config.model.dtype,
+                              packed_linears=config.model.packed_linears)
 
 
 def load_processor_for(config: SpeculaConfig):

@@ -40,7 +40,8 @@ _RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-def load_vision_target(path: str | os.PathLike, *, device: str = "cpu", dtype: str | torch.dtype | None = None):
+def load_vision_target(path: str | os.PathLike, *, device: str = "cpu", dtype: str | torch.dtype | None = None,
+                       packed_linears: bool | None = None):
     """The backend Target over ``path`` with only its vision tower and projector resident (see the module doc)."""
     from transformers import AutoConfig
 
@@ -56,7 +57,7 @@ def load_vision_target(path: str | os.PathLike, *, device: str = "cpu", dtype: s
     shards = _safetensors_shards(path)
     if shards is None:
         log.warning("%s has no safetensors weights: loading the whole model, then dropping its language model", path)
-        return _drop_language_model(_full_target(path, device, dtype))
+        return _drop_language_model(_full_target(path, device, dtype, packed_linears))
 
     dt = _resolve_dtype(dtype, hf, shards)
     with torch.device("meta"):
@@ -70,7 +71,8 @@ def load_vision_target(path: str | os.PathLike, *, device: str = "cpu", dtype: s
     model.initialize_weights()  # non-persistent buffers of the vision parts; meta tensors are untouched
     wanted = {f"{prefix}.{key}": t for prefix, part in parts.items() for key, t in part.state_dict().items()}
     _load(wanted, shards, _RENAMES.get(hf.model_type, ()), path)
-    return backend(model)  # device=None: the LM stays on meta; target.device is the vision tower's
+    # device=None: the LM stays on meta; target.device is the vision tower's
+    return backend(model, packed_linears=packed_linears)
 
 
 def resident_parameters(model: torch.nn.Module) -> int:
@@ -152,15 +154,20 @@ def _load(wanted: dict[str, torch.Tensor], shards: dict[str, list[str]], renames
                          f"{' ...' if len(missing) > 8 else ''}")
 
 
-def _full_target(path: Path, device: str, dtype):
+def _full_target(path: Path, device: str, dtype, packed_linears: bool | None):
     from specula.targets import load_target
 
-    return load_target(path, device=device, dtype=dtype)
+    return load_target(path, device=device, dtype=dtype, packed_linears=packed_linears)
 
 
 def _drop_language_model(target):
+    from specula.targets.packed_linear import pack_linears, unpack_linears
+
     model = target.model
+    repack = unpack_linears(model) > 0  # the language model's packed copies go with it; the tower's are packed anew
     for name in LANGUAGE_PARTS:
         model.model.get_submodule(name).to("meta")
     model.lm_head.to("meta")
+    if repack:
+        target.linears_packed = pack_linears(model)
     return target
