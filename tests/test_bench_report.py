@@ -140,6 +140,8 @@ def test_markdown_tables_plots_and_claim_lines(report):
                     "overlap efficiency", "### alpha_n", "### time split"):
         assert heading in md, heading
     assert "| config | vqa | text | visual | all |" in md
+    # the HF rows run stock kernels, ours the packed linears: said beside the table
+    assert r["sections"]["hf"]["packed_linears"] > 0 and "packed for oneDNN" in md
     sv = r["sections"]["served"]["rows"]  # the served section's per-suite table: default over plain, same runtime
     ratio = [sv["served/default/1"]["per_suite_tokens_per_s"][s] / sv["served/plain/1"]["per_suite_tokens_per_s"][s]
              for s in ("vqa", "text")]

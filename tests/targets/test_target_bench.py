@@ -31,6 +31,9 @@ def test_bench_target_reports_everything(kit):
     assert abs(m["linear_gflop"] - 2 * m["tokens"] * weights / 1e9) < 1e-9
     assert m["linears_alone_ms"] > 0 and m["share_of_prefill"] > 0 and m["prefill_gflops"] > 0
     assert f"in its {7 * layers} linear layers" in text and "of the prefill." in text
+    # timed through the kernel the target's linears use (oneDNN on packed weights by default on a CPU)
+    assert m["kernel"] == ("oneDNN, packed weights" if target.linears_packed else "F.linear")
+    assert f"alone ({m['kernel']})" in text
 
 
 def test_prefill_matmuls_count_flops_and_say_nothing_unmeasured():

@@ -226,7 +226,8 @@ def hf_comparison(ctx: Ctx) -> dict:
                       "speedup_vs_hf_assisted": round(assisted / s, 3) if assisted and s else None,
                       "tau": c["tau"], "greedy_exact": c["greedy_exact"]}
     return {"status": "ok", "suites": list(cfg.hf_suites), "n_per_suite": cfg.hf_n, "gamma": cfg.gamma,
-            "configs": rows, "hf_assisted": "measured" if "hf_assisted" in cs else r["hf_assisted_note"]}
+            "configs": rows, "hf_assisted": "measured" if "hf_assisted" in cs else r["hf_assisted_note"],
+            "packed_linears": getattr(ctx.target, "linears_packed", 0)}
 
 
 def target_costs(ctx: Ctx) -> dict:
