@@ -126,6 +126,7 @@ def bench_target(
         "device": info.device,
         "dtype": info.dtype,
         "torch_threads": torch.get_num_threads(),
+        "linears_packed": getattr(target, "linears_packed", 0),
         "batch_size": len(prompts),
         "prompt_tokens": [int(p.input_ids.shape[0]) for p in prompts],
         "cache_len_end": cache_len,
@@ -149,8 +150,9 @@ def render_markdown(result: dict) -> str:
     p = result["params"]
     lines = [
         f"**Target** `{result['model_type']}` on `{result['device']}` ({result['dtype']}, "
-        f"{result['torch_threads']} torch threads), batch {result['batch_size']}, prompt tokens "
-        f"{result['prompt_tokens']}, {result['repeats']} repeats (medians).",
+        f"{result['torch_threads']} torch threads, {result.get('linears_packed', 0)} linear layers packed for "
+        f"oneDNN), batch {result['batch_size']}, prompt tokens {result['prompt_tokens']}, {result['repeats']} "
+        "repeats (medians).",
         "",
         "| part | parameters |",
         "| --- | ---: |",

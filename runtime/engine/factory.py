@@ -3,9 +3,12 @@ app build through here, so a replica and a test load the same thing the same way
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from specula.runtime.config import DeploymentSettings, SpeculaConfig
+
+log = logging.getLogger(__name__)
 
 
 def model_dir(config: SpeculaConfig) -> Path:
@@ -17,8 +20,11 @@ def model_dir(config: SpeculaConfig) -> Path:
 def load_target_for(config: SpeculaConfig, device: str):
     from specula.targets import load_target
 
-    return load_target(model_dir(config), device=device, dtype=config.model.dtype,
-                       packed_linears=config.model.packed_linears)
+    target = load_target(model_dir(config), device=device, dtype=config.model.dtype,
+                         packed_linears=config.model.packed_linears)
+    log.info("target %s on %s: %d linear layers packed for oneDNN (model.packed_linears: %s)", config.model.path,
+             target.device, target.linears_packed, config.model.packed_linears)
+    return target
 
 
 def load_vision_target_for(config: SpeculaConfig, device: str):

@@ -132,12 +132,14 @@ def test_target_packs_by_default_and_gives_the_unpacked_logits(kit):
     assert torch.allclose(a0, b0, rtol=1e-4, atol=1e-4) and torch.allclose(a1, b1, rtol=1e-4, atol=1e-4)
 
 
-def test_config_switch_reaches_the_loaded_target():
+def test_config_switch_reaches_the_loaded_target(caplog):
     from specula.runtime.config import SpeculaConfig
     from specula.runtime.engine.factory import load_target_for, load_vision_target_for
 
-    on = load_target_for(SpeculaConfig(), "cpu")
+    with caplog.at_level("INFO", logger="specula.runtime.engine.factory"):
+        on = load_target_for(SpeculaConfig(), "cpu")
     assert on.linears_packed > 0
+    assert f"{on.linears_packed} linear layers packed for oneDNN" in caplog.text  # a replica's log says so
     off = load_target_for(SpeculaConfig.model_validate({"model": {"packed_linears": False}}), "cpu")
     assert off.linears_packed == 0 and pl.packed_count(off.model) == 0
     vision = load_vision_target_for(SpeculaConfig(), "cpu")  # the vision tower alone: its linears only
