@@ -57,7 +57,7 @@ def load_vision_target(path: str | os.PathLike, *, device: str = "cpu", dtype: s
     shards = _safetensors_shards(path)
     if shards is None:
         log.warning("%s has no safetensors weights: loading the whole model, then dropping its language model", path)
-        return _drop_language_model(_full_target(path, device, dtype, packed_linears))
+        return _drop_language_model(_full_target(path, device, dtype), packed_linears)
 
     dt = _resolve_dtype(dtype, hf, shards)
     with torch.device("meta"):
@@ -154,20 +154,19 @@ def _load(wanted: dict[str, torch.Tensor], shards: dict[str, list[str]], renames
                          f"{' ...' if len(missing) > 8 else ''}")
 
 
-def _full_target(path: Path, device: str, dtype, packed_linears: bool | None):
+def _full_target(path: Path, device: str, dtype):
     from specula.targets import load_target
 
-    return load_target(path, device=device, dtype=dtype, packed_linears=packed_linears)
+    return load_target(path, device=device, dtype=dtype, packed_linears=False)  # packed once the LM is dropped
 
 
-def _drop_language_model(target):
-    from specula.targets.packed_linear import pack_linears, unpack_linears
+def _drop_language_model(target, packed_linears: bool | None):
+    from specula.targets.packed_linear import pack_linears, wanted
 
     model = target.model
-    repack = unpack_linears(model) > 0  # the language model's packed copies go with it; the tower's are packed anew
     for name in LANGUAGE_PARTS:
         model.model.get_submodule(name).to("meta")
     model.lm_head.to("meta")
-    if repack:
+    if wanted(model, packed_linears):  # the vision tower's and projector's linears: the rest is on meta
         target.linears_packed = pack_linears(model)
     return target
