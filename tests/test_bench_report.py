@@ -17,6 +17,7 @@ from PIL import Image
 from specula.runtime.bench.report.run import ReportConfig, run, write_report
 from specula.runtime.bench.report import claims
 from specula.runtime.bench.report.args import SECTION_NAMES
+from specula.targets import packed_linear
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -141,7 +142,7 @@ def test_markdown_tables_plots_and_claim_lines(report):
         assert heading in md, heading
     assert "| config | vqa | text | visual | all |" in md
     # the HF rows run stock kernels, ours the packed linears: said beside the table
-    assert r["sections"]["hf"]["packed_linears"] > 0 and "packed for oneDNN" in md
+    assert (r["sections"]["hf"]["packed_linears"] > 0) == ("packed for oneDNN" in md) == packed_linear.available()
     sv = r["sections"]["served"]["rows"]  # the served section's per-suite table: default over plain, same runtime
     ratio = [sv["served/default/1"]["per_suite_tokens_per_s"][s] / sv["served/plain/1"]["per_suite_tokens_per_s"][s]
              for s in ("vqa", "text")]
