@@ -123,9 +123,14 @@ def test_target_packs_by_default_and_gives_the_unpacked_logits(kit):
         target = kit.target(packed_linears=packed)
         assert (target.linears_packed > 0) == (packed is None)
         assert pl.packed_count(kit.model) == target.linears_packed
-        first = target.prefill([req]).logits  # [1, V]
+        out = {}
+        ran = _ran_onednn(lambda: out.setdefault("first", target.prefill([req]).logits))  # [1, V]
+        first = out["first"]
         target.commit([Accept("r0", (), int(first.argmax(-1)))])
-        block = target.verify(DraftBlock.chain(["r0"], torch.tensor([[7, 8, 9]])))  # [1, 4, V]
+        ran_verify = _ran_onednn(lambda: out.setdefault(
+            "block", target.verify(DraftBlock.chain(["r0"], torch.tensor([[7, 8, 9]])))))  # [1, 4, V]
+        block = out["block"]
+        assert ran == ran_verify == (packed is None)  # the target's own forwards really take the packed kernel
         outs[packed] = (first, block.logits)
         target.release(["r0"])
     (a0, a1), (b0, b1) = outs[False], outs[None]
