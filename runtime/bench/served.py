@@ -19,6 +19,13 @@ verifier reports (vision, prefill, draft, draft_begin, caption, verify, sample, 
 Greedy outputs are compared with in-process plain decoding token for token (``exact``). The same split gives the
 ceilings the measured speedups are read against (``ceilings.py``: the prefill stays whatever is drafted). Writes
 ``served.json`` and ``served.md``.
+
+Where the served time goes, at one stream: the in-process runners run once more **beside the idle plain app**
+(runtime ``beside_ray``: its Ray left running, taking no requests), so Ray's own background (its daemons' and the
+replica's periodic wake-ups; on a small machine they take cores from the forward's threads) is measured apart
+from the request path; and each request's time outside the engine (its wall time less the phases the verifier
+booked: HTTP, JSON, the image decode and processor, the hand-offs between threads, the client) is reported per
+row (``outside_engine_ms``). ``--no-beside-ray`` leaves the extra runs out.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from specula.runtime.engine.metrics import TIME_KEYS
 
 SUITES = EVAL_SUITES
 READY = "specula: serving"
+BESIDE = "beside_ray"  # the in-process runners, measured with the plain app's Ray running idle beside them
 
 
 @dataclass(frozen=True)
@@ -270,21 +278,23 @@ def in_process_runners(target, processor, drafter: dict, gamma: int, max_tokens:
 def round_robin(runners: dict, prompts: list[Prompt], streams: int, apps: dict | None = None) -> dict[str, dict]:
     """Every runner on every batch of ``streams`` prompts, the runners' order rotating from batch to batch, so
     drift of the machine hits them alike; per runner the summed wall time of its batches and its rows. ``apps``
-    (runner name -> its ``ServedApp``): while a runner runs, every other app is frozen, so each runtime is measured
-    as it would run alone on the machine (the in-process runners with no Ray beside them)."""
+    (runner name -> the ``ServedApp`` left running while it runs; several names may share one): every other app is
+    frozen, so each runtime is measured as it would run alone on the machine (the in-process runners with no Ray
+    beside them, unless ``apps`` names one for them)."""
     from tqdm import tqdm
 
     apps = apps or {}
+    every = list({id(a): a for a in apps.values()}.values())
 
     def alone(name: str, batch: list[Prompt]) -> tuple[float, list[dict]]:
-        for other, app in apps.items():
-            app.freeze(other != name)
+        for app in every:
+            app.freeze(app is not apps.get(name))
         try:
             t0 = time.perf_counter()
             rows = runners[name](batch)
             return time.perf_counter() - t0, rows
         finally:
-            for app in apps.values():
+            for app in every:
                 app.freeze(False)
 
     for name in runners:  # warm-up: lazy initialisation in every replica and engine
@@ -330,6 +340,11 @@ def summarize(sets: dict, reference: dict) -> dict:
         for r in rows:
             for k, v in ((r["metrics"] or {}).get("time_s") or {}).items():
                 split[k] += v
+        if key.split("/")[2] == "1":  # each request alone: its wall time less what the engine booked for it
+            outside = [r["wall_s"] - sum(((r["metrics"] or {}).get("time_s") or {}).values()) for r in rows]
+            outside_ms = round(1000 * sum(outside) / max(len(outside), 1), 2)
+        else:
+            outside_ms = None
         per_suite = defaultdict(lambda: [0, 0.0])
         longest = defaultdict(int)
         for r in rows:
@@ -341,6 +356,7 @@ def summarize(sets: dict, reference: dict) -> dict:
             "tau": round((accepted + blocks) / blocks, 3) if blocks else None,  # the metrics' convention
             "ms_per_token": {k: round(1000 * split[k] / max(tokens, 1), 3) for k in TIME_KEYS if k in split},
             "exact": all(ref_text.get(r["prompt_id"]) == r["text"] for r in rows),
+            "outside_engine_ms": outside_ms,  # per request, one stream only (None with several)
             "per_suite_tokens_per_s": {k: round(v[0] / v[1], 2) for k, v in per_suite.items() if v[1] > 0},
             "per_suite_longest_answer": dict(longest),
         }
@@ -380,11 +396,17 @@ def run(args, log=print) -> dict:
                            target, processor, drafter, gamma, args.max_tokens, cfg.drafter.adaptive,
                            cfg.drafter.begin_after, alternatives=alternatives, text_only=cfg.drafter.text_only,
                            default_name=cfg.drafter.default_name).items()}
+            unfrozen = {f"served/{n}/{streams}": a for n, a in apps.items()}
+            if streams == 1 and getattr(args, "beside_ray", True) and "plain" in apps:
+                for n in ("plain", "default"):  # the same engines, with the idle plain app's Ray left running
+                    if f"in_process/{n}/1" in runners:
+                        runners[f"{BESIDE}/{n}/1"] = runners[f"in_process/{n}/1"]
+                        unfrozen[f"{BESIDE}/{n}/1"] = apps["plain"]
             runners.update({f"served/{n}/{streams}": ServedRunner(a.url, args.max_tokens, streams)
                             for n, a in apps.items()})
             log(f"[bench served] {streams} stream(s): {', '.join(runners)}, round robin, each alone")
-            sets.update(round_robin(runners, prompts, streams, {f"served/{n}/{streams}": a for n, a in apps.items()}))
-            for r in runners.values():
+            sets.update(round_robin(runners, prompts, streams, unfrozen))
+            for r in set(runners.values()):
                 r.close()
     finally:
         for a in apps.values():
@@ -429,7 +451,7 @@ def render_markdown(r: dict) -> str:
     suites = r["suites"]
     first = r["concurrency"][0]
     # per request's own wall time; an in-process batch of several prompts has one wall for all: one stream only
-    rows = {k: row for k, row in r["rows"].items() if int(k.split("/")[2]) == first
+    rows = {k: row for k, row in r["rows"].items() if int(k.split("/")[2]) == first and not k.startswith(BESIDE)
             and (first == 1 or not k.startswith("in_process/"))}
     lines += ["", f"## tokens/s per suite ({first} stream(s): each request's own wall time)", "",
               "| runtime | config | " + " | ".join(suites) + " |", "| --- | --- |" + " ---: |" * len(suites)]
@@ -443,11 +465,51 @@ def render_markdown(r: dict) -> str:
     for runtime, name, streams, ratios in suite_speedups(r["rows"], suites):
         lines.append(f"| {runtime} | {name} | {streams} | "
                      + " | ".join("" if x is None else f"{x:.2f}x" for x in ratios) + " |")
+    if split := served_split_md(r["rows"]):
+        lines += ["", "## Where the served time goes", "", *split]
     if any(int(s) > 1 for s in r["concurrency"]):
         lines += ["", MANY_STREAMS_NOTE]
     if ceiling_lines := ceilings_md(r["rows"], longest_answers(r["rows"])):
         lines += ["", "## Ceilings", "", *ceiling_lines]
     return "\n".join(lines) + "\n"
+
+
+def served_split(rows: dict) -> list[dict]:
+    """Per config at one stream, where the served runtime's time goes against in-process decoding: ``background``
+    (in process beside the idle plain app's Ray over in process alone: Ray's own background), ``path`` (served over
+    in process beside that Ray: the request path of Serve, HTTP and the client apart from Ray's background) and each
+    request's time outside the engine (ms). Empty without the ``beside_ray`` rows."""
+    out = []
+    for name in ("plain", "default"):
+        alone, beside, served = (rows.get(f"{rt}/{name}/1") for rt in ("in_process", BESIDE, "served"))
+        if not (alone and beside and served):
+            continue
+        out.append({"config": name, "in_process": alone["tokens_per_s"], "beside_ray": beside["tokens_per_s"],
+                    "served": served["tokens_per_s"],
+                    "background": round(beside["tokens_per_s"] / alone["tokens_per_s"], 3),
+                    "path": round(served["tokens_per_s"] / beside["tokens_per_s"], 3),
+                    "served_vs_in_process": round(served["tokens_per_s"] / alone["tokens_per_s"], 3),
+                    "outside_ms_in_process": alone.get("outside_engine_ms"),
+                    "outside_ms_served": served.get("outside_engine_ms")})
+    return out
+
+
+def served_split_md(rows: dict) -> list[str]:
+    """``served_split`` as a markdown table with a line that reads it (empty without the rows)."""
+    split = served_split(rows)
+    if not split:
+        return []
+    lines = ["Where the served time goes (one stream): in-process decoding once more with the idle plain app's Ray "
+             "left running beside it (`beside_ray`) parts Ray's own background from the request path; outside the "
+             "engine: a request's wall time less the phases the engine booked for it.", "",
+             "| config | tokens/s in process | beside idle Ray | served | Ray's background (beside / alone) | "
+             "the served path (served / beside) | served / in process | outside the engine, ms per request: "
+             "in process / served |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for x in split:
+        lines.append(f"| {x['config']} | {x['in_process']} | {x['beside_ray']} | {x['served']} | "
+                     f"{x['background']:.3f} | {x['path']:.3f} | {x['served_vs_in_process']:.3f} | "
+                     f"{x['outside_ms_in_process']} / {x['outside_ms_served']} |")
+    return lines
 
 
 MANY_STREAMS_NOTE = ("With several streams, a request's own wall time includes the batched prefill it arrives into "
@@ -472,7 +534,7 @@ def suite_speedups(rows: dict, suites) -> list[tuple[str, str, str, list[float |
     for key, row in rows.items():
         runtime, name, streams = key.split("/")
         plain = rows.get(f"{runtime}/plain/{streams}")
-        if name == "plain" or plain is None or (runtime == "in_process" and streams != "1"):
+        if name == "plain" or plain is None or runtime == BESIDE or (runtime == "in_process" and streams != "1"):
             continue
         a, b = row.get("per_suite_tokens_per_s") or {}, plain.get("per_suite_tokens_per_s") or {}
         out.append((runtime, name, streams, [a[s] / b[s] if a.get(s) and b.get(s) else None for s in suites]))
@@ -501,6 +563,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N: the in-process runs' target and drafter (the served ones follow the "
                         "config's deployments.*.device; default: cpu)")
+    p.add_argument("--no-beside-ray", dest="beside_ray", action="store_false",
+                   help="leave out the in-process runs beside the idle plain app's Ray (one stream), which part "
+                        "Ray's own background from the served request path (default: measured)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="reports/bench-served", help="output directory (default: reports/bench-served)")
 

@@ -30,7 +30,11 @@ def test_bench_served_reports_both_runtimes_and_equal_answers(model_dir, tmp_pat
     assert main(args) == 0
     report = json.loads((out / "served.json").read_text())
     keys = {f"{rt}/{cfg}/{s}" for rt in ("in_process", "served") for cfg in ("plain", "default") for s in (1, 2)}
+    keys |= {f"beside_ray/{cfg}/1" for cfg in ("plain", "default")}  # in process, the idle plain app's Ray running
     assert set(report["rows"]) == keys
+    for key, row in report["rows"].items():  # a request's time outside the engine: one stream only
+        assert (row["outside_engine_ms"] is None) == key.endswith("/2"), key
+    assert report["rows"]["served/plain/1"]["outside_engine_ms"] > 0  # HTTP, JSON, images, the client
     for key, row in report["rows"].items():
         assert row["tokens"] > 0 and row["tokens_per_s"] > 0, key
         assert row["exact"], f"{key}: answers differ from in-process plain decoding"
@@ -40,6 +44,8 @@ def test_bench_served_reports_both_runtimes_and_equal_answers(model_dir, tmp_pat
     assert sum(r["metrics"].get("draft_tokens", 0) for r in served) > 0  # the served default drafter drafted
     md = (out / "served.md").read_text()
     assert "| served | default | 1 |" in md and "Time split" in md
+    split = md.split("## Where the served time goes")[1]
+    assert "| plain |" in split and "| default |" in split, split
     per_suite = md.split("## tokens/s per suite")[1].split("## Speedup per suite")[0]
     assert all(f"| {rt} | {cfg} |" in per_suite for rt in ("in_process", "served") for cfg in ("plain", "default"))
     speedups = md.split("## Speedup per suite")[1]  # default x plain per suite, in process and served

@@ -299,7 +299,7 @@ def served(ctx: Ctx) -> dict:
     logs = tempfile.mkdtemp(prefix="specula-served-")
     args = argparse.Namespace(config=None, model=str(ctx.path), suite=list(cfg.served_suites), n=cfg.served_n,
                               max_tokens=cfg.max_tokens, concurrency=list(cfg.served_streams), num_cpus=None,
-                              threads=torch.get_num_threads(), seed=cfg.seed, out=logs)
+                              threads=torch.get_num_threads(), seed=cfg.seed, out=logs, beside_ray=True)
     try:
         r = bench_served.run(args, log=lambda *_: None)
     finally:
