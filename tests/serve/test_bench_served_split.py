@@ -47,7 +47,8 @@ def _row(tokens_per_s: float, outside: float | None = 1.0) -> dict:
 
 
 def test_served_split_parts_ray_background_from_the_request_path():
-    rows = {"in_process/plain/1": _row(200.0, 0.2), f"{BESIDE}/plain/1": _row(190.0), "served/plain/1": _row(171.0, 9.5),
+    rows = {"in_process/plain/1": _row(200.0, 0.2), f"{BESIDE}/plain/1": _row(190.0),
+            "served/plain/1": _row(171.0, 9.5),
             "in_process/default/1": _row(600.0, 0.3), f"{BESIDE}/default/1": _row(540.0),
             "served/default/1": _row(486.0, 8.0), "served/plain/8": _row(300.0, None)}
     split = {x["config"]: x for x in served_split(rows)}
