@@ -200,7 +200,10 @@ class VerifierEngine:
             except RuntimeError:  # the caller's loop is gone
                 pass
 
-        await asyncio.to_thread(self.submit, request, sink, drafter_address)
+        if self.remote is None:  # nothing in submit can block: queue it from the loop, no worker thread woken to
+            self.submit(request, sink, drafter_address)  # fight the prefill it starts for the cores and the GIL
+        else:  # describing a remote drafter waits on gRPC
+            await asyncio.to_thread(self.submit, request, sink, drafter_address)
         done = False
         try:
             while True:

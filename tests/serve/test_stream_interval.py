@@ -121,3 +121,17 @@ def test_the_http_routes_mark_only_whole_answers_without_stop_strings(model_dir,
         status, raw = asyncio.run(call())
     assert status == 200 and raw
     assert seen == [streamed]
+
+
+def test_a_verifier_without_a_remote_drafter_queues_from_the_loop_without_a_worker_thread(model_dir, request_,
+                                                                                         monkeypatch):
+    """Nothing in ``submit`` can block without a remote drafter to describe, so ``astream`` calls it on the loop: a
+    worker thread woken there would fight the prefill it starts for the cores and the GIL. The answer is the same."""
+    every_step = [t for c in _chunks(model_dir, request_, 0.0) for t in c["tokens"]]
+
+    async def no_thread(*_a, **_k):
+        raise AssertionError("astream handed submit to a worker thread")
+
+    monkeypatch.setattr(asyncio, "to_thread", no_thread)
+    chunks = _chunks(model_dir, request_, 30.0)
+    assert [t for c in chunks for t in c["tokens"]] == every_step and chunks[-1]["finished"]
