@@ -15,7 +15,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_bench_served_reports_both_runtimes_and_equal_answers(model_dir, tmp_path, monkeypatch):
+    from specula.runtime.bench import served as bench_served
     from specula.runtime.bench.served import add_arguments, main
+
+    left_running = []  # what round_robin is told to leave running for each runner, per call
+    real_round_robin = bench_served.round_robin
+
+    def spy(runners, prompts, streams, apps=None):
+        left_running.append(dict(apps or {}))
+        return real_round_robin(runners, prompts, streams, apps)
+
+    monkeypatch.setattr(bench_served, "round_robin", spy)
 
     for k, v in RAY_ENV.items():
         monkeypatch.setenv(k, v)
@@ -35,6 +45,9 @@ def test_bench_served_reports_both_runtimes_and_equal_answers(model_dir, tmp_pat
     for key, row in report["rows"].items():  # a request's time outside the engine: one stream only
         assert (row["outside_engine_ms"] is None) == key.endswith("/2"), key
     assert report["rows"]["served/plain/1"]["outside_engine_ms"] > 0  # HTTP, JSON, images, the client
+    one, two = left_running  # beside_ray runs (one stream only) keep the plain app's Ray running, not frozen
+    assert one["beside_ray/plain/1"] is one["beside_ray/default/1"] is one["served/plain/1"]
+    assert "in_process/plain/1" not in one and not any(k.startswith("beside_ray") for k in two)
     for key, row in report["rows"].items():
         assert row["tokens"] > 0 and row["tokens_per_s"] > 0, key
         assert row["exact"], f"{key}: answers differ from in-process plain decoding"

@@ -9,7 +9,7 @@ from specula.runtime.bench.served import BESIDE, Prompt, round_robin, served_spl
 
 
 class FakeApp:
-    """Records freeze calls; ``running`` is what is not frozen now."""
+    """A served app as ``round_robin`` sees it: ``frozen`` is its state now."""
 
     def __init__(self, name: str) -> None:
         self.name, self.frozen = name, False
