@@ -150,6 +150,10 @@ def test_markdown_tables_plots_and_claim_lines(report):
              for s in ("vqa", "text")]
     assert "| runtime | config | streams | vqa | text |" in md
     assert f"| served | default | 1 | {ratio[0]:.2f}x | {ratio[1]:.2f}x |" in md
+    main = r["sections"]["main"]["configs"]  # each drafter's draft time per block against this run's T_decode
+    t_decode = 1000 * main["plain"]["all"]["time_split_s"]["verify"] / main["plain"]["all"]["blocks"]
+    lm = main["text_lm"]["all"]["draft_ms_per_block"]
+    assert f"({t_decode:.2f} ms)" in md and f"| {lm:.3f} | {lm / t_decode:.2f} |" in md
     bg = sv["beside_ray/plain/1"]["tokens_per_s"] / sv["in_process/plain/1"]["tokens_per_s"]  # Ray's background
     assert f"| plain | {sv['in_process/plain/1']['tokens_per_s']} |" in md and f"| {bg:.3f} |" in md
     for paper in ("msd", "flash", "aasd", "massv", "ibed"):

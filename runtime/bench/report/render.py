@@ -101,11 +101,16 @@ def render_markdown(r: dict) -> str:
             lines += [f"- {n}: " + ", ".join(_f(a) for a in c["all"]["alpha"]) for n, c in sec["configs"].items()
                       if c["all"]["alpha"]]
             lines += ["", "### time split (seconds, all prompts)", ""]
+            t_decode = t_decode_ms(sec)
             lines += ["Draft: the drafter's time, its prefill of each prompt included; draft ms / block: the drafting "
-                      "of blocks alone; prefill ms / request: the drafter's prefill of each prompt.", ""]
-            lines += _table(["config", "draft", "verify", "other", "draft ms / block", "prefill ms / request"],
+                      "of blocks alone; / T_decode: over plain decoding's target time per step in this run"
+                      + (f" ({t_decode:.2f} ms)" if t_decode else "") + "; prefill ms / request: the drafter's "
+                      "prefill of each prompt.", ""]
+            lines += _table(["config", "draft", "verify", "other", "draft ms / block", "draft / T_decode",
+                             "prefill ms / request"],
                             [[n, *(_f(c["all"]["time_split_s"][k], 3) for k in ("draft", "verify", "other")),
                               _f(c["all"]["draft_ms_per_block"], 3),
+                              _f(c["all"]["draft_ms_per_block"] / t_decode if t_decode and n != "plain" else None),
                               _f(c["all"].get("draft_begin_ms_per_request"), 3)]
                              for n, c in sec["configs"].items()])
     lines += ["", f"## {len(TITLES) + 1}. {RELIABILITY_TITLE}", "", *_reliability_md(S.get("reliability"))]
@@ -114,6 +119,13 @@ def render_markdown(r: dict) -> str:
     if r.get("plot_errors"):
         lines += ["", "Plots that could not be drawn:", ""] + [f"- {e}" for e in r["plot_errors"]]
     return "\n".join(lines) + "\n"
+
+
+def t_decode_ms(sec: dict) -> float | None:
+    """Plain decoding's target time per step in the main section's run (ms): its verify time over its steps."""
+    plain = (sec.get("configs") or {}).get("plain", {}).get("all") or {}
+    steps, verify = plain.get("blocks"), (plain.get("time_split_s") or {}).get("verify")
+    return 1000 * verify / steps if steps and verify else None
 
 
 def _gamma_md(sec, r):
