@@ -186,7 +186,7 @@ class AasdDrafter:
             out = self.head(t, p, mask, self._kv.cache, self._int8)[sel, 0]  # [Bc, H]
             self._kv.extend_valid(torch.zeros(b, 1, dtype=torch.bool, device=dev))  # never valid
             assert self._kv.seq_len == s + 1
-            logits = self.head.logits(out)  # [Bc, V] fp32
+            logits = self.head.logits(out, self._int8)  # [Bc, V] fp32
             if self.image_token_id is not None:
                 logits[:, self.image_token_id] = float("-inf")
             tok = logits.argmax(-1)  # [Bc] greedy rows

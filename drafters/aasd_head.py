@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specula.drafters import lean_llama
+from specula.drafters import int8_weights, lean_llama
 from specula.drafters.eagle_head import EagleConfig, _load_head
 
 
@@ -127,10 +127,12 @@ class AasdHead(nn.Module):
         emb, p = self._need()[0], self.norm.weight
         return emb(ids.to(emb.weight.device)).to(p.device, p.dtype)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Features [.., H] -> fp32 logits [.., V] through the target's lm_head, on the head's device."""
+    def logits(self, h: torch.Tensor, int8: bool = False) -> torch.Tensor:
+        """Features [.., H] -> fp32 logits [.., V] through the target's lm_head, on the head's device (``int8``: over
+        an int8 copy of its weight, as ``EagleHead.logits``)."""
         head = self._need()[1]
-        return head(h.to(head.weight.device, head.weight.dtype)).float().to(self.norm.weight.device)
+        x = h.to(head.weight.device, head.weight.dtype)
+        return (int8_weights.linear(head, x) if int8 else head(x)).float().to(self.norm.weight.device)
 
     @torch.no_grad()
     def init_from_target(self, model) -> AasdHead:

@@ -370,7 +370,8 @@ class EagleDrafter:
 
                 def rank(k: int, a=a, toks=toks, temp=temp) -> tuple[float, list[tuple[int, float]]]:
                     if k not in a.ranked:
-                        a.ranked[k] = node_rank(self.head.logits(a.src[k]), toks[a.path[k]], temp, self.image_token_id)
+                        a.ranked[k] = node_rank(self.head.logits(a.src[k], self._int8), toks[a.path[k]], temp,
+                                                self.image_token_id)
                     return a.ranked[k]
 
                 best = best_outcome(rank, top, a.branches) if top >= 0 else None
@@ -468,7 +469,7 @@ class EagleDrafter:
             raise ValueError(f"{self.KIND}.root_logits: a row's proposal was not observed")
         index = {rid: i for i, rid in enumerate(self._rows)}
         self._feed_tails([r for r in rows if r.tail_x], [index[r] for r in request_ids if self._rows[r].tail_x])
-        return self.head.logits(torch.stack([r.root for r in rows]))
+        return self.head.logits(torch.stack([r.root for r in rows]), self._int8)
 
     # ------------------------------------------------------------------------------------------------ internals
 
@@ -536,7 +537,7 @@ class EagleDrafter:
                 if cols:
                     anc[j, lane, torch.tensor(cols, dtype=torch.long, device=dev) - start] = True  # its chain
         out = self._feed_draft(sel, nxt, hid, pos, anc, ok, start)  # [Bc, W, H]
-        logits = self.head.logits(out)  # [Bc, W, V] fp32
+        logits = self.head.logits(out, self._int8)  # [Bc, W, V] fp32
         if self.image_token_id is not None:
             logits[..., self.image_token_id] = float("-inf")
         drawn = []
@@ -640,7 +641,7 @@ class EagleDrafter:
         n_nodes, n_q = 0, 0
         fed_nodes, fed_cols = [], []  # per fed level: frontier node indices [Bc, k] and their columns [Bc, k]
         for level in range(1, depth + 1):
-            logits = self.head.logits(f_out)  # [Bc, W, V] fp32
+            logits = self.head.logits(f_out, self._int8)  # [Bc, W, V] fp32
             w = logits.shape[1]
             if self.image_token_id is not None:
                 logits[..., self.image_token_id] = float("-inf")

@@ -31,7 +31,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from specula.drafters import lean_llama
+from specula.drafters import int8_weights, lean_llama
 
 WEIGHTS = "eagle.safetensors"
 CONFIG = "eagle_config.json"
@@ -166,10 +166,12 @@ class EagleHead(nn.Module):
         p = self.fc.weight
         return emb(ids.to(emb.weight.device)).to(p.device, p.dtype)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Predicted features [.., H] -> fp32 logits [.., V] through the target's lm_head, on the head's device."""
+    def logits(self, h: torch.Tensor, int8: bool = False) -> torch.Tensor:
+        """Predicted features [.., H] -> fp32 logits [.., V] through the target's lm_head, on the head's device
+        (``int8``: over an int8 copy of the lm_head's weight, ``int8_weights.linear``; the target's own is untouched)."""
         head = self._need()[1]
-        return head(h.to(head.weight.device, head.weight.dtype)).float().to(self.fc.weight.device)
+        x = h.to(head.weight.device, head.weight.dtype)
+        return (int8_weights.linear(head, x) if int8 else head(x)).float().to(self.fc.weight.device)
 
     # ---- forward --------------------------------------------------------------------------------------------
 
@@ -182,12 +184,14 @@ class EagleHead(nn.Module):
         ``cache``: a ``DynamicCache`` with one layer to append to, or None (training: whole sequences).
         ``int8``: a lean step's layer over int8 weights (``lean_llama.packed``).
         """
-        return self.decode(self.pair_inputs(next_ids, hidden), position_ids, attention_mask, cache, int8)
+        return self.decode(self.pair_inputs(next_ids, hidden, int8), position_ids, attention_mask, cache, int8)
 
-    def pair_inputs(self, next_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """f_i = fc(concat(e(x_{i+1}), h_i)): next_ids [B, T] int64, hidden [B, T, H] -> [B, T, H]."""
+    def pair_inputs(self, next_ids: torch.Tensor, hidden: torch.Tensor, int8: bool = False) -> torch.Tensor:
+        """f_i = fc(concat(e(x_{i+1}), h_i)): next_ids [B, T] int64, hidden [B, T, H] -> [B, T, H] (``int8``: fc over
+        an int8 copy of its weight)."""
         p = self.fc.weight
-        return self.fc(torch.cat([self.embed(next_ids), hidden.to(p.device, p.dtype)], dim=-1))
+        x = torch.cat([self.embed(next_ids), hidden.to(p.device, p.dtype)], dim=-1)  # [B, T, 2H]
+        return int8_weights.linear(self.fc, x) if int8 else self.fc(x)
 
     def decode(self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                cache=None, int8: bool = False) -> torch.Tensor:

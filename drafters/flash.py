@@ -122,7 +122,8 @@ class FlashDrafter(EagleDrafter):
         seqs = []
         for c in contexts:
             nxt = torch.cat([c.prompt_ids[1:].cpu(), torch.tensor([int(c.first_token)])])  # [L] x_{i+1}
-            pairs = self.head.pair_inputs(nxt[None], c.hidden[None].to(self.device, self.dtype))[0]  # [L, H]
+            hid = c.hidden[None].to(self.device, self.dtype)  # [1, L, H]
+            pairs = self.head.pair_inputs(nxt[None], hid, self._int8)[0]  # [L, H]
             lay = layout(c.prompt_ids, self.image_token_id, cfg.image_tokens, cfg.visual_tokens)
             comp = self.head.compress_images(self._images(c)) if lay.image_slot.numel() else None  # [sum m_img, H]
             seqs.append(draft_inputs(self.head, pairs, comp, lay))  # [L', H]
@@ -163,7 +164,7 @@ class FlashDrafter(EagleDrafter):
         while sum(t.shape[1] for t in toks) < gamma:
             n = min(self.k, gamma - sum(t.shape[1] for t in toks))
             feats = self.head.expand(o)[:, :n]  # [Bc, n, H] h^ for the next n tokens
-            logits = self.head.logits(feats)  # [Bc, n, V] fp32
+            logits = self.head.logits(feats, self._int8)  # [Bc, n, V] fp32
             if self.image_token_id is not None:
                 logits[..., self.image_token_id] = float("-inf")
             tok = logits.argmax(-1)  # [Bc, n] greedy rows
@@ -210,4 +211,4 @@ class FlashDrafter(EagleDrafter):
             raise ValueError("flash.root_logits: a row's proposal was not observed")
         index = {rid: i for i, rid in enumerate(self._rows)}
         self._feed_tails([r for r in rows if r.tail_x], [index[r] for r in request_ids if self._rows[r].tail_x])
-        return self.head.logits(self.head.expand(torch.stack([r.root for r in rows]))[:, 0])
+        return self.head.logits(self.head.expand(torch.stack([r.root for r in rows]))[:, 0], self._int8)

@@ -23,13 +23,17 @@ derived from them and rebuilt when they change (``packed`` in ``lean_llama``).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+from torch import nn
 
 MODES = ("auto", "int8", "none")
 K_MULTIPLE = 16  # the kernel's inner dimension must be a multiple of this (others crash the process on CPU)
+# nn.Linear -> (key of the weight it was quantized from, its Int8Weight): ``linear``'s copies, never on the module
+_HELD: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Int8Weight]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,24 @@ class Int8Weight:
         lead, k = x.shape[:-1], x.shape[-1]
         y = torch._weight_int8pack_mm(x.reshape(-1, k).to(torch.bfloat16), self.weight, self.scales)  # [M, N] bf16
         return y.to(x.dtype).reshape(*lead, self.weight.shape[0])
+
+
+def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` over an int8 copy of its weight (plus its float bias): x [..., K] -> [..., N] in x's dtype.
+
+    The copy is made on first use and again when the weight is replaced, moved or changed in place; it is kept in a
+    side table (weakly keyed by the module), so a module shared with the target (the lm_head an EAGLE-style head
+    reads) is left as it is. A weight the kernel does not take (``fits``) is multiplied as it is."""
+    w = module.weight
+    if not fits(w):
+        return module(x)
+    key = (w.data_ptr(), w._version, w.device)
+    held = _HELD.get(module)
+    if held is None or held[0] != key:
+        held = (key, quantize(w))
+        _HELD[module] = held
+    y = held[1](x)  # [..., N]
+    return y if module.bias is None else y + module.bias
 
 
 def fits(weight: torch.Tensor) -> bool:

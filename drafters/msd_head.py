@@ -59,7 +59,7 @@ class MsdHead(EagleHead):
         """``EagleHead.forward`` plus: visual [B, T, H] the target's input embedding of x_i at each pair (only read
         where visual_mask [B, T] bool, True where x_i is a visual token); ``decoupled`` (default: the config's)
         False ignores them. Returns [B, T, H]."""
-        x = self.pair_inputs(next_ids, hidden)  # [B, T, H]
+        x = self.pair_inputs(next_ids, hidden, int8)  # [B, T, H]
         dec = self.config.decoupled if decoupled is None else decoupled
         if dec and visual_mask is not None:
             m = visual_mask.to(x.device)[..., None]  # [B, T, 1]
