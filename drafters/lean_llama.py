@@ -107,9 +107,12 @@ class PackedLayer:
 
 
 def _weights(layer) -> tuple:
-    attn, mlp = layer.self_attn, layer.mlp
-    return (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight, mlp.gate_proj.weight,
-            mlp.up_proj.weight, mlp.down_proj.weight)
+    """The layer's seven linear weights, read from the modules' own tables (``nn.Module.__getattr__`` costs a Python
+    call per name, and ``packed`` reads these at every step)."""
+    mods = layer._modules
+    attn, mlp = mods["self_attn"]._modules, mods["mlp"]._modules
+    return tuple(m._parameters["weight"] for m in (attn["q_proj"], attn["k_proj"], attn["v_proj"], attn["o_proj"],
+                                                  mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]))
 
 
 def int8_drafting(quantize_mode: str, device, layers, who: str) -> bool:
@@ -203,8 +206,18 @@ def layer_step(layer, rotary, x: torch.Tensor, mask: torch.Tensor | None, pos: t
     """One decoder layer with its own rotary embedding (the feature heads: eagle, msd, flash, aasd) through the lean
     path when it applies: no grad, a cache to append to (layer 0), a boolean mask and a ``supported`` config.
     Returns [B, T, H], or None when the caller must run the stock layer (training, eager attention, no mask)."""
-    if (torch.is_grad_enabled() or cache is None or mask is None or mask.dtype != torch.bool
-            or not supported(layer.self_attn.config)):
+    if torch.is_grad_enabled() or cache is None or mask is None or mask.dtype != torch.bool or not _lean_ok(layer):
         return None
     cos, sin = rope_tables(rotary, pos, x.dtype)
     return decoder_layer(layer, x, mask, cos, sin, cache, layer.self_attn.layer_idx, int8)
+
+
+def _lean_ok(layer) -> bool:
+    """``supported`` for the layer's config, kept on the layer (a plain attribute, never saved) while the layer
+    keeps that config object: reading an HF config's fields costs microseconds each, at every step."""
+    cfg = layer.self_attn.config
+    held = getattr(layer, "_specula_lean", None)
+    if held is None or held[0] is not cfg:
+        held = (cfg, supported(cfg))
+        layer._specula_lean = held
+    return held[1]
