@@ -623,6 +623,8 @@ class EagleDrafter:
         [Bc, N] int64 (CPU), q [Bc, N, V] fp32 or None, counts per row, the last frontier's head outputs
         [Bc, W, H], and ``fed(b, path)`` -> (the draft column each node of ``path`` but the last was fed at, the
         head outputs [len(path), H] its nodes were drawn from), for drafting ahead along a path of row b's tree."""
+        if k == 1 and budget >= depth:  # a chain: every node is kept and every fed column is an ancestor
+            return self._grow_chain(rows, sel, depth)
         dev, bc = self.device, len(rows)
         greedy = torch.tensor([r.temperature == 0 for r in rows], device=dev)  # [Bc] bool
         temps = torch.tensor([r.temperature or 1.0 for r in rows], device=dev)[:, None, None]  # [Bc, 1, 1]
@@ -721,6 +723,64 @@ class EagleDrafter:
             return node_col[b, old[:-1]].tolist(), h_in[b, old].clone()  # [len(path), H]
 
         return tok, par, q, counts, f_out, fed
+
+
+    def _grow_chain(self, rows: list[_Row], sel: torch.Tensor, depth: int):
+        """``_grow`` for one child per node with room for all ``depth`` of them (a chain): the same tokens, q, draws
+        and results, without the tree's bookkeeping (scores, reranking, compaction, ancestor sets). A row's chain
+        ends after a stop token or a draw with no mass left; every column it fed is an ancestor of its next node."""
+        dev, bc = self.device, len(rows)
+        greedy = torch.tensor([r.temperature == 0 for r in rows], device=dev)  # [Bc] bool
+        sampled_ids = [i for i, r in enumerate(rows) if r.temperature > 0]
+        temps = torch.tensor([r.temperature or 1.0 for r in rows], device=dev)[:, None, None] if sampled_ids else None
+        draft_start = self._kv.seq_len
+        out = torch.stack([r.root for r in rows])[:, None]  # [Bc, 1, H] the head output the next node is drawn from
+        alive = torch.ones(bc, 1, dtype=torch.bool, device=dev)  # [Bc, 1] rows whose chain still grows
+        anc = torch.ones(bc, 1, max(depth - 1, 0), dtype=torch.bool, device=dev)  # [Bc, 1, D] every fed column
+        toks, oks, hins, qs = [], [], [], []
+        for level in range(1, depth + 1):
+            logits = self.head.logits(out, self._int8)  # [Bc, 1, V] fp32
+            if self.image_token_id is not None:
+                logits[..., self.image_token_id] = float("-inf")
+            kids = logits.topk(1, dim=-1).indices[..., 0]  # [Bc, 1] greedy rows: the argmax
+            if sampled_ids:
+                probs = (logits / temps).softmax(-1)  # [Bc, 1, V] the law sampled rows draw from
+                qs.append(probs)
+                active = [i for i in sampled_ids if bool(alive[i, 0])]  # a row draws only while its chain grows
+                if active:
+                    a = torch.tensor(active, device=dev)
+                    drawn = sample_without_replacement(probs[a], 1, [rows[i].generator for i in active])
+                    kids[a] = drawn[..., 0].to(dev)  # [Ba, 1], -1 = no mass left
+            ok = alive & (kids >= 0)  # [Bc, 1]
+            kids = kids.clamp_min(0)
+            toks.append(kids)
+            oks.append(ok)
+            hins.append(out)
+            if level == depth:
+                break
+            alive = ok & ~torch.isin(kids, self.stop_ids)  # a stop token gets no children
+            if not bool(alive.any()):
+                break
+            pos = torch.tensor([r.next_pos + level - 1 for r in rows], device=dev)  # level-l nodes: next_pos + l - 1
+            out = self._feed_draft(sel, kids, out, pos, anc, alive, draft_start)  # [Bc, 1, H]
+        ok = torch.cat(oks, 1)  # [Bc, M] a prefix per row
+        counts = ok.sum(1).tolist()
+        n = max(max(counts), 1)
+        live = torch.arange(n, device=dev)[None, :] < torch.tensor(counts, device=dev)[:, None]  # [Bc, N]
+        tokens = torch.cat(toks, 1)[:, :n]  # [Bc, N]
+        tok = torch.where(live, tokens, 0).cpu()
+        par = torch.where(live, torch.arange(-1, n - 1, device=dev)[None, :], -1).cpu()  # node i's parent: i - 1
+        q = None
+        if qs:
+            q = torch.cat(qs, 1)[:, :n]  # [Bc, N, V] node i drawn from level i's law
+            one_hot = torch.nn.functional.one_hot(tokens, self.vocab_size).to(q.dtype)
+            q = torch.where(greedy[:, None, None], one_hot, q)
+        h_in = torch.cat(hins, 1)  # [Bc, M, H] the head output each node was drawn from
+
+        def fed(b: int, path: list[int]) -> tuple[list[int], torch.Tensor]:
+            return [draft_start + i for i in path[:-1]], h_in[b, path].clone()  # [len(path), H]
+
+        return tok, par, q, counts, out, fed
 
 
 def _lane_open(a: _Ahead, key: tuple[int, int] | None) -> bool:

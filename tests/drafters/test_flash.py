@@ -202,7 +202,7 @@ def test_images_are_compressed_to_m_latent_tokens(kit):
         assert d._rows[c.request_id].next_pos == len(c.prompt_ids) - n_img * (144 - M)
         lay = layout(c.prompt_ids, image, 144, M)
         nxt = torch.cat([c.prompt_ids[1:], torch.tensor([7])])
-        pairs = head.pair_inputs(nxt[None], c.hidden[None])[0]
+        pairs = head.pair_inputs(nxt[None], c.hidden[None], d._int8)[0]  # the drafter's own fc weights
         torch.testing.assert_close(x[b, lay.text_slot], pairs[lay.text_pos])
         if n_img:
             torch.testing.assert_close(x[b, lay.image_slot.flatten()], head.compress(c.visual).reshape(-1, 64))

@@ -177,7 +177,7 @@ def test_decoupling_changes_the_inputs_at_visual_positions(kit):
             for b, c in enumerate(ctx):
                 n = len(c.prompt_ids)
                 nxt = torch.cat([c.prompt_ids[1:], torch.tensor([c.first_token])])
-                fc = kit["random"].pair_inputs(nxt[None], c.hidden[None])[0]  # [L, H] eagle's input
+                fc = kit["random"].pair_inputs(nxt[None], c.hidden[None], d._int8)[0]  # [L, H] eagle's input
                 img = c.prompt_ids == image
                 if decoupled and img.any():
                     assert torch.equal(x[b, :n][img], c.visual.reshape(-1, H))  # the raw embeddings, in order
