@@ -625,6 +625,10 @@ class EagleDrafter:
         head outputs [len(path), H] its nodes were drawn from), for drafting ahead along a path of row b's tree."""
         if k == 1 and budget >= depth:  # a chain: every node is kept and every fed column is an ancestor
             return self._grow_chain(rows, sel, depth)
+        return self._grow_tree(rows, sel, k, depth, budget)
+
+    def _grow_tree(self, rows: list[_Row], sel: torch.Tensor, k: int, depth: int, budget: int):
+        """``_grow`` for any tree (module docstring: levels, reranking, the sampled rows' budget)."""
         dev, bc = self.device, len(rows)
         greedy = torch.tensor([r.temperature == 0 for r in rows], device=dev)  # [Bc] bool
         temps = torch.tensor([r.temperature or 1.0 for r in rows], device=dev)[:, None, None]  # [Bc, 1, 1]

@@ -80,12 +80,12 @@ def _rope_direct(rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.T
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     """``LlamaRMSNorm.forward``: x [..., H]. In fp32, torch's one-op ``rms_norm`` computes exactly that (the same
     fp32 ops; tests compare against the stock module); other dtypes go HF's way (normalise in fp32, round, scale)."""
-    dtype = x.dtype
-    if dtype == torch.float32 and norm.weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    dtype, weight = x.dtype, norm._parameters["weight"]
+    if dtype == torch.float32 and weight.dtype == torch.float32:
+        return torch.rms_norm(x, (x.shape[-1],), weight, norm.variance_epsilon)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(dtype)
+    return weight * h.to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -167,12 +167,14 @@ def decoder_layer(layer, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
     h = rms_norm(layer.input_layernorm, x)
     if p is None:
         q, k, v = F.linear(h, attn.q_proj.weight), F.linear(h, attn.k_proj.weight), F.linear(h, attn.v_proj.weight)
-    else:
-        q, k, v = p.qkv(h).split(p.split, dim=-1)  # [B, T, nh * D], [B, T, nkv * D] x 2
-    q = q.reshape(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
-    k = k.reshape(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
+        q = q.reshape(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
+        k = k.reshape(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    else:  # q and k sit side by side in the fused product: rotated in one pass (the same per-element math)
+        qk, v = p.qkv(h).split((p.split[0] + p.split[1], p.split[2]), dim=-1)  # [B, T, (nh + nkv) * D], [.., nkv * D]
+        qk = _rotate(qk.reshape(b, t, -1, d).transpose(1, 2), cos, sin)  # [B, nh + nkv, T, D]
+        q, k = qk.split((p.split[0] // d, p.split[1] // d), dim=1)  # [B, nh, T, D], [B, nkv, T, D]
     v = v.reshape(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
-    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     if cache is not None:
         k, v = cache.update(k, v, layer_idx)  # [B, nkv, S + T, D]
     gqa = q.shape[1] != k.shape[1]
@@ -196,7 +198,10 @@ def model_forward(body, mask: torch.Tensor, pos: torch.Tensor, cache, input_ids:
     """
     x = body.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [B, T, H]
     cos, sin = rope_tables(body.rotary_emb, pos, x.dtype)
-    for i, layer in enumerate(body.layers[: body.config.num_hidden_layers]):
+    n = body.config.num_hidden_layers
+    for i, layer in enumerate(body.layers._modules.values()):  # (slicing a ModuleList builds a new module per call)
+        if i == n:
+            break
         x = decoder_layer(layer, x, mask, cos, sin, cache, i, int8)
     return rms_norm(body.norm, x)
 

@@ -168,6 +168,52 @@ def test_a_stop_token_gets_no_children(kit):
         assert_equals_plain(SpecEngine(bigram, d, gamma=4, eos_token_ids=eos(kit)), reqs, ref, 2)
 
 
+def test_a_chain_drafts_what_the_tree_code_draws_with_one_child(kit):
+    """Chains skip the tree's bookkeeping (``_grow_chain``) and propose exactly what the tree code (``_grow_tree``,
+    top_k 1) proposes: the same tokens, counts, q and draws for sampled and greedy rows, chains cut by stop tokens,
+    and the same state for drafting ahead (columns, path, head outputs), through joins, plain steps and compaction."""
+    model = kit["ctx"]
+    reqs = mixed_requests(kit, 9, 3)
+    probe_target = load_target(model)
+    _, hidden = _prefilled(kit, probe_target, 2)
+    probe = drafter(kit, "random", probe_target, stop_token_ids=[])
+    probe.begin([DraftContext(f"r{i}", reqs[i].input_ids, first_token=7, hidden=hidden[f"r{i}"]) for i in (0, 1)])
+    stops = sorted(set(probe.propose(["r0", "r1"], gamma=4).tokens[:, 1:3].flatten().tolist()))  # drafted often
+    runs = {}
+    for path in ("chain", "tree"):
+        target = load_target(model)
+        d = drafter(kit, "random", target, stop_token_ids=stops, kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+        used = []
+        if path == "tree":
+            d._grow_chain = lambda rows, sel, depth, d=d: used.append(1) or d._grow_tree(rows, sel, 1, depth, depth)
+        else:
+            chain = d._grow_chain
+            d._grow_chain = lambda rows, sel, depth: used.append(1) or chain(rows, sel, depth)
+        seen, propose = [], d.propose
+
+        def record(ids, gamma, d=d, seen=seen, propose=propose):
+            p = propose(ids, gamma)
+            ahead = [(a.cols, a.path, a.out, a.src) for a in (d._rows[r].ahead for r in ids) if a is not None]
+            seen.append((p, ahead))
+            return p
+
+        d.propose = record
+        churn(target, d, d, reqs, gamma=4, plain_steps=(3, 6))
+        runs[path] = (seen, len(used))
+    (chain, n_chain), (tree, n_tree) = runs["chain"], runs["tree"]
+    assert len(chain) == len(tree) == n_chain == n_tree > 5
+    for (a, ahead_a), (b, ahead_b) in zip(chain, tree):
+        assert a.request_ids == b.request_ids and a.counts == b.counts and torch.equal(a.tokens, b.tokens)
+        assert a.parents is None and b.parents is None
+        assert (a.q is None) == (b.q is None) and (a.q is None or torch.equal(a.q, b.q))
+        assert len(ahead_a) == len(ahead_b)
+        for (cols, path, out, src), (cols_b, path_b, out_b, src_b) in zip(ahead_a, ahead_b):
+            assert cols == cols_b and path == path_b and torch.equal(out, out_b)
+            assert len(src) == len(src_b) and all(torch.equal(x, y) for x, y in zip(src, src_b))
+    assert any(c < 4 for p, _ in chain for c in p.counts)  # a stop token ended some chain
+    assert any(p.q is not None for p, _ in chain) and any(ahead for _, ahead in chain)
+
+
 def test_tree_shapes_for_greedy_and_sampled_rows(kit):
     target = load_target(kit["ctx"])
     d = drafter(kit, "random", target, structure="tree", top_k=3, depth=4, total_tokens=10)

@@ -116,13 +116,17 @@ def shipped():
 
 
 @pytest.mark.parametrize("kind", ["text_lm", "massv", "eagle", "flash"])
-def test_shipped_drafters_draft_as_well_with_int8_weights_and_the_output_is_unchanged(shipped, kind):
+def test_shipped_drafters_draft_as_well_with_int8_weights_and_the_output_is_unchanged(shipped, kind, monkeypatch):
     """On the embedded target and its trained drafters: greedy output equal to plain decoding with either weights, and
-    the int8 drafter's drafts accepted about as often (measured: the same tau on captions)."""
+    the int8 drafter's drafts accepted about as often (measured: the same tau on captions). EAGLE-style heads also
+    read their fc and the target's lm_head through int8 copies then (``int8_weights.linear``), and only then."""
     from specula.runtime.core.sampling import SamplingParams
     from specula.runtime.engine.loop import SpecEngine
     from specula.runtime.engine.prompts import eos_ids
 
+    products = []
+    linear = int8_weights.linear
+    monkeypatch.setattr(int8_weights, "linear", lambda m, x: products.append(m) or linear(m, x))
     target, processor, prompts = shipped
     eos = eos_ids(processor.tokenizer, target)
     params = SamplingParams(temperature=0.0, max_tokens=32)
@@ -134,12 +138,16 @@ def test_shipped_drafters_draft_as_well_with_int8_weights_and_the_output_is_unch
         assert d._int8 is (mode == "int8")
         eng = SpecEngine(target, d, gamma=5, eos_token_ids=eos)
         blocks = tokens = 0
+        products.clear()
         for _, pid, p in prompts:
             r = next(iter(eng.generate([p.request(pid, params)]).values()))
             assert r.tokens == want[pid]  # lossless with either weights
             blocks += r.metrics.blocks
             tokens += len(r.tokens)
         tau[mode] = tokens / blocks
+        if kind in ("eagle", "flash"):  # the heads' float products went through int8 copies iff int8
+            lm_head = target.model.get_output_embeddings()
+            assert ({id(m) for m in products} == {id(d.head.fc), id(lm_head)}) is (mode == "int8")
         layers = list(d._body.layers) if hasattr(d, "_body") else [d.head.layer]  # freshly loaded for this mode
         assert all(hasattr(layer, "_specula_int8") for layer in layers) is (mode == "int8")  # drafted through them
     assert tau["int8"] >= 0.9 * tau["none"], tau
@@ -176,3 +184,29 @@ def test_the_caption_member_captions_over_int8_weights_and_says_about_the_same(s
     assert all(hasattr(layer, "_specula_int8") for layer in model.lm.model.layers)
     same = sum(a == b for x, y in zip(fp32, int8) for a, b in zip(x, y))
     assert len(int8) == len(fp32) and same >= 0.8 * sum(len(x) for x in fp32), (fp32, int8)
+
+
+def test_a_linear_reads_a_kept_int8_copy_made_again_when_its_weight_changes():
+    """``int8_weights.linear``: close to the float product (bias included) and really quantized; the copy is kept
+    between calls outside the module (the target's lm_head stays as it is) and made again when the weight changes
+    in place or is replaced; a weight the kernel does not take is multiplied as it is."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 24)
+    keys = set(lin.state_dict())
+    x = torch.randn(3, 5, 32)  # [B, T, K]
+    with torch.no_grad():
+        got, want = int8_weights.linear(lin, x), lin(x)  # [B, T, N]
+        assert got.shape == want.shape and 0 < float((got - want).norm() / want.norm()) < 0.02
+        held = int8_weights._HELD[lin][1]
+        int8_weights.linear(lin, x)
+        assert int8_weights._HELD[lin][1] is held  # kept between steps
+        assert set(lin.state_dict()) == keys and not [k for k in vars(lin) if "int8" in k or "held" in k]
+        lin.weight.mul_(2.0)  # changed in place: a new copy, scaled
+        int8_weights.linear(lin, x)
+        torch.testing.assert_close(int8_weights._HELD[lin][1].scales.float(), 2 * held.scales.float(), rtol=1e-2,
+                                   atol=0)
+        lin.weight = torch.nn.Parameter(torch.zeros(24, 32))  # replaced: only the bias is left
+        torch.testing.assert_close(int8_weights.linear(lin, x), lin.bias.expand(3, 5, 24))
+        odd = torch.nn.Linear(40, 8)
+        y = torch.randn(2, 40)
+        assert torch.equal(int8_weights.linear(odd, y), odd(y)) and odd not in int8_weights._HELD
