@@ -56,7 +56,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specula.drafters import lean_llama, stopping
+from specula.drafters import int8_weights, lean_llama, stopping
 from specula.drafters.outcomes import best_outcome, node_rank
 from specula.drafters.protocol import DraftContext, DrafterSpec, Proposal, Verdict
 from specula.drafters.registration import register
@@ -208,9 +208,11 @@ class TextLMDrafter:
             raise ValueError(f"text_lm: attention {self._attn!r} cannot take custom masks; use 'sdpa' or 'eager'")
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        # the head stays as it is: quantized it cost about 3% of acceptance on captions for ~2% of draft time
+        # int8 drafting covers the head too: read after the layers' weights and cache, it comes back from memory at
+        # every step (measured in situ: 55-90 us per fp32 call against 16 us warm); int8 it cut draft time per
+        # block by 13% on captions, reasoning and VQA for 3% of text_lm's tau (massv's unchanged), a net gain
         self._int8 = self._lean and lean_llama.int8_drafting(quantize, self.device, self._body.layers, "text_lm")
-        self._head = head if self.vocab.identity else _VocabHead(head, self.vocab)
+        self._head = head if self.vocab.identity and not self._int8 else _VocabHead(head, self.vocab, self._int8)
         self._kv = BatchedKV(lambda: _full_cache(cfg), kv_policy or KVPolicy())
         self._rows: dict[str, _Row] = {}  # insertion order == row order of self._kv
         self._seeder = torch.Generator().manual_seed(seed)  # for requests without a seed
@@ -816,14 +818,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 class _VocabHead(nn.Module):
     """The drafter's LM head, its logits put on the target's vocabulary: ids >= ``shared`` are -inf (q = 0 there)
-    and the width is the target's, padded with -inf or cut. hidden [..., H] -> logits [..., V] fp32."""
+    and the width is the target's, padded with -inf or cut. hidden [..., H] -> logits [..., V] fp32. ``int8``: the
+    head's product over an int8 copy of its weight (``int8_weights.linear``)."""
 
-    def __init__(self, head: nn.Module, vocab: VocabMap):
+    def __init__(self, head: nn.Module, vocab: VocabMap, int8: bool = False):
         super().__init__()
-        self.head, self.vocab = head, vocab
+        self.head, self.vocab, self.int8 = head, vocab, int8
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head(hidden)[..., : self.vocab.shared].float()  # [..., shared]
+        raw = int8_weights.linear(self.head, hidden) if self.int8 else self.head(hidden)  # [..., V_drafter]
+        if self.vocab.identity:
+            return raw
+        logits = raw[..., : self.vocab.shared].float()  # [..., shared]
         pad = logits.new_full((*logits.shape[:-1], self.vocab.width - self.vocab.shared), float("-inf"))
         return torch.cat([logits, pad], dim=-1)  # [..., V]
 

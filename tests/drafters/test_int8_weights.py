@@ -118,8 +118,9 @@ def shipped():
 @pytest.mark.parametrize("kind", ["text_lm", "massv", "eagle", "flash"])
 def test_shipped_drafters_draft_as_well_with_int8_weights_and_the_output_is_unchanged(shipped, kind, monkeypatch):
     """On the embedded target and its trained drafters: greedy output equal to plain decoding with either weights, and
-    the int8 drafter's drafts accepted about as often (measured: the same tau on captions). EAGLE-style heads also
-    read their fc and the target's lm_head through int8 copies then (``int8_weights.linear``), and only then."""
+    the int8 drafter's drafts accepted about as often (measured: the same tau on captions). Their heads' products
+    (an EAGLE-style head's fc and the target's lm_head it reads; a text LM's own head) go through int8 copies then
+    (``int8_weights.linear``), and only then."""
     from specula.runtime.core.sampling import SamplingParams
     from specula.runtime.engine.loop import SpecEngine
     from specula.runtime.engine.prompts import eos_ids
@@ -148,6 +149,9 @@ def test_shipped_drafters_draft_as_well_with_int8_weights_and_the_output_is_unch
         if kind in ("eagle", "flash"):  # the heads' float products went through int8 copies iff int8
             lm_head = target.model.get_output_embeddings()
             assert ({id(m) for m in products} == {id(d.head.fc), id(lm_head)}) is (mode == "int8")
+        else:  # the drafter's own LM head, likewise
+            head = getattr(d._head, "head", d._head)
+            assert ({id(m) for m in products} == {id(head)}) is (mode == "int8")
         layers = list(d._body.layers) if hasattr(d, "_body") else [d.head.layer]  # freshly loaded for this mode
         assert all(hasattr(layer, "_specula_int8") for layer in layers) is (mode == "int8")  # drafted through them
     assert tau["int8"] >= 0.9 * tau["none"], tau
