@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -110,6 +111,11 @@ class _Tree:
 
     @classmethod
     def build(cls, widths: Sequence[int]) -> _Tree:
+        """The tree of these widths, built once per shape (proposals repeat a few shapes; nothing mutates one)."""
+        return _tree(tuple(widths))
+
+    @classmethod
+    def _make(cls, widths: tuple[int, ...]) -> _Tree:
         parents, offsets, level = [], [], [-1]
         for k in widths:
             offsets.append(len(parents))
@@ -125,6 +131,11 @@ class _Tree:
                 anc[i] = anc[p]
                 anc[i, p] = True
         return cls(tuple(widths), tuple(parents), tuple(offsets), anc)
+
+
+@lru_cache(maxsize=256)
+def _tree(widths: tuple[int, ...]) -> _Tree:
+    return _Tree._make(widths)
 
 
 @register("text_lm")
@@ -293,8 +304,8 @@ class TextLMDrafter:
                 break
             if level + 1 < len(widths):  # the last level is never fed
                 off = tree.offsets[level]
-                logits = self._feed_level(rows, sel, toks[-1], ok, level + 1, tree.ancestors[off:off + w, :off],
-                                          draft_start)  # [Bc, W, V]
+                anc = None if chain else tree.ancestors[off:off + w, :off]  # a chain's fed nodes: all ancestors
+                logits = self._feed_level(rows, sel, toks[-1], ok, level + 1, anc, draft_start)  # [Bc, W, V]
         tokens, ok = torch.cat(toks, 1), torch.cat(oks, 1)  # [Bc, N]
         n_nodes, fed = tokens.shape[1], tree.offsets[-1]
         q = None  # every row greedy: deterministic drafts
@@ -654,8 +665,10 @@ class TextLMDrafter:
                 r.draft.cols[tip] = col + x
         return self._head(hidden[sel.to(self.device)]).float()  # [Bc, W, V]
 
-    def _feed_level(self, rows, sel, tokens, ok, depth: int, anc: torch.Tensor, draft_start: int) -> torch.Tensor:
-        """Feed one tree level: tokens/ok [Bc, W], anc [W, S - draft_start] bool -> logits [Bc, W, V] fp32."""
+    def _feed_level(self, rows, sel, tokens, ok, depth: int, anc: torch.Tensor | None, draft_start: int
+                    ) -> torch.Tensor:
+        """Feed one tree level: tokens/ok [Bc, W], anc [W, S - draft_start] bool (None: every draft column fed so
+        far is an ancestor, a chain's case) -> logits [Bc, W, V] fp32."""
         b, w = self._kv.batch_size, tokens.shape[1]
         tok = torch.zeros(b, w, dtype=torch.long)  # [B, W]
         pos = torch.zeros(b, w, dtype=torch.long)  # [B, W]
@@ -663,9 +676,10 @@ class TextLMDrafter:
         tok[sel], block_valid[sel] = tokens, ok
         pos[sel] = torch.tensor([r.next_pos + depth - 1 for r in rows], dtype=torch.long)[:, None]
         valid = self._kv.valid  # [B, S] bool
-        cached = valid[:, None, :].expand(b, w, valid.shape[1]).clone()  # [B, W, S]
-        # this proposal's columns: a node sees its ancestors' only
-        cached[:, :, draft_start:] = anc.to(self.device)[None] & valid[:, None, draft_start:]
+        cached = valid[:, None, :].expand(b, w, valid.shape[1])  # [B, W, S]
+        if anc is not None:  # this proposal's columns: a node sees its ancestors' only
+            cached = cached.clone()
+            cached[:, :, draft_start:] = anc.to(self.device)[None] & valid[:, None, draft_start:]
         eye = torch.eye(w, dtype=torch.bool, device=self.device).expand(b, w, w)
         mask = torch.cat([cached, eye], dim=2)[:, None]  # [B, 1, W, S + W]
         hidden = self._forward(tok, mask, pos, self._kv.cache)  # [B, W, H]
