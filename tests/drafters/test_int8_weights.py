@@ -90,6 +90,12 @@ def test_packed_weights_are_made_once_and_again_when_the_weights_change():
     torch.testing.assert_close(p2.gate_up.scales[96:].float(), 2 * p.gate_up.scales[96:].float(), rtol=1e-2, atol=0)
     layer.self_attn.q_proj.weight = torch.nn.Parameter(torch.zeros_like(layer.self_attn.q_proj.weight))
     assert int(lean_llama.packed(layer).qkv.weight[:64].abs().sum()) == 0  # a replaced weight is read again
+    p3 = lean_llama.packed(layer)
+    with torch.no_grad():
+        layer.input_layernorm.weight.mul_(2.0)  # the norm's weight is folded into q|k|v: made again, scaled
+    p4 = lean_llama.packed(layer)
+    assert p4 is not p3 and p4.gate_up is not p3.gate_up
+    torch.testing.assert_close(p4.qkv.scales[64:].float(), 2 * p3.qkv.scales[64:].float(), rtol=1e-2, atol=0)
     assert "_specula_int8" not in layer.state_dict() and all("int8" not in k for k in body.state_dict())
 
 
