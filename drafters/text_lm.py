@@ -670,11 +670,15 @@ class TextLMDrafter:
         """Feed one tree level: tokens/ok [Bc, W], anc [W, S - draft_start] bool (None: every draft column fed so
         far is an ancestor, a chain's case) -> logits [Bc, W, V] fp32."""
         b, w = self._kv.batch_size, tokens.shape[1]
-        tok = torch.zeros(b, w, dtype=torch.long)  # [B, W]
-        pos = torch.zeros(b, w, dtype=torch.long)  # [B, W]
-        block_valid = torch.zeros(b, w, dtype=torch.bool)  # [B, W]
-        tok[sel], block_valid[sel] = tokens, ok
-        pos[sel] = torch.tensor([r.next_pos + depth - 1 for r in rows], dtype=torch.long)[:, None]
+        at = torch.tensor([r.next_pos + depth - 1 for r in rows], dtype=torch.long)[:, None]  # [Bc, 1]
+        every = len(rows) == b and sel.tolist() == list(range(b))  # every cache row in the call, in order
+        if every:  # nothing to scatter in or gather out
+            tok, block_valid, pos = tokens, ok, at.expand(b, w)
+        else:
+            tok = torch.zeros(b, w, dtype=torch.long)  # [B, W]
+            pos = torch.zeros(b, w, dtype=torch.long)  # [B, W]
+            block_valid = torch.zeros(b, w, dtype=torch.bool)  # [B, W]
+            tok[sel], block_valid[sel], pos[sel] = tokens, ok, at
         valid = self._kv.valid  # [B, S] bool
         cached = valid[:, None, :].expand(b, w, valid.shape[1])  # [B, W, S]
         if anc is not None:  # this proposal's columns: a node sees its ancestors' only
@@ -684,7 +688,7 @@ class TextLMDrafter:
         mask = torch.cat([cached, eye], dim=2)[:, None]  # [B, 1, W, S + W]
         hidden = self._forward(tok, mask, pos, self._kv.cache)  # [B, W, H]
         self._kv.extend_valid(block_valid.to(self.device))
-        return self._head(hidden[sel.to(self.device)]).float()  # [Bc, W, V]
+        return self._head(hidden if every else hidden[sel.to(self.device)]).float()  # [Bc, W, V]
 
     def _grouping(self, row_ids: Sequence[str]) -> None:
         """Called before ``extend`` draws the next node of the cache rows ``row_ids`` (in call order); a subclass
