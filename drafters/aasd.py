@@ -61,8 +61,9 @@ class AasdDrafter:
     """Options: ``path`` (zoo name or directory, default "aasd") or ``head`` (an ``AasdHead``); ``structure``
     "chain" only; ``seed``; ``device`` / ``dtype`` of the head (default: the target's device, float32);
     ``kv_policy``; ``stop_token_ids`` (default: the target's EOS ids; ``[]`` = never stop: ``drafters/stopping.py``);
-    ``quantize`` "auto" (default: int8 weights for the head's decoder layer on a CPU), "int8" or "none"
-    (``drafters/int8_weights.py``; changes what is drafted, never the output).
+    ``quantize`` "auto" (default: int8 weights for the head's decoder layer and the target's lm_head it reads,
+    through a copy of its own, on a CPU), "int8" or "none" (``drafters/int8_weights.py``; changes what is drafted,
+    never the output).
     Resources: ``target`` (its embedding and lm_head are shared), ``tokenizer`` (unused)."""
 
     KIND = "aasd"

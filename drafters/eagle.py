@@ -127,8 +127,9 @@ class EagleDrafter:
     """Options: ``path`` (zoo name or directory of an exported head, default "eagle") or ``head`` (an
     ``EagleHead``); ``structure`` "chain" | "tree"; tree: ``top_k``, ``depth``, ``total_tokens``; ``seed``;
     ``device`` / ``dtype`` of the head (default: the target's device, float32); ``quantize`` "auto" (default: int8
-    weights for the head's decoder layer on a CPU), "int8" or "none" (``drafters/int8_weights.py``; changes what is
-    drafted, never the output); ``kv_policy``; ``stop_token_ids``
+    weights for the head's decoder layer, its fc and the target's lm_head it reads, through copies of its own, on a
+    CPU), "int8" or "none" (``drafters/int8_weights.py``; changes what is drafted, never the output); ``kv_policy``;
+    ``stop_token_ids``
     (default: the target's EOS ids; ``[]`` = never stop): a drafted stop token gets no children, since a generation
     that accepts it is over (a chain ends there; a tree expands other nodes instead).
     Resources: ``target`` (its embedding and lm_head are shared with the head; needed unless ``head`` is already

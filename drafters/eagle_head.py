@@ -168,7 +168,8 @@ class EagleHead(nn.Module):
 
     def logits(self, h: torch.Tensor, int8: bool = False) -> torch.Tensor:
         """Predicted features [.., H] -> fp32 logits [.., V] through the target's lm_head, on the head's device
-        (``int8``: over an int8 copy of the lm_head's weight, ``int8_weights.linear``; the target's own is untouched)."""
+        (``int8``: over an int8 copy of the lm_head's weight, ``int8_weights.linear``; the target's own is left
+        untouched)."""
         head = self._need()[1]
         x = h.to(head.weight.device, head.weight.dtype)
         return (int8_weights.linear(head, x) if int8 else head(x)).float().to(self.fc.weight.device)

@@ -148,7 +148,8 @@ class TextLMDrafter:
     ``device`` / ``dtype``; ``lean`` (default true: draft steps run ``drafters/lean_llama.py``, the same math as
     the stock forward without its per-call overhead; false forces the stock forward, e.g. to measure the gain);
     ``quantize`` "auto" (default: int8 weights on a CPU), "int8" or "none": lean draft steps over int8 copies of
-    the decoder layers' weights (``drafters/int8_weights.py``; changes what is drafted, never the output);
+    the decoder layers' and the head's weights (``drafters/int8_weights.py``; changes what is drafted, never the
+    output);
     ``stop_token_ids`` (default: the target's EOS ids, else the model's ``eos_token_id``; ``[]`` = never stop):
     a drafted stop token ends its branch, since a generation that accepts it is over and anything drafted after
     it could never be used (short answers then cost two or three draft steps instead of gamma).
