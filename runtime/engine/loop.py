@@ -373,7 +373,6 @@ class SpecEngine:
         return events
 
     def _plain_step(self, ids, params, rows):
-        t1 = time.perf_counter()
         out = self.target.decode_step(ids)
         t2 = time.perf_counter()
         nxt = sample_next(out.logits[:, 0], params, [r.generator for r in rows]).tolist()  # [B]
@@ -391,7 +390,6 @@ class SpecEngine:
         q = prop.q[:, :width] if prop.q is not None else None  # [B, N, V]
         # parents precede children, so keeping a tree's first nodes keeps a valid tree
         parents = prop.parents[:, :width] if prop.parents is not None else None
-        t1 = time.perf_counter()
         out = self.target.verify(DraftBlock(tuple(ids), tokens, parents, tuple(counts)))
         t2 = time.perf_counter()
         p = logits_to_probs(out.logits, params)  # [B, N + 1, V]
