@@ -751,7 +751,8 @@ class EagleDrafter:
             if sampled_ids:
                 probs = (logits / temps).softmax(-1)  # [Bc, 1, V] the law sampled rows draw from
                 qs.append(probs)
-                active = [i for i in sampled_ids if bool(alive[i, 0])]  # a row draws only while its chain grows
+                growing = alive[:, 0].tolist()  # one host read per level
+                active = [i for i in sampled_ids if growing[i]]  # a row draws only while its chain grows
                 if active:
                     a = torch.tensor(active, device=dev)
                     drawn = sample_without_replacement(probs[a], 1, [rows[i].generator for i in active])
