@@ -177,40 +177,57 @@ def packed(layer) -> PackedLayer:
 
 def decoder_layer(layer, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   cache, layer_idx: int, int8: bool = False) -> torch.Tensor:
-    """One ``LlamaDecoderLayer`` step (``int8``: its products over ``packed(layer)``, three fewer).
+    """One ``LlamaDecoderLayer`` step (``int8``: ``_int8_step`` over ``packed(layer)``).
 
     x     # [B, T, H]
     mask  # [B, 1, T, S + T] bool, True = attend (S: slots already in ``cache`` for this layer)
     cos, sin  # [B, 1, T, D] from ``rope_tables`` (sin signed)
     cache: an HF ``Cache`` (its ``update(k, v, layer_idx)`` appends and returns the whole K/V) or None.
     """
+    if int8:
+        return _int8_step(layer.self_attn, packed(layer), x, mask, cos, sin, cache, layer_idx)
     attn, mlp = layer.self_attn, layer.mlp
-    p = packed(layer) if int8 else None
     b, t, _ = x.shape
     d = attn.head_dim
-    h = rms_norm(layer.input_layernorm, x) if p is None else _unit(x, p.floors[0])  # [B, T, H]
-    if p is None:
-        q, k, v = F.linear(h, attn.q_proj.weight), F.linear(h, attn.k_proj.weight), F.linear(h, attn.v_proj.weight)
-        q = q.reshape(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
-        k = k.reshape(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-    else:  # q and k sit side by side in the fused product: rotated in one pass (the same per-element math)
-        qk, v = p.qkv(h).split((p.split[0] + p.split[1], p.split[2]), dim=-1)  # [B, T, (nh + nkv) * D], [.., nkv * D]
-        qk = _rotate(qk.reshape(b, t, -1, d).transpose(1, 2), cos, sin)  # [B, nh + nkv, T, D]
-        q, k = qk.split((p.split[0] // d, p.split[1] // d), dim=1)  # [B, nh, T, D], [B, nkv, T, D]
+    h = rms_norm(layer.input_layernorm, x)  # [B, T, H]
+    q, k, v = F.linear(h, attn.q_proj.weight), F.linear(h, attn.k_proj.weight), F.linear(h, attn.v_proj.weight)
+    q = q.reshape(b, t, -1, d).transpose(1, 2)  # [B, nh, T, D]
+    k = k.reshape(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     v = v.reshape(b, t, -1, d).transpose(1, 2)  # [B, nkv, T, D]
     if cache is not None:
         k, v = cache.update(k, v, layer_idx)  # [B, nkv, S + T, D]
     gqa = q.shape[1] != k.shape[1]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)  # [B, nh, T, D]
     o = o.transpose(1, 2).reshape(b, t, -1)  # [B, T, nh * D]
-    x = x + (F.linear(o, attn.o_proj.weight) if p is None else p.o(o))
-    h = rms_norm(layer.post_attention_layernorm, x) if p is None else _unit(x, p.floors[1])  # [B, T, H]
-    if p is None:
-        return x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
-                            mlp.down_proj.weight)
-    gate, up = p.gate_up(h).chunk(2, dim=-1)  # [B, T, I] x 2
-    return x + p.down(F.silu(gate) * up)
+    x = x + F.linear(o, attn.o_proj.weight)
+    h = rms_norm(layer.post_attention_layernorm, x)  # [B, T, H]
+    return x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
+                        mlp.down_proj.weight)
+
+
+def _int8_step(attn, p: PackedLayer, x: torch.Tensor, mask, cos, sin, cache, layer_idx: int) -> torch.Tensor:
+    """``decoder_layer`` over int8 weights, with as few ops as the math allows (a drafter step is bound by their
+    count): the rows as one [B*T, H] matrix, the kernel called directly on bf16 input, its bf16 output left to
+    type promotion where an fp32 op reads it (the rotation, the residual adds), gate|up's SiLU product in bf16 (the
+    down product reads bf16 anyway). The residual stream, RoPE, the attention and the cache stay fp32.
+    x [B, T, H] fp32 -> [B, T, H] fp32."""
+    b, t, width = x.shape
+    d = attn.head_dim
+    mm, bf16 = torch._weight_int8pack_mm, torch.bfloat16
+    x2 = x.reshape(b * t, width)  # [M, H]
+    y = mm(_unit(x2, p.floors[0]).to(bf16), p.qkv.weight, p.qkv.scales)  # [M, (nh + 2 nkv) D] bf16
+    nqk = p.split[0] + p.split[1]
+    qk = _rotate(y[:, :nqk].view(b, t, -1, d).transpose(1, 2), cos, sin)  # [B, nh + nkv, T, D] fp32
+    q, k = qk.split((p.split[0] // d, p.split[1] // d), dim=1)  # [B, nh, T, D], [B, nkv, T, D]
+    v = y[:, nqk:].view(b, t, -1, d).transpose(1, 2).float()  # [B, nkv, T, D]
+    if cache is not None:
+        k, v = cache.update(k, v, layer_idx)  # [B, nkv, S + T, D]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
+                                       enable_gqa=q.shape[1] != k.shape[1])  # [B, nh, T, D]
+    x2 = x2 + mm(o.transpose(1, 2).reshape(b * t, -1).to(bf16), p.o.weight, p.o.scales)  # [M, H] fp32
+    gate, up = mm(_unit(x2, p.floors[1]).to(bf16), p.gate_up.weight, p.gate_up.scales).chunk(2, dim=-1)  # [M, I]
+    return (x2 + mm(F.silu(gate) * up, p.down.weight, p.down.scales)).view(b, t, width)
 
 
 def model_forward(body, mask: torch.Tensor, pos: torch.Tensor, cache, input_ids: torch.Tensor | None = None,
