@@ -169,6 +169,7 @@ class TextLMDrafter:
         self.lookahead = structure == "chain"
         self.predraft = self.lookahead  # ``branch``: drafting ahead for rejection outcomes too
         self.keep_tree_logits = False  # a subclass that reads a tree node's drawing row after the verdict sets it
+        self._chain_path = True  # chains draw through ``_draw_chain`` (False: the general ``_draw_levels``; tests)
         if isinstance(branching, int):
             if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
                 raise ValueError(f"text_lm: depth must be an integer >= 1, got {depth!r}")
@@ -281,32 +282,19 @@ class TextLMDrafter:
 
         logits = self._feed_tail(rows, sel)[:, None]  # [Bc, 1, V] the root's, after the committed context
         draft_start = self._kv.seq_len
-        toks, qs, oks = [], [], []
-        parent_ok = torch.ones(bc, 1, dtype=torch.bool)  # [Bc, W_prev]
         chain = self.spec.structure == "chain"
         level_logits = []  # chains: per level [Bc, V], kept for ``branch``'s ranking
         node_logits = []  # trees, if ``keep_tree_logits``: per level [Bc, W, V], the row each node was drawn from
-        for level, k in enumerate(widths):
-            kids, probs = self._children(logits, k, temps, greedy, gens)  # [Bc, W_prev, k], [Bc, W_prev, V]
-            if chain:
-                level_logits.append(logits[:, 0])
-            elif self.keep_tree_logits:
-                node_logits.append(logits.repeat_interleave(k, dim=1))
-            w = kids.shape[1] * k
-            kids = kids.reshape(bc, w).cpu()  # [Bc, W] BFS: a node's children contiguous, in draw order
-            ok = (kids >= 0) & parent_ok.repeat_interleave(k, dim=1)  # [Bc, W] bool (-1: no mass left)
-            toks.append(kids.clamp_min(0))
-            qs.append(probs.repeat_interleave(k, dim=1) if probs is not None else None)  # [Bc, W, V]
-            oks.append(ok)
-            parent_ok = ok & ~torch.isin(kids, self.stop_ids)  # a stop token has no children
-            if level + 1 < len(widths) and not parent_ok.any():  # every branch ended: no level left to feed
-                widths = widths[: level + 1]
+        if chain and self._chain_path:
+            toks, qs, oks = self._draw_chain(rows, sel, logits[:, 0], len(widths), temps, greedy, gens, level_logits)
+            widths = widths[: toks[0].shape[1]]
+            tree = _Tree.build(widths)
+        else:
+            toks, qs, oks = self._draw_levels(rows, sel, logits, widths, temps, greedy, gens, level_logits,
+                                              node_logits, draft_start)
+            if len(toks) < len(widths):  # every branch ended early
+                widths = widths[: len(toks)]
                 tree = _Tree.build(widths)
-                break
-            if level + 1 < len(widths):  # the last level is never fed
-                off = tree.offsets[level]
-                anc = None if chain else tree.ancestors[off:off + w, :off]  # a chain's fed nodes: all ancestors
-                logits = self._feed_level(rows, sel, toks[-1], ok, level + 1, anc, draft_start)  # [Bc, W, V]
         tokens, ok = torch.cat(toks, 1), torch.cat(oks, 1)  # [Bc, N]
         n_nodes, fed = tokens.shape[1], tree.offsets[-1]
         q = None  # every row greedy: deterministic drafts
@@ -328,6 +316,70 @@ class TextLMDrafter:
             elif lg is not None:
                 r.draft.logits = list(lg[b, :n])
         return Proposal(ids, tokens, tuple(counts), None if chain else parents, q)
+
+    def _draw_levels(self, rows, sel, logits, widths, temps, greedy, gens, level_logits, node_logits,
+                     draft_start: int) -> tuple[list, list, list]:
+        """The draft levels of ``propose``, any tree shape: logits [Bc, 1, V] (the root's) -> per drawn level the
+        tokens [Bc, W] (-1 clamped to 0), the laws [Bc, W, V] (None: every row greedy) and validity [Bc, W] bool.
+        Fills ``level_logits`` (chains) / ``node_logits`` (trees kept for ranking)."""
+        bc, tree = len(rows), _Tree.build(widths)
+        chain = self.spec.structure == "chain"
+        toks, qs, oks = [], [], []
+        parent_ok = torch.ones(bc, 1, dtype=torch.bool)  # [Bc, W_prev]
+        for level, k in enumerate(widths):
+            kids, probs = self._children(logits, k, temps, greedy, gens)  # [Bc, W_prev, k], [Bc, W_prev, V]
+            if chain:
+                level_logits.append(logits[:, 0])
+            elif self.keep_tree_logits:
+                node_logits.append(logits.repeat_interleave(k, dim=1))
+            w = kids.shape[1] * k
+            kids = kids.reshape(bc, w).cpu()  # [Bc, W] BFS: a node's children contiguous, in draw order
+            ok = (kids >= 0) & parent_ok.repeat_interleave(k, dim=1)  # [Bc, W] bool (-1: no mass left)
+            toks.append(kids.clamp_min(0))
+            qs.append(probs.repeat_interleave(k, dim=1) if probs is not None else None)  # [Bc, W, V]
+            oks.append(ok)
+            parent_ok = ok & ~torch.isin(kids, self.stop_ids)  # a stop token has no children
+            if level + 1 < len(widths) and not parent_ok.any():  # every branch ended: no level left to feed
+                break
+            if level + 1 < len(widths):  # the last level is never fed
+                off = tree.offsets[level]
+                anc = None if chain else tree.ancestors[off:off + w, :off]  # a chain's fed nodes: all ancestors
+                logits = self._feed_level(rows, sel, toks[-1], ok, level + 1, anc, draft_start)  # [Bc, W, V]
+        return toks, qs, oks
+
+    def _draw_chain(self, rows, sel, logits, gamma: int, temps, greedy, gens, level_logits
+                    ) -> tuple[list, list, list]:
+        """``_draw_levels`` for a chain (one node per level), its bookkeeping on the host: logits [Bc, V] (the
+        root's) -> the same lists. What it draws and feeds is what ``_draw_levels`` does (a test compares them)."""
+        bc, b = len(rows), self._kv.batch_size
+        at = sel.tolist()
+        every = bc == b and at == list(range(b))  # every cache row in the call, in order
+        alive = [True] * bc  # the row's last node is valid and not a stop token
+        toks, qs, oks = [], [], []
+        for level in range(gamma):
+            kids, probs = self._children(logits[:, None], 1, temps, greedy, gens)  # [Bc, 1, 1], [Bc, 1, V]
+            level_logits.append(logits)
+            drawn = kids.view(bc).tolist()
+            ok = [a and t >= 0 for a, t in zip(alive, drawn)]
+            drawn = [max(t, 0) for t in drawn]
+            alive = [v and t not in self._stop_set for v, t in zip(ok, drawn)]
+            toks.append(drawn)
+            qs.append(probs)
+            oks.append(ok)
+            if level + 1 == gamma or not any(alive):
+                break
+            # feed this level: [3, B] host rows of tokens, positions and validity (rows outside the call: a dummy)
+            fed = torch.tensor([drawn, [r.next_pos + level for r in rows], ok], dtype=torch.long)  # [3, Bc]
+            if not every:
+                fed = torch.zeros(3, b, dtype=torch.long).index_copy_(1, sel, fed)  # [3, B]
+            mask = torch.cat([self._kv.valid, self._kv.valid.new_ones(b, 1)], dim=1)[:, None, None]  # [B,1,1,S+1]
+            hidden = self._forward(fed[0, :, None], mask, fed[1, :, None], self._kv.cache)  # [B, 1, H]
+            self._kv.extend_valid(fed[2, :, None].bool().to(self.device))
+            logits = self._head(hidden[:, 0] if every else hidden[sel.to(self.device), 0]).float()  # [Bc, V]
+        toks = [torch.tensor(toks, dtype=torch.long).T.contiguous()]  # [Bc, L]
+        oks = [torch.tensor(oks, dtype=torch.bool).T.contiguous()]  # [Bc, L]
+        qs = [None] if qs[0] is None else [torch.stack([q[:, 0] for q in qs], 1)]  # [Bc, L, V]
+        return toks, qs, oks
 
     def observe(self, verdicts: Sequence[Verdict]) -> None:
         for v in verdicts:  # check them all before changing anything

@@ -13,7 +13,8 @@ import random
 
 import pytest
 import torch
-from drafter_kit import (assert_equals_plain, assert_follows_the_target, eos, lively_target, node_paths, plain, requests)
+from drafter_kit import (assert_equals_plain, assert_follows_the_target, churn, eos, lively_target, mixed_requests,
+                         node_paths, plain, requests)
 from transformers import LlamaForCausalLM
 
 from specula.drafters import DraftContext, Drafter, Verdict, create, kinds
@@ -197,10 +198,61 @@ def test_siblings_without_mass_are_dropped(kit):
     assert {k: v.tokens for k, v in got.items()} == {k: v.tokens for k, v in ref.items()}
 
 
-def test_a_stop_token_ends_its_branch(kit):
+def test_a_chain_draws_what_the_level_loop_draws(kit):
+    """Chains draw through ``_draw_chain`` (host bookkeeping, one feed per level) and propose exactly what the
+    general level loop (``_draw_levels``) proposes: the same tokens, counts, q and seeded draws for sampled and greedy
+    rows, chains cut by stop tokens, and the same state for drafting ahead (columns, chain, drawing rows), through
+    joins, plain steps, compaction and calls that hold only some of the cache's rows."""
+    reqs = mixed_requests(kit, 9, 3)
+    probe = drafter(kit, stop_token_ids=[])
+    probe.begin([DraftContext(f"r{i}", reqs[i].input_ids, first_token=7) for i in (0, 1)])
+    stops = sorted(set(probe.propose(["r0", "r1"], gamma=4).tokens[:, 1:3].flatten().tolist()))  # drafted often
+    runs = {}
+    for chain_path in (True, False):
+        target = load_target(kit["target"])
+        d = drafter(kit, stop_token_ids=stops, kv_policy=KVPolicy(min_waste=4, waste_ratio=0.0))
+        d._chain_path = chain_path
+        used, seen, propose, draw = [], [], d.propose, d._draw_chain
+        d._draw_chain = lambda *a, draw=draw, used=used: used.append(1) or draw(*a)
+
+        def record(ids, gamma, d=d, seen=seen, propose=propose):
+            p = propose(ids, gamma)
+            drafts = [d._rows[r].draft for r in ids]
+            seen.append((p, [(x.tokens, x.cols, x.main, x.tip, x.closed, x.logits) for x in drafts]))
+            return p
+
+        d.propose = record
+        compactions = churn(target, d, d, reqs, gamma=4, plain_steps=(3, 6))
+        runs[chain_path] = (seen, len(used), compactions)
+    (fast, n_fast, c_fast), (general, n_general, c_general) = runs[True], runs[False]
+    assert len(fast) == len(general) == n_fast > 5 and n_general == 0 and c_fast == c_general > 0
+    for (a, drafts_a), (b, drafts_b) in zip(fast, general):
+        assert a.request_ids == b.request_ids and a.counts == b.counts and torch.equal(a.tokens, b.tokens)
+        assert a.parents is None and b.parents is None
+        assert (a.q is None) == (b.q is None) and (a.q is None or torch.equal(a.q, b.q))
+        for (*state_a, logits_a), (*state_b, logits_b) in zip(drafts_a, drafts_b):
+            assert state_a == state_b and len(logits_a) == len(logits_b)
+            assert all(torch.equal(x, y) for x, y in zip(logits_a, logits_b))
+    assert any(c < 4 for p, _ in fast for c in p.counts)  # a stop token ended some chain
+    assert any(p.q is not None for p, _ in fast)
+    # a call holding some of the cache's rows, out of order (the engine's calls hold them all)
+    got = {}
+    for chain_path in (True, False):
+        d = drafter(kit, stop_token_ids=stops)
+        d._chain_path = chain_path
+        d.begin([DraftContext(f"r{i}", reqs[i].input_ids, first_token=7, temperature=t, seed=i)
+                 for i, t in enumerate([1.0, 0.0, 0.8])])
+        got[chain_path] = (d.propose(["r2", "r0"], gamma=4), d.propose(["r1"], gamma=4))
+    for a, b in zip(got[True], got[False]):
+        assert a.counts == b.counts and torch.equal(a.tokens, b.tokens)
+        assert (a.q is None) == (b.q is None) and (a.q is None or torch.equal(a.q, b.q))
+
+
+@pytest.mark.parametrize("chain_path", [True, False])
+def test_a_stop_token_ends_its_branch(kit, chain_path):
     """A drafted stop token (EOS by default) has no successors: a chain ends there, a tree drops the stop node's
     subtree, ``extend`` does not grow past it, and drafting stops early once every branch has ended; greedy output
-    still equals plain decoding."""
+    still equals plain decoding. Chains both ways: their own path and the general level loop."""
     target = load_target(kit["target"])
     assert drafter(kit).stop_ids.tolist() == list(target.info.eos_token_ids)
     reqs = requests(kit, 2, SamplingParams(max_tokens=12))
@@ -211,11 +263,13 @@ def test_a_stop_token_ends_its_branch(kit):
     assert chain.counts == (5, 5)
     stop = int(chain.tokens[0, 1])  # row 0's second draft becomes a stop token
     cut = drafter(kit, stop_token_ids=[stop])
+    cut._chain_path = chain_path
     cut.begin(ctx)
     forwards = []
-    feed = cut._feed_level
-    cut._feed_level = lambda *a: forwards.append(1) or feed(*a)
+    feed = cut._forward
+    cut._forward = lambda *a: forwards.append(1) or feed(*a)
     got = cut.propose(["r0", "r1"], gamma=5)
+    forwards.pop()  # the tails' feed
     row1 = chain.tokens[1, :5].tolist()
     n1 = row1.index(stop) + 1 if stop in row1 else 5
     assert got.counts == (2, n1)
