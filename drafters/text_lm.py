@@ -14,8 +14,9 @@ levels; the children of a node are drawn from its q *without replacement, kept i
 top-b tokens), which is the law ``verify_tree(siblings="without_replacement")`` assumes; a sibling that finds no
 mass left (fewer than b tokens with q > 0) is dropped with its subtree. ``Proposal.q[b, i]`` is the q of node i's
 parent path: exactly the distribution node i was drawn from (one-hot for greedy rows; ``q=None`` when every row
-is greedy). The image token is never proposed (its q is 0). Randomness comes from one generator per request, seeded from the drafter's ``seed`` and the
-request's seed, so a seeded request drafts the same whatever shares its batch.
+is greedy). The image token is never proposed (its q is 0). Randomness comes from one generator per request,
+seeded from the drafter's ``seed`` and the request's seed, so a seeded request drafts the same whatever shares its
+batch.
 
 KV cache (one ``targets.kv.BatchedKV`` over all live rows, keys stored post-RoPE so slot order is free). Per row:
 
@@ -26,7 +27,9 @@ KV cache (one ``targets.kv.BatchedKV`` over all live rows, keys stored post-RoPE
 - ``propose``: one forward feeds every row's tail (width = longest tail; the root q comes from its last token), then
   one forward per tree level feeds that level's nodes (chain: one token). Every forward appends its columns to all
   rows; a node attends to the row's valid committed slots, its ancestors' columns and itself. The last level is
-  never fed. Cost: ``depth`` forwards per block (chain: gamma), the first of width max(tail).
+  never fed. Cost: ``depth`` forwards per block (chain: gamma), the first of width max(tail). Chains keep the
+  levels' bookkeeping on the host (``_draw_chain``: one node per row, no tree masks); trees go through
+  ``_draw_levels``, which draws any shape, chains included, the same way (a test compares the two).
 - ``observe``: the accepted path's fed nodes stay valid (their K/V were computed at their final positions); every
   other column of the proposal is marked invalid; the unfed rest of the path (the last-level node when a whole
   branch is accepted) and the next token become the new tail. So after ``observe`` the cache holds exactly the
