@@ -60,9 +60,14 @@ def rope_tables(rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
     Off the CPU the table is not used (sizing it reads the largest position on the host: a device sync per step)."""
     if pos.device.type != "cpu":
         return _rope_direct(rotary, pos, dtype)
-    need = int(pos.max()) + 1 if pos.numel() else 1
     key = (rotary.inv_freq.data_ptr(), rotary.inv_freq._version, dtype, pos.device)
     held = getattr(rotary, "_specula_rope", None)
+    if held is not None and held[0] == key:
+        try:  # the table covers these positions (no host read of their largest: an index past it raises)
+            return held[1][pos][:, None], held[2][pos][:, None]  # [B, 1, T, D]
+        except IndexError:
+            pass
+    need = int(pos.max()) + 1 if pos.numel() else 1
     if held is None or held[0] != key or held[1].shape[0] < need:
         size = max(need, 2 * held[1].shape[0] if held is not None and held[0] == key else 256)
         cos, signed = _rope_direct(rotary, torch.arange(size, device=pos.device)[None], dtype)  # [1, 1, N, D]
