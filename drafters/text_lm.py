@@ -362,7 +362,7 @@ class TextLMDrafter:
         for level in range(gamma):
             kids, probs = self._children(logits[:, None], 1, temps, greedy, gens)  # [Bc, 1, 1], [Bc, 1, V]
             level_logits.append(logits)
-            drawn = kids.view(bc).tolist()
+            drawn = kids.reshape(bc).tolist()
             ok = [a and t >= 0 for a, t in zip(alive, drawn)]
             drawn = [max(t, 0) for t in drawn]
             alive = [v and t not in self._stop_set for v, t in zip(ok, drawn)]
