@@ -217,11 +217,11 @@ class HFTarget:
             image_mask = (tokens == self._info.image_token_id) & valid  # [B, L] bool
             source = torch.cat([v for v in visual if v is not None]).to(embeds.dtype)  # [sum T, H]
             embeds = embeds.masked_scatter(image_mask[..., None], source)  # row-major order == concat order
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=self.device).tril()  # [L, L] bool
-        eye = torch.eye(seq, dtype=torch.bool, device=self.device)  # padded queries see themselves only
-        allowed = (causal[None] & valid[:, None, :]) | eye[None]  # [B, L, L] bool
+        # No mask: plain causal attention (SDPA's is_causal, which skips the blocks above the diagonal). A real
+        # query of a shorter row sees only its own earlier slots either way, all real; its padded slots' keys are
+        # left invalid in the cache (``valid``), so no later query reads them.
         cache = self._kv.new_cache()
-        hidden, layer_hidden = self._run_lm(embeds, allowed[:, None], pos.to(self.device), cache)  # [B, L, H]
+        hidden, layer_hidden = self._run_lm(embeds, None, pos.to(self.device), cache)  # [B, L, H]
         last = hidden[torch.arange(b, device=self.device), lengths_t - 1]  # [B, H]
         logits = self._head(last).float()  # [B, V] fp32
         # [B, H_kv, L, D], contiguous copies (the cache's are views of buffers with spare slots)
@@ -445,8 +445,9 @@ class HFTarget:
         return row
 
     def _run_lm(self, embeds, allowed, pos, cache) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """One language-model forward. embeds [B, T, H], allowed [B, 1, T, S + T] bool (None: T = 1 and every
-        cached slot visible), pos [P, B, T] int64."""
+        """One language-model forward. embeds [B, T, H], allowed [B, 1, T, S + T] bool (None: causal over every
+        cached slot and the T new ones, as HF builds it: a step of T = 1, or a prefill into a fresh cache),
+        pos [P, B, T] int64."""
         kwargs = {"output_hidden_states": list(self._layers)} if self._layers else {}
         out = self._lm(
             inputs_embeds=embeds,
