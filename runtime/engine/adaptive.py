@@ -26,8 +26,11 @@ count over every row's blocks, slower to decay; ``prior`` until there is one) an
 is not drafted (so a row that backed off is tried again). A new caption then drafts long from its first block when
 captions have been accepted, instead of a block or two sized for a stranger. T_verify and T_draft are least-squares
 fits over the steps seen (decayed, weights past the intercept kept >= 0), with ``warmup`` steps of lengths gamma,
-0, gamma, gamma / 2 before the policy decides anything. Tree drafters choose between 0 and gamma only (their budget
-is nodes, not a chain's length).
+0, gamma, gamma / 2 before the policy decides anything; the first (``cold``) step's costs are not fitted (a
+drafter's first call sets itself up: one such step, 20x slow, once held a policy at 3 of 8 drafts for a whole run),
+and every ``explore_every``-th step drafts a probe length far from the best (``probe``), so both lines keep recent
+points at two lengths and one slow step cannot bend them for good. Tree drafters choose between 0 and gamma only
+(their budget is nodes, not a chain's length).
 
     policy = GoodputPolicy(gamma=5)
     k = policy.choose(["r1", "r2"])                 # before the step
@@ -149,6 +152,8 @@ class GoodputPolicy:
     prior_weight: float = 2.0  # in blocks
     decay: float = 0.9  # per block, for a row's acceptance
     warmup: int = 4  # steps of set lengths before choosing (the cost lines need points at several lengths)
+    cold: int = 1  # first steps whose costs are not fitted (first calls: lazy set-up, kernels built for new shapes)
+    explore_every: int = 32  # past the warm-up, every explore_every-th step drafts a probe length (0 = never)
     verify: _Fit = field(default_factory=lambda: _Fit(3))  # seconds ~ 1, rows, tokens of the verify forward
     draft: _Fit = field(default_factory=lambda: _Fit(3))  # seconds ~ 1, k, k * rows drafted (steps that drafted)
     rows: dict[str, _Acceptance] = field(default_factory=dict)
@@ -207,7 +212,22 @@ class GoodputPolicy:
                 return self.gamma
             if g > best * 1.0001:  # ties go to the shorter block
                 best, best_k = g, k
+        if self.explore_every and (self.steps - self.warmup) % self.explore_every == self.explore_every - 1:
+            return self.probe(best_k)
         return best_k
+
+    def probe(self, best: int) -> int:
+        """The length an exploring step drafts instead of ``best``: far from it, so both cost lines keep recent
+        points at two lengths. Without probes the lines are fitted from the lengths chosen, and one slow step at a
+        long block (a preemption, a cold kernel) makes long blocks look dear for good: the policy keeps a short
+        length, and never measures a long block again to learn otherwise. A tree probes the other of 0 and its
+        budget; a chain probes gamma from a short best and half its best from a long one (at least 1, so a policy
+        backed off to plain steps measures drafting again)."""
+        if self.tree:
+            return 0 if best else self.gamma
+        if best <= self.gamma // 2:
+            return self.gamma if best else max(1, self.gamma // 2)
+        return max(1, best // 2)
 
     def record_step(self, request_ids: Sequence[str], k: int, draft_s: float, verify_s: float,
                     drafted: Sequence[int], accepted: Sequence[int], width: int | None = None,
@@ -219,9 +239,10 @@ class GoodputPolicy:
         self.steps += 1
         rows = len(request_ids)
         width = max(drafted, default=0) if width is None else width
-        self.verify.add((1.0, rows, rows * (width + 1)), verify_s)
-        if k > 0:
-            self.draft.add((1.0, k, k * (rows if drafting is None else drafting)), draft_s)
+        if self.steps > self.cold:
+            self.verify.add((1.0, rows, rows * (width + 1)), verify_s)
+            if k > 0:
+                self.draft.add((1.0, k, k * (rows if drafting is None else drafting)), draft_s)
         start = self.start()  # before this step's counts: every row of a step starts from the same value
         for rid, n, a in zip(request_ids, drafted, accepted):
             row = self.rows.setdefault(rid, _Acceptance(start * self.prior_weight, (1 - start) * self.prior_weight))

@@ -42,7 +42,7 @@ def _train(policy: GoodputPolicy, ids: list[str], accept: dict[str, float], step
 
 def test_a_well_drafted_request_gets_full_blocks_and_a_rejected_one_none():
     good = GoodputPolicy(gamma=5)
-    assert _train(good, ["r"], {"r": 0.9}, 40)[-10:] == [5] * 10
+    assert _train(good, ["r"], {"r": 0.9}, 40)[-10:].count(5) >= 9  # one probe of another length may fall there
     bad = GoodputPolicy(gamma=5)
     chosen = _train(bad, ["r"], {"r": 0.05}, 40)
     assert chosen[:4] == [5, 0, 5, 2]  # warm-up: points for both cost lines
@@ -59,7 +59,7 @@ def test_speculation_backs_off_as_the_batch_grows_and_returns_when_it_shrinks():
     policy.release(eight)
     again = _train(policy, one, accept, 10)[-5:]
     assert min(alone) >= 3 and sum(loaded) <= sum(alone) - 5  # about 4-5 drafts alone, 2 among eight
-    assert min(again) >= 3  # back to long blocks once alone again
+    assert sorted(again)[1] >= 3  # back to long blocks once alone again (one step may be a probe)
     steep = GoodputPolicy(gamma=5)  # verifying costs 4 ms a token: nothing drafted pays at 8 rows
     assert _train(steep, eight, accept, 30, token_cost=0.004)[-5:] == [0] * 5
 
@@ -109,6 +109,39 @@ def test_a_cost_fit_keeps_its_slopes_non_negative_and_ignores_a_feature_that_nev
 def test_a_tree_drafter_chooses_between_nothing_and_its_whole_budget():
     policy = GoodputPolicy(gamma=6, tree=True)
     assert set(_train(policy, ["r"], {"r": 0.3}, 40)) <= {0, 6}
+
+
+def _slow_once(at: int, factor: float):
+    """A drafter whose ``at``-th drafting step (0-based) takes ``factor`` times as long: a first call's lazy set-up,
+    or a step preempted by another process."""
+    calls = {"n": 0}
+
+    def cost(k: int, rows: int) -> float:
+        calls["n"] += 1
+        return (T_DRAFT0 + T_DRAFT1 * k) * (factor if calls["n"] == at + 1 else 1.0)
+    return cost
+
+
+def test_a_slow_first_step_does_not_pin_the_policy_to_short_blocks():
+    """The first step's drafter call ran 20x slow (its first call's set-up): fitted, it made long blocks look dear,
+    the policy chose 3 of 8 and never measured a long block again (seen in ``bench served``: 3-token blocks for a
+    whole run, tau 3.7 against 6.2 on the same captions). The first step's costs are not fitted."""
+    chosen = _train(GoodputPolicy(gamma=8), ["r"], {"r": 0.95}, 200, draft_cost=_slow_once(0, 20.0))
+    assert chosen[-40:].count(8) >= 38  # the probe (below) may take one
+    pinned = _train(GoodputPolicy(gamma=8, cold=0, explore_every=0), ["r"], {"r": 0.95}, 200,
+                    draft_cost=_slow_once(0, 20.0))
+    assert max(pinned[-100:]) <= 4  # the negative control: fitted with nothing to correct it, it stays short
+
+
+def test_probes_at_other_lengths_correct_a_cost_line_bent_by_one_slow_step():
+    """A slow step fitted anyway (here the first, with ``cold=0``; any preempted step is one): every 32nd step
+    drafts a probe length, so the long block is measured again and the policy comes back to it."""
+    chosen = _train(GoodputPolicy(gamma=8, cold=0), ["r"], {"r": 0.95}, 300, draft_cost=_slow_once(0, 20.0))
+    assert chosen[-40:].count(8) >= 38
+    policy = GoodputPolicy(gamma=8)
+    assert [policy.probe(b) for b in (0, 1, 4, 5, 8)] == [4, 8, 8, 2, 4]
+    tree = GoodputPolicy(gamma=6, tree=True)
+    assert [tree.probe(b) for b in (0, 6)] == [6, 0]
 
 
 class RandomLengths:
