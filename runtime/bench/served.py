@@ -467,6 +467,8 @@ def render_markdown(r: dict) -> str:
                      + " | ".join("" if x is None else f"{x:.2f}x" for x in ratios) + " |")
     if split := served_split_md(r["rows"]):
         lines += ["", "## Where the served time goes", "", *split]
+    if per_suite := served_per_suite_md(r["rows"], suites):
+        lines += ["", *per_suite]
     if any(int(s) > 1 for s in r["concurrency"]):
         lines += ["", MANY_STREAMS_NOTE]
     if ceiling_lines := ceilings_md(r["rows"], longest_answers(r["rows"])):
@@ -510,6 +512,32 @@ def served_split_md(rows: dict) -> list[str]:
                      f"{x['background']:.3f} | {x['path']:.3f} | {x['served_vs_in_process']:.3f} | "
                      f"{x['outside_ms_in_process']} / {x['outside_ms_served']} |")
     return lines
+
+
+def served_per_suite(rows: dict, suites) -> list[tuple[str, list[float | None]]]:
+    """Per config at one stream, each suite's served tokens/s over in-process tokens/s of the same config (each
+    request's own wall time): (config, [ratio or None per suite]). Issue 64's first goal reads the plain row's
+    captions (served plain >= 0.9x in-process plain); short answers show the fixed cost of a served request."""
+    out = []
+    for name in ("plain", "default"):
+        alone, served = rows.get(f"in_process/{name}/1"), rows.get(f"served/{name}/1")
+        if not (alone and served):
+            continue
+        a, b = served.get("per_suite_tokens_per_s") or {}, alone.get("per_suite_tokens_per_s") or {}
+        out.append((name, [a[s] / b[s] if a.get(s) and b.get(s) else None for s in suites]))
+    return out
+
+
+def served_per_suite_md(rows: dict, suites) -> list[str]:
+    """``served_per_suite`` as a markdown table with the line that reads it (empty without the rows)."""
+    table = served_per_suite(rows, suites)
+    if not table:
+        return []
+    return ["Served over in process, per suite (one stream, the same config, tokens/s of each request's own wall "
+            "time; a request's fixed served cost, about 10 ms, weighs most on the one- and two-token answers):", "",
+            "| config | " + " | ".join(suites) + " |", "| --- |" + " ---: |" * len(suites),
+            *(f"| {name} | " + " | ".join("" if x is None else f"{x:.3f}" for x in ratios) + " |"
+              for name, ratios in table)]
 
 
 MANY_STREAMS_NOTE = ("With several streams, a request's own wall time includes the batched prefill it arrives into "

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specula.runtime.bench.served import BESIDE, Prompt, round_robin, served_split, served_split_md, summarize
+from specula.runtime.bench.served import (BESIDE, Prompt, round_robin, served_per_suite, served_per_suite_md,
+                                         served_split, served_split_md, summarize)
 
 
 class FakeApp:
@@ -72,3 +73,17 @@ def test_summarize_books_time_outside_the_engine_per_request_at_one_stream_only(
     rows = summarize(sets, sets["served/plain/1"])
     assert rows["served/plain/1"]["outside_engine_ms"] == pytest.approx(15.0)  # (10 + 20) / 2 ms
     assert rows["served/plain/8"]["outside_engine_ms"] is None  # a batch's wall time is not one request's
+
+
+def test_served_over_in_process_per_suite_reads_the_first_goal_on_captions():
+    rows = {"in_process/plain/1": {"per_suite_tokens_per_s": {"caption": 100.0, "vqa": 30.0}},
+            "served/plain/1": {"per_suite_tokens_per_s": {"caption": 93.0, "vqa": 24.0}},
+            "in_process/default/1": {"per_suite_tokens_per_s": {"caption": 300.0}},
+            "served/default/1": {"per_suite_tokens_per_s": {"caption": 270.0, "vqa": 25.0}},
+            "served/plain/8": {"per_suite_tokens_per_s": {"caption": 500.0, "vqa": 90.0}}}
+    table = dict(served_per_suite(rows, ["caption", "vqa"]))
+    assert table["plain"] == [pytest.approx(0.93), pytest.approx(0.8)]
+    assert table["default"] == [pytest.approx(0.9), None]  # no in-process vqa figure: no ratio
+    md = "\n".join(served_per_suite_md(rows, ["caption", "vqa"]))
+    assert "| plain | 0.930 | 0.800 |" in md and "| default | 0.900 |  |" in md
+    assert served_per_suite_md({"served/plain/8": rows["served/plain/8"]}, ["caption"]) == []

@@ -7,7 +7,8 @@ from pathlib import Path
 from specula.runtime.bench.plots import bar_chart, line_chart, stacked_bar_chart
 from specula.runtime.bench.ceilings import ceilings_md
 from specula.runtime.bench.prefill_matmuls import describe
-from specula.runtime.bench.served import MANY_STREAMS_NOTE, longest_answers, served_split_md, suite_speedups
+from specula.runtime.bench.served import (MANY_STREAMS_NOTE, longest_answers, served_per_suite_md, served_split_md,
+                                         suite_speedups)
 
 TITLES = {
     "main": "tau and speedup per drafter x suite (greedy), alpha_n, time split",
@@ -241,6 +242,7 @@ def _served_md(sec, r):
             "", "The default config over plain decoding of the same runtime, per suite (tokens/s of each request's "
                 "own wall time):", "", *_table(["runtime", "config", "streams", *suites], per_suite),
             *(["", *split] if (split := served_split_md(sec["rows"])) else []),
+            *(["", *per] if (per := served_per_suite_md(sec["rows"], suites)) else []),
             *(["", MANY_STREAMS_NOTE] if any(int(s) > 1 for s in sec.get("concurrency") or ()) else []),
             *(["", *lines] if (lines := ceilings_md(sec["rows"], longest_answers(sec["rows"]))) else [])]
 
