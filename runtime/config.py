@@ -364,8 +364,9 @@ class DrafterConfig(_Strict):
         True, description="Choose each step's draft length in 0..gamma by expected goodput (runtime/engine/"
                           "adaptive.py): per-request acceptance and the measured cost of drafting and of verifying "
                           "the batch, so speculation backs off for requests whose drafts are rejected and as the "
-                          "batch grows (to plain steps), and comes back. Applies to a colocated drafter; a separate "
-                          "drafter drafts gamma every step. Lossless either way.")
+                          "batch grows (to plain steps), and comes back; one step in 32 drafts a probe length, so "
+                          "the measured costs stay current. Applies to a colocated drafter; a separate drafter "
+                          "drafts gamma every step. Lossless either way.")
     begin_after: int = Field(
         2, ge=0, le=1024,
         description="A request's drafter begins once its answer has this many tokens (0 or 1: right after the "
