@@ -226,8 +226,10 @@ class GoodputPolicy:
         if self.tree:
             return 0 if best else self.gamma
         if best <= self.gamma // 2:
-            return self.gamma if best else max(1, self.gamma // 2)
-        return max(1, best // 2)
+            k = self.gamma if best else max(1, self.gamma // 2)
+        else:
+            k = max(1, best // 2)
+        return k if k != best else (0 if best else self.gamma)  # gamma 1: the other of 0 and 1
 
     def record_step(self, request_ids: Sequence[str], k: int, draft_s: float, verify_s: float,
                     drafted: Sequence[int], accepted: Sequence[int], width: int | None = None,

@@ -140,6 +140,7 @@ def test_probes_at_other_lengths_correct_a_cost_line_bent_by_one_slow_step():
     assert chosen[-40:].count(8) >= 38
     policy = GoodputPolicy(gamma=8)
     assert [policy.probe(b) for b in (0, 1, 4, 5, 8)] == [4, 8, 8, 2, 4]
+    assert [GoodputPolicy(gamma=1).probe(b) for b in (0, 1)] == [1, 0]  # never the best itself
     tree = GoodputPolicy(gamma=6, tree=True)
     assert [tree.probe(b) for b in (0, 6)] == [6, 0]
 
