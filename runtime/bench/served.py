@@ -516,15 +516,15 @@ def served_split_md(rows: dict) -> list[str]:
 
 def served_per_suite(rows: dict, suites) -> list[tuple[str, list[float | None]]]:
     """Per config at one stream, each suite's served tokens/s over in-process tokens/s of the same config (each
-    request's own wall time): (config, [ratio or None per suite]). Issue 64's first goal reads the plain row's
-    captions (served plain >= 0.9x in-process plain); short answers show the fixed cost of a served request."""
+    request's own wall time): (config, [ratio or None per suite]). The plain row's captions say how close the served
+    path comes to one process; short answers show the fixed cost of a served request."""
     out = []
     for name in ("plain", "default"):
         alone, served = rows.get(f"in_process/{name}/1"), rows.get(f"served/{name}/1")
         if not (alone and served):
             continue
-        a, b = served.get("per_suite_tokens_per_s") or {}, alone.get("per_suite_tokens_per_s") or {}
-        out.append((name, [a[s] / b[s] if a.get(s) and b.get(s) else None for s in suites]))
+        srv, own = served.get("per_suite_tokens_per_s") or {}, alone.get("per_suite_tokens_per_s") or {}
+        out.append((name, [srv[s] / own[s] if srv.get(s) and own.get(s) else None for s in suites]))
     return out
 
 
