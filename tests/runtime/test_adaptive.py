@@ -127,7 +127,10 @@ def test_a_slow_first_step_does_not_pin_the_policy_to_short_blocks():
     the policy chose 3 of 8 and never measured a long block again (seen in ``bench served``: 3-token blocks for a
     whole run, tau 3.7 against 6.2 on the same captions). The first step's costs are not fitted."""
     chosen = _train(GoodputPolicy(gamma=8), ["r"], {"r": 0.95}, 200, draft_cost=_slow_once(0, 20.0))
+    assert chosen[4:35] == [8] * 31  # long blocks from the warm-up's end, before any probe could bring them back
     assert chosen[-40:].count(8) >= 38  # the probe (below) may take one
+    fitted = _train(GoodputPolicy(gamma=8, cold=0), ["r"], {"r": 0.95}, 40, draft_cost=_slow_once(0, 20.0))
+    assert max(fitted[4:35]) <= 4  # the same slow step fitted: short blocks until the probes correct it
     pinned = _train(GoodputPolicy(gamma=8, cold=0, explore_every=0), ["r"], {"r": 0.95}, 200,
                     draft_cost=_slow_once(0, 20.0))
     assert max(pinned[-100:]) <= 4  # the negative control: fitted with nothing to correct it, it stays short
